@@ -1,0 +1,5 @@
+import sys
+
+from gpdyn.cli import main
+
+sys.exit(main())

@@ -1,0 +1,220 @@
+"""The ``gpdyn`` command: one subcommand per job (DESIGN.md "Command line").
+
+Each subcommand's handler lives with its stage as ``module:function`` taking the
+parsed arguments and returning an exit status; the module is imported only when the
+subcommand runs. Bad input (:class:`gpdyn.errors.InputError`) exits 2 with its
+message; a stage that is not built yet says so and exits 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gpdyn.errors import InputError
+
+EXIT_INPUT = 2
+EXIT_NOT_BUILT = 3
+
+LEARNER_NAMES = "svdgp, orth, orthnat, svi, ivsgpr, vsgpr, gpr, wiski, exact"
+PROBLEM_NAMES = ("walker-1", "walker-2", "kuka")
+
+
+def _add_out(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, default=None, help="run folder (default logs/<job>-<time>)")
+
+
+def _add_device(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpdyn",
+        description="Learn robot dynamics online with Gaussian processes and control robots with them.",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (default 1: a second thread gains little on 2 cores)"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("demo", help="the main job: the whole pipeline on a small default")
+    _add_out(p)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(handler="gpdyn.experiments.demo:cli_demo")
+
+    collect = sub.add_parser("collect", help="collect episodes into a store").add_subparsers(
+        dest="source", metavar="SOURCE", required=True
+    )
+    p = collect.add_parser("walker", help="Walker2d rollouts of a TRPO policy")
+    p.add_argument("--store", type=Path, required=True, help="zarr store (created, or continued if it exists)")
+    p.add_argument("--episodes", type=int, required=True, help="total episodes the store should hold")
+    p.add_argument("--policy", type=Path, default=None, help="policy file (default: the shipped policy)")
+    p.add_argument("--noise", type=float, default=0.0, help="std of Gaussian action noise")
+    p.add_argument("--envs", type=int, default=2, help="environments in parallel")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--video", type=Path, default=None, help="also write an MP4 of the first episode")
+    p.set_defaults(handler="gpdyn.sim.walker:cli_collect")
+
+    p = collect.add_parser("kuka", help="simulated KUKA iiwa inverse-dynamics stream")
+    p.add_argument("--store", type=Path, required=True)
+    p.add_argument("--offline", type=int, default=17560, help="offline samples (default 17560, as KUKA1)")
+    p.add_argument("--online", type=int, default=180360, help="online samples (default 180360, as KUKA1)")
+    p.add_argument("--payload", type=float, default=0.0, help="end-effector payload in kg")
+    p.add_argument("--family", choices=("kuka1", "kuka2"), default="kuka1", help="trajectory family")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(handler="gpdyn.sim.kuka:cli_collect")
+
+    imp = sub.add_parser("import", help="import a real dataset into a store").add_subparsers(
+        dest="format", metavar="FORMAT", required=True
+    )
+    p = imp.add_parser("kuka-ilgr", help="KUKA1/KUKA2 text files (28 columns)")
+    p.add_argument("files", nargs="+", type=Path)
+    p.add_argument("--store", type=Path, required=True)
+    p.set_defaults(handler="gpdyn.data.importers:cli_import")
+    p = imp.add_parser("sarcos", help="SARCOS .mat files (sarcos_inv.mat)")
+    p.add_argument("files", nargs="+", type=Path)
+    p.add_argument("--store", type=Path, required=True)
+    p.set_defaults(handler="gpdyn.data.importers:cli_import")
+
+    p = sub.add_parser("inspect", help="summary of a store or a run folder")
+    p.add_argument("path", type=Path)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(handler="gpdyn.cli:cli_inspect")
+
+    p = sub.add_parser("learn", help="run the online learning protocol of one learner on a problem")
+    p.add_argument("--store", type=Path, required=True)
+    p.add_argument("--problem", choices=PROBLEM_NAMES, required=True)
+    p.add_argument("--learner", required=True, help=LEARNER_NAMES)
+    p.add_argument("--iterations", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
+    _add_device(p)
+    _add_out(p)
+    p.set_defaults(handler="gpdyn.experiments.learn:cli_learn")
+
+    p = sub.add_parser("replay", help="several learners on one dataset, side by side (SVDGP Table 2)")
+    p.add_argument("--store", type=Path, required=True)
+    p.add_argument("--problem", choices=PROBLEM_NAMES, required=True)
+    p.add_argument("--learners", required=True, help=f"comma-separated: {LEARNER_NAMES}")
+    p.add_argument("--iterations", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
+    _add_device(p)
+    _add_out(p)
+    p.set_defaults(handler="gpdyn.experiments.replay:cli_replay")
+
+    p = sub.add_parser("control", help="online control with a learned model")
+    p.add_argument("robot", choices=("walker", "kuka"))
+    p.add_argument("--learner", required=True, help=LEARNER_NAMES)
+    p.add_argument("--store", type=Path, default=None, help="rollouts to pretrain the model on")
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
+    _add_device(p)
+    _add_out(p)
+    p.set_defaults(handler="gpdyn.control.loop:cli_control")
+
+    bench = sub.add_parser("bench", help="benchmarks that print ratios measured in one run").add_subparsers(
+        dest="target", metavar="TARGET", required=True
+    )
+    for target, handler, text in (
+        ("learners", "gpdyn.experiments.bench_learners:cli_bench", "time and memory per step of the learners"),
+        ("wiski", "gpdyn.experiments.bench_wiski:cli_bench", "WISKI update cost against n, beside the exact GP"),
+        ("mpc", "gpdyn.control.bench:cli_bench", "MPC control steps per second with learned models"),
+    ):
+        p = bench.add_parser(target, help=text)
+        _add_device(p)
+        _add_out(p)
+        p.set_defaults(handler=handler)
+
+    p = sub.add_parser("report", help="tables and plots of a finished run")
+    p.add_argument("run_dir", type=Path)
+    p.set_defaults(handler="gpdyn.experiments.report:cli_report")
+
+    p = sub.add_parser("render", help="video of a stored episode, replayed from its states")
+    p.add_argument("--store", type=Path, required=True)
+    p.add_argument("--episode", type=int, required=True)
+    p.add_argument("--out", type=Path, required=True, help="output .mp4 or .gif")
+    p.set_defaults(handler="gpdyn.sim.render:cli_render")
+
+    p = sub.add_parser("doctor", help="versions, devices, threads")
+    p.set_defaults(handler="gpdyn.doctor:cli_doctor")
+    return parser
+
+
+def _resolve(handler: str):
+    module_name, func_name = handler.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name == module_name:
+            return None
+        raise
+    return getattr(module, func_name, None)
+
+
+def cli_inspect(args: argparse.Namespace) -> int:
+    """Summarise an episode store or a run folder."""
+    from gpdyn.data.store import EpisodeStore, is_store
+    from gpdyn.runs import RunDir, is_run_dir
+
+    path: Path = args.path
+    if not path.exists():
+        raise InputError(f"{path}: no such file or folder")
+    if is_run_dir(path):
+        run = RunDir(path)
+        metrics = run.metrics()
+        summary = {
+            "run": str(path),
+            "config": run.config(),
+            "metric_records": len(metrics),
+            "last_metrics": metrics[-1] if metrics else None,
+            "files": sorted(p.name for p in path.iterdir()),
+        }
+    elif is_store(path):
+        summary = EpisodeStore.open(path).summary()
+    else:
+        raise InputError(f"{path}: neither an episode store (zarr.json + data/) nor a run folder (config.json)")
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        _print_tree(summary)
+    return 0
+
+
+def _print_tree(d: dict, indent: int = 0) -> None:
+    for key, value in d.items():
+        if isinstance(value, dict) and value:
+            print(" " * indent + f"{key}:")
+            _print_tree(value, indent + 2)
+        else:
+            print(" " * indent + f"{key}: {value}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    import torch
+
+    if args.threads < 1:
+        parser.error("--threads must be >= 1")
+    torch.set_num_threads(args.threads)
+    name = " ".join(str(getattr(args, k)) for k in ("command", "source", "format", "target", "robot") if getattr(args, k, None))
+    handler = _resolve(args.handler)
+    if handler is None:
+        print(f"gpdyn {name}: this stage is not built yet in this version of gpdyn", file=sys.stderr)
+        return EXIT_NOT_BUILT
+    try:
+        return int(handler(args) or 0)
+    except InputError as err:
+        print(f"gpdyn {name}: error: {err}", file=sys.stderr)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        print(f"gpdyn {name}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

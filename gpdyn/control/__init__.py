@@ -1,0 +1,1 @@
+"""gpdyn.control stage."""

@@ -1,0 +1,1 @@
+"""gpdyn.experiments stage."""

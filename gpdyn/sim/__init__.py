@@ -1,0 +1,1 @@
+"""gpdyn.sim stage."""
