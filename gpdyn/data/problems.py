@@ -1,0 +1,338 @@
+"""Regression problems built from an episode store (DESIGN.md "Regression problems").
+
+=========  ==========================================================  =======
+name       x                                                           y
+=========  ==========================================================  =======
+walker-1   [qpos[1:], qvel, action] at t                        (23)   qvel at t+1 (9)
+walker-2   the walker-1 inputs at t-1 and at t                  (46)   qvel at t+1 (9)
+kuka       [q, qd, qdd] at t                                    (21)   tau at t (7)
+=========  ==========================================================  =======
+
+Samples never cross an episode boundary. Two protocols share one split rule:
+
+- ``iid``: every sample is in the pool; a seeded 10% of the pool is held out as the
+  test split, the other 90% is the training split (SVDGP's protocol, Appendix B).
+- ``ordered``: episodes marked offline (per-episode key ``online == 0``, KUKA) form
+  the ``init`` split used to initialise a learner; the rest is the pool, streamed in
+  time order. A seeded 10% of the pool is held out for testing (the ILGR protocol).
+
+Every split keeps time order; iid minibatches come from :mod:`gpdyn.data.streams`.
+Normalisation statistics come from the training (and init) rows only.
+
+The store is read in chunks of whole episodes straight into the preallocated split
+arrays, so building a problem needs little beyond the arrays it returns.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpdyn.data.store import EpisodeStore, StoreError
+from gpdyn.errors import InputError
+
+TEST_FRACTION = 0.1
+PROTOCOLS = ("iid", "ordered")
+
+
+@dataclass(frozen=True)
+class ProblemSpec:
+    """How samples are cut from episodes.
+
+    Input rows are ``concat(fields_in)`` (a field may drop leading columns: qpos
+    without the x position); ``history`` consecutive input rows are stacked; the
+    target is ``field_out`` ``target_shift`` steps after the last input row.
+    """
+
+    name: str
+    fields_in: tuple[tuple[str, int], ...]  # (field, first column kept)
+    field_out: str
+    history: int
+    target_shift: int
+    widths: tuple[tuple[str, int], ...]  # every field read, with the width the store must have
+
+    def samples_in_episode(self, length: int) -> int:
+        return max(0, length - (self.history - 1) - self.target_shift)
+
+
+_WALKER_IN = (("qpos", 1), ("qvel", 0), ("action", 0))
+_WALKER_WIDTHS = (("qpos", 9), ("qvel", 9), ("action", 6))
+PROBLEMS: dict[str, ProblemSpec] = {
+    "walker-1": ProblemSpec("walker-1", _WALKER_IN, "qvel", history=1, target_shift=1, widths=_WALKER_WIDTHS),
+    "walker-2": ProblemSpec("walker-2", _WALKER_IN, "qvel", history=2, target_shift=1, widths=_WALKER_WIDTHS),
+    "kuka": ProblemSpec(
+        "kuka",
+        (("q", 0), ("qd", 0), ("qdd", 0)),
+        "tau",
+        history=1,
+        target_shift=0,
+        widths=(("q", 7), ("qd", 7), ("qdd", 7), ("tau", 7)),
+    ),
+}
+
+
+@dataclass
+class Normalizer:
+    """Per-column mean and standard deviation of the training inputs and outputs."""
+
+    x_mean: np.ndarray
+    x_std: np.ndarray
+    y_mean: np.ndarray
+    y_std: np.ndarray
+
+    def normalize_x(self, x: Any) -> Any:
+        return (x - _like(self.x_mean, x)) / _like(self.x_std, x)
+
+    def normalize_y(self, y: Any) -> Any:
+        return (y - _like(self.y_mean, y)) / _like(self.y_std, y)
+
+    def denormalize_y(self, y: Any) -> Any:
+        return y * _like(self.y_std, y) + _like(self.y_mean, y)
+
+    def denormalize_var(self, var: Any) -> Any:
+        return var * _like(self.y_std, var) ** 2
+
+    def to_json(self) -> dict[str, list[float]]:
+        return {k: getattr(self, k).tolist() for k in ("x_mean", "x_std", "y_mean", "y_std")}
+
+    @classmethod
+    def from_json(cls, d: dict[str, list[float]]) -> Normalizer:
+        return cls(**{k: np.asarray(v, dtype=np.float64) for k, v in d.items()})
+
+
+def _like(stat: np.ndarray, ref: Any) -> Any:
+    """The statistic as the same kind of array as ``ref`` (numpy or torch on its device)."""
+    if isinstance(ref, torch.Tensor):
+        return torch.as_tensor(stat, dtype=ref.dtype, device=ref.device)
+    return stat
+
+
+@dataclass
+class Problem:
+    """A regression problem: raw (unnormalised) float64 splits plus training statistics."""
+
+    name: str
+    protocol: str
+    seed: int
+    source: str
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    x_init: np.ndarray
+    y_init: np.ndarray
+    normalizer: Normalizer
+
+    @property
+    def input_dim(self) -> int:
+        return self.x_train.shape[1]
+
+    @property
+    def output_dim(self) -> int:
+        return self.y_train.shape[1]
+
+    def split(self, which: str) -> tuple[np.ndarray, np.ndarray]:
+        if which not in ("train", "test", "init"):
+            raise InputError(f"problem {self.name}: no split '{which}' (train, test, init)")
+        return getattr(self, f"x_{which}"), getattr(self, f"y_{which}")
+
+    def tensors(
+        self,
+        which: str,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float64,
+        normalize: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One split as torch tensors on ``device``, normalised with the training statistics."""
+        x, y = self.split(which)
+        xt = torch.as_tensor(x, dtype=dtype, device=device)
+        yt = torch.as_tensor(y, dtype=dtype, device=device)
+        if normalize:
+            xt, yt = self.normalizer.normalize_x(xt), self.normalizer.normalize_y(yt)
+        return xt, yt
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "protocol": self.protocol,
+            "seed": self.seed,
+            "source": self.source,
+            "input_dim": self.input_dim,
+            "output_dim": self.output_dim,
+            "train": len(self.x_train),
+            "test": len(self.x_test),
+            "init": len(self.x_init),
+            "inputs": list(self.input_names),
+            "outputs": list(self.output_names),
+        }
+
+
+def load_problem(
+    store: str | Path | EpisodeStore,
+    name: str,
+    protocol: str = "iid",
+    seed: int = 0,
+    chunk_rows: int = 65536,
+) -> Problem:
+    """Build problem ``name`` from ``store`` with a seeded 90/10 split under ``protocol``."""
+    if name not in PROBLEMS:
+        raise InputError(f"unknown problem '{name}'; choose one of {', '.join(PROBLEMS)}")
+    if protocol not in PROTOCOLS:
+        raise InputError(f"unknown protocol '{protocol}'; choose one of {', '.join(PROTOCOLS)}")
+    spec = PROBLEMS[name]
+    if not isinstance(store, EpisodeStore):
+        store = EpisodeStore.open(store)
+    _check_fields(store, spec)
+
+    lengths = store.episode_lengths
+    counts = np.array([spec.samples_in_episode(int(n)) for n in lengths], dtype=np.int64)
+    if protocol == "ordered" and "online" in store.episode_keys:
+        is_init_episode = store.episode_values("online") == 0
+    else:
+        is_init_episode = np.zeros(store.n_episodes, dtype=bool)
+    n_init = int(counts[is_init_episode].sum())
+    n_pool = int(counts[~is_init_episode].sum())
+    n_test = int(round(TEST_FRACTION * n_pool))
+    if n_pool - n_test < 1 or n_test < 1:
+        raise InputError(
+            f"{store.path}: problem {name} has {n_pool} samples to split; it needs at least 10 "
+            f"({store.n_episodes} episodes, lengths {lengths.min() if lengths.size else 0}..{lengths.max() if lengths.size else 0})"
+        )
+    # Which pool samples are held out: a seeded choice over pool positions, in time order.
+    rng = np.random.default_rng(seed)
+    pool_is_test = np.zeros(n_pool, dtype=bool)
+    pool_is_test[rng.choice(n_pool, size=n_test, replace=False)] = True
+
+    in_width = sum(store.fields[f].width - first for f, first in spec.fields_in)
+    x_width = in_width * spec.history
+    y_width = store.fields[spec.field_out].width
+    arrays = {
+        split: (np.empty((n, x_width)), np.empty((n, y_width)))
+        for split, n in (("train", n_pool - n_test), ("test", n_test), ("init", n_init))
+    }
+    filled = {"train": 0, "test": 0, "init": 0}
+    pool_pos = 0
+    for first, last in _episode_chunks(lengths, chunk_rows):
+        x_chunk, y_chunk, chunk_counts = _read_samples(store, spec, first, last)
+        offset = 0
+        for ep, n in zip(range(first, last), chunk_counts):
+            xs, ys = x_chunk[offset : offset + n], y_chunk[offset : offset + n]
+            offset += n
+            if is_init_episode[ep]:
+                _put(arrays["init"], filled, "init", xs, ys)
+                continue
+            test_mask = pool_is_test[pool_pos : pool_pos + n]
+            pool_pos += n
+            _put(arrays["test"], filled, "test", xs[test_mask], ys[test_mask])
+            _put(arrays["train"], filled, "train", xs[~test_mask], ys[~test_mask])
+
+    x_train, y_train = arrays["train"]
+    x_init, y_init = arrays["init"]
+    normalizer = Normalizer(
+        *_column_stats(x_train, x_init, chunk_rows), *_column_stats(y_train, y_init, chunk_rows)
+    )
+    return Problem(
+        name=name,
+        protocol=protocol,
+        seed=seed,
+        source=str(store.path),
+        input_names=_input_names(store, spec),
+        output_names=tuple(f"{c}[t+{spec.target_shift}]" for c in store.columns(spec.field_out)),
+        x_train=x_train,
+        y_train=y_train,
+        x_test=arrays["test"][0],
+        y_test=arrays["test"][1],
+        x_init=x_init,
+        y_init=y_init,
+        normalizer=normalizer,
+    )
+
+
+def _check_fields(store: EpisodeStore, spec: ProblemSpec) -> None:
+    for field, width in spec.widths:
+        if field not in store.fields:
+            raise StoreError(f"{store.path}: problem {spec.name} needs field '{field}', the store has {sorted(store.fields)}")
+        if store.fields[field].width != width:
+            raise StoreError(
+                f"{store.path}: problem {spec.name} needs field '{field}' of width {width}, "
+                f"the store's has {store.fields[field].width}"
+            )
+
+
+def _episode_chunks(lengths: np.ndarray, chunk_rows: int):
+    """Ranges of whole episodes ``[first, last)`` of about ``chunk_rows`` rows each."""
+    first, rows = 0, 0
+    for i, n in enumerate(lengths):
+        rows += int(n)
+        if rows >= chunk_rows:
+            yield first, i + 1
+            first, rows = i + 1, 0
+    if first < len(lengths):
+        yield first, len(lengths)
+
+
+def _read_samples(
+    store: EpisodeStore, spec: ProblemSpec, first: int, last: int
+) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """Samples of episodes ``first..last-1`` (one contiguous read per field)."""
+    starts, ends = store.episode_starts, store.episode_ends
+    row0, row1 = int(starts[first]), int(ends[last - 1])
+    features = np.concatenate(
+        [store.read(f, row0, row1)[:, col:].astype(np.float64, copy=False) for f, col in spec.fields_in], axis=1
+    )
+    target = store.read(spec.field_out, row0, row1).astype(np.float64, copy=False)
+    xs, ys, counts = [], [], []
+    for ep in range(first, last):
+        a, b = int(starts[ep]) - row0, int(ends[ep]) - row0
+        n = spec.samples_in_episode(b - a)
+        counts.append(n)
+        if n == 0:
+            continue
+        lo = a + spec.history - 1  # the last input row of the first sample
+        stacked = [features[lo - lag : lo - lag + n] for lag in reversed(range(spec.history))]
+        xs.append(np.concatenate(stacked, axis=1) if spec.history > 1 else stacked[0])
+        ys.append(target[lo + spec.target_shift : lo + spec.target_shift + n])
+    width_x = features.shape[1] * spec.history
+    x = np.concatenate(xs) if xs else np.empty((0, width_x))
+    y = np.concatenate(ys) if ys else np.empty((0, target.shape[1]))
+    return x, y, counts
+
+
+def _put(arrays: tuple[np.ndarray, np.ndarray], filled: dict[str, int], split: str, xs: np.ndarray, ys: np.ndarray) -> None:
+    i = filled[split]
+    arrays[0][i : i + len(xs)] = xs
+    arrays[1][i : i + len(ys)] = ys
+    filled[split] = i + len(xs)
+
+
+def _column_stats(train: np.ndarray, init: np.ndarray, chunk_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and std per column over train and init rows, two passes by chunks (no full copies)."""
+    n = len(train) + len(init)
+    blocks = [a[i : i + chunk_rows] for a in (train, init) for i in range(0, len(a), chunk_rows)]
+    mean = sum(b.sum(axis=0) for b in blocks) / n
+    var = sum(((b - mean) ** 2).sum(axis=0) for b in blocks) / max(n - 1, 1)
+    std = np.sqrt(var)
+    # a constant column (e.g. an unused actuator) must not divide by zero
+    return mean, np.where(std > 1e-12, std, 1.0)
+
+
+def _input_names(store: EpisodeStore, spec: ProblemSpec) -> tuple[str, ...]:
+    row = [c for f, first in spec.fields_in for c in store.columns(f)[first:]]
+    if spec.history == 1:
+        return tuple(f"{c}[t]" for c in row)
+    return tuple(f"{c}[t-{lag}]" if lag else f"{c}[t]" for lag in reversed(range(spec.history)) for c in row)
+
+
+def problem_json(problem: Problem) -> str:
+    """The problem's description and normalisation statistics as JSON (for run folders)."""
+    return json.dumps({**problem.describe(), "normalizer": problem.normalizer.to_json()}, indent=2)
+
+
+__all__ = ["PROBLEMS", "PROTOCOLS", "Normalizer", "Problem", "ProblemSpec", "load_problem", "problem_json"]
