@@ -53,7 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = collect.add_parser("walker", help="Walker2d rollouts of a TRPO policy")
     p.add_argument("--store", type=Path, required=True, help="zarr store (created, or continued if it exists)")
     p.add_argument("--episodes", type=int, required=True, help="total episodes the store should hold")
-    p.add_argument("--policy", type=Path, default=None, help="policy file (default: the shipped policy)")
+    p.add_argument(
+        "--policy", type=Path, action="append", default=None,
+        help="policy file (default: the shipped policy); repeat it to cycle episodes over several policies",
+    )
+    p.add_argument(
+        "--mix", action="store_true",
+        help="cycle episodes over the shipped training checkpoints and the final policy (several gaits)",
+    )
     p.add_argument("--noise", type=float, default=0.0, help="std of Gaussian action noise")
     p.add_argument("--envs", type=int, default=2, help="environments in parallel")
     p.add_argument("--seed", type=int, default=0)

@@ -1,0 +1,253 @@
+"""Walker2d walking policies: a safe, self-contained file format and a torch actor.
+
+A TRPO policy trained with sb3-contrib (``scripts/train_walker.py``) is exported to a
+single ``.pt`` file holding plain tensors and scalars only: the actor MLP weights, the
+observation-normalisation statistics of ``VecNormalize`` and the spaces it was trained
+on. Loading uses ``torch.load(weights_only=True)``, so no pickled Python object is ever
+executed; a file whose spaces do not match the environment is refused with
+:class:`PolicyError`.
+
+The actor reproduces sb3's ``ActorCriticPolicy`` deterministic action:
+``clip(action_net(mlp_pi(clip((obs - mean) / sqrt(var + eps), ±clip_obs))), low, high)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from gpdyn.errors import InputError
+
+POLICY_FORMAT = "gpdyn.policy"
+POLICY_VERSION = 1
+WALKER_ENV_ID = "Walker2d-v5"
+#: the folder of the shipped policy and its training checkpoints
+POLICY_DIR = Path(__file__).resolve().parents[2] / "policies"
+SHIPPED_POLICY = POLICY_DIR / "walker2d_trpo.pt"
+CHECKPOINT_DIR = POLICY_DIR / "checkpoints"
+
+_ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
+
+
+class PolicyError(InputError):
+    """A policy file that is missing, malformed, or does not fit the environment."""
+
+
+@dataclass
+class WalkerPolicy:
+    """A deterministic MLP actor with observation normalisation (numpy in, numpy out)."""
+
+    net: nn.Sequential
+    obs_mean: np.ndarray
+    obs_var: np.ndarray
+    clip_obs: float
+    epsilon: float
+    act_low: np.ndarray
+    act_high: np.ndarray
+    meta: dict[str, Any]
+    path: Path | None = None
+
+    @property
+    def obs_dim(self) -> int:
+        return int(self.obs_mean.shape[0])
+
+    @property
+    def act_dim(self) -> int:
+        return int(self.act_low.shape[0])
+
+    def normalize(self, obs: np.ndarray) -> np.ndarray:
+        """VecNormalize's observation transform (its frozen statistics)."""
+        return np.clip((obs - self.obs_mean) / np.sqrt(self.obs_var + self.epsilon), -self.clip_obs, self.clip_obs)
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        """Deterministic actions for observations ``[..., obs_dim]`` (clipped to the action box)."""
+        obs = np.asarray(obs, dtype=np.float64)
+        if obs.shape[-1] != self.obs_dim:
+            raise PolicyError(f"policy {self.name}: observation has {obs.shape[-1]} values, expected {self.obs_dim}")
+        x = torch.as_tensor(self.normalize(obs), dtype=torch.float32)
+        action = self.net(x).numpy().astype(np.float64)
+        return np.clip(action, self.act_low, self.act_high)
+
+    @property
+    def name(self) -> str:
+        return self.path.name if self.path is not None else str(self.meta.get("name", "policy"))
+
+    def check_env(self, env: Any) -> None:
+        """Refuse an environment whose observation or action space differs from training."""
+        obs_space, act_space = env.observation_space, env.action_space
+        where = f"policy {self.path or self.name}"
+        if tuple(obs_space.shape) != (self.obs_dim,):
+            raise PolicyError(
+                f"{where}: trained on observations of shape ({self.obs_dim},), "
+                f"the environment gives {tuple(obs_space.shape)}"
+            )
+        if tuple(act_space.shape) != (self.act_dim,):
+            raise PolicyError(
+                f"{where}: outputs actions of shape ({self.act_dim},), the environment expects {tuple(act_space.shape)}"
+            )
+        if not (np.allclose(act_space.low, self.act_low) and np.allclose(act_space.high, self.act_high)):
+            raise PolicyError(
+                f"{where}: action bounds [{self.act_low.tolist()}, {self.act_high.tolist()}] differ from the "
+                f"environment's [{np.asarray(act_space.low).tolist()}, {np.asarray(act_space.high).tolist()}]"
+            )
+
+
+def _mlp(obs_dim: int, hidden: Sequence[int], act_dim: int, activation: str) -> nn.Sequential:
+    """The sb3 actor path: ``mlp_extractor.policy_net`` then ``action_net``."""
+    act_cls = _ACTIVATIONS[activation]
+    layers: list[nn.Module] = []
+    last = obs_dim
+    for width in hidden:
+        layers += [nn.Linear(last, width), act_cls()]
+        last = width
+    layers.append(nn.Linear(last, act_dim))
+    return nn.Sequential(*layers)
+
+
+def save_policy(
+    path: str | Path,
+    state_dict: Mapping[str, torch.Tensor],
+    *,
+    hidden: Sequence[int],
+    activation: str,
+    obs_mean: np.ndarray,
+    obs_var: np.ndarray,
+    clip_obs: float,
+    epsilon: float,
+    act_low: np.ndarray,
+    act_high: np.ndarray,
+    env_id: str = WALKER_ENV_ID,
+    meta: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write a policy file of plain tensors and scalars (loadable with ``weights_only=True``).
+
+    ``state_dict`` is the actor ``nn.Sequential``'s (keys ``0.weight`` ... as built by
+    :func:`_mlp`).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "format": POLICY_FORMAT,
+        "version": POLICY_VERSION,
+        "env_id": env_id,
+        "hidden": [int(h) for h in hidden],
+        "activation": activation,
+        "obs_mean": torch.as_tensor(np.asarray(obs_mean, dtype=np.float64)),
+        "obs_var": torch.as_tensor(np.asarray(obs_var, dtype=np.float64)),
+        "clip_obs": float(clip_obs),
+        "epsilon": float(epsilon),
+        "act_low": torch.as_tensor(np.asarray(act_low, dtype=np.float64)),
+        "act_high": torch.as_tensor(np.asarray(act_high, dtype=np.float64)),
+        "state_dict": {k: v.detach().cpu().float().clone() for k, v in state_dict.items()},
+        "meta": {str(k): v for k, v in (meta or {}).items()},
+    }
+    torch.save(payload, path)
+    return path
+
+
+def load_policy(path: str | Path | None = None) -> WalkerPolicy:
+    """Load a policy file (default: the shipped policy), never unpickling objects.
+
+    Raises :class:`PolicyError` naming the file for a missing, foreign or malformed file.
+    """
+    path = Path(path) if path is not None else SHIPPED_POLICY
+    if not path.is_file():
+        raise PolicyError(f"{path}: no such policy file")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # a zip from sb3, a pickle, a truncated file ...
+        raise PolicyError(
+            f"{path}: not a gpdyn policy file ({type(err).__name__}); export sb3 models with "
+            "scripts/train_walker.py"
+        ) from err
+    if not isinstance(payload, dict) or payload.get("format") != POLICY_FORMAT:
+        raise PolicyError(f"{path}: not a gpdyn policy file (format {payload.get('format') if isinstance(payload, dict) else type(payload).__name__!r})")
+    if payload.get("version") != POLICY_VERSION:
+        raise PolicyError(f"{path}: policy format version {payload.get('version')!r}, this gpdyn reads {POLICY_VERSION}")
+    try:
+        obs_mean = payload["obs_mean"].numpy().astype(np.float64)
+        act_low = payload["act_low"].numpy().astype(np.float64)
+        activation = str(payload["activation"])
+        if activation not in _ACTIVATIONS:
+            raise PolicyError(f"{path}: unknown activation {activation!r}")
+        net = _mlp(obs_mean.shape[0], payload["hidden"], act_low.shape[0], activation)
+        net.load_state_dict(payload["state_dict"])
+    except (KeyError, RuntimeError, AttributeError) as err:
+        raise PolicyError(f"{path}: malformed policy file ({type(err).__name__}: {err})") from err
+    net.eval()
+    return WalkerPolicy(
+        net=net,
+        obs_mean=obs_mean,
+        obs_var=payload["obs_var"].numpy().astype(np.float64),
+        clip_obs=float(payload["clip_obs"]),
+        epsilon=float(payload["epsilon"]),
+        act_low=act_low,
+        act_high=payload["act_high"].numpy().astype(np.float64),
+        meta={"env_id": payload.get("env_id"), **dict(payload.get("meta", {}))},
+        path=path,
+    )
+
+
+def shipped_checkpoints() -> list[Path]:
+    """The committed training checkpoints, earliest first (for a mix of gaits)."""
+    files = sorted(CHECKPOINT_DIR.glob("*.pt"), key=lambda p: (len(p.stem), p.stem))
+    if not files:
+        raise PolicyError(f"{CHECKPOINT_DIR}: no checkpoint files (*.pt)")
+    return files
+
+
+def export_sb3(model: Any, vecnormalize: Any, path: str | Path, meta: Mapping[str, Any] | None = None) -> Path:
+    """Export an sb3 ``ActorCriticPolicy`` model and its ``VecNormalize`` to a policy file."""
+    policy = model.policy
+    hidden = [m.out_features for m in policy.mlp_extractor.policy_net if isinstance(m, nn.Linear)]
+    activation = next(
+        (name for name, cls in _ACTIVATIONS.items() if isinstance(policy.mlp_extractor.policy_net[1], cls)), None
+    )
+    if activation is None:
+        raise PolicyError(f"{path}: unsupported activation {type(policy.mlp_extractor.policy_net[1]).__name__}")
+    linears = [m for m in policy.mlp_extractor.policy_net if isinstance(m, nn.Linear)] + [policy.action_net]
+    net = _mlp(linears[0].in_features, hidden, policy.action_net.out_features, activation)
+    for dst, src in zip([m for m in net if isinstance(m, nn.Linear)], linears):
+        dst.load_state_dict(src.state_dict())
+    rms = vecnormalize.obs_rms
+    space = model.action_space
+    return save_policy(
+        path,
+        net.state_dict(),
+        hidden=hidden,
+        activation=activation,
+        obs_mean=rms.mean,
+        obs_var=rms.var,
+        clip_obs=vecnormalize.clip_obs,
+        epsilon=vecnormalize.epsilon,
+        act_low=space.low,
+        act_high=space.high,
+        meta=meta,
+    )
+
+
+def evaluate_policy(policy: WalkerPolicy, episodes: int = 10, seed: int = 0) -> np.ndarray:
+    """Undiscounted returns of ``episodes`` deterministic Walker2d episodes (reset seeds ``seed + i``)."""
+    import gymnasium as gym
+
+    env = gym.make(policy.meta.get("env_id") or WALKER_ENV_ID)
+    policy.check_env(env)
+    returns = np.zeros(episodes)
+    try:
+        for i in range(episodes):
+            obs, _ = env.reset(seed=seed + i)
+            done = False
+            while not done:
+                obs, reward, terminated, truncated, _ = env.step(policy.act(obs))
+                returns[i] += float(reward)
+                done = terminated or truncated
+    finally:
+        env.close()
+    return returns

@@ -1,0 +1,74 @@
+"""Videos of stored Walker2d episodes, replayed from their states (``gpdyn render``).
+
+Nothing is re-simulated: each frame is the stored ``qpos``/``qvel`` put back with
+``set_state`` and drawn offscreen. Rendering is headless through EGL
+(``MUJOCO_GL=egl``, set here unless the user chose another backend).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import numpy as np
+
+# Headless: read by gymnasium's offscreen renderer when it creates its GL context.
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+from gpdyn.data.store import EpisodeStore  # noqa: E402
+from gpdyn.errors import InputError  # noqa: E402
+
+VIDEO_SUFFIXES = (".mp4", ".gif")
+
+
+def episode_states(store: EpisodeStore, index: int) -> tuple[np.ndarray, np.ndarray]:
+    """``qpos``/``qvel`` of episode ``index`` from its first state to its last (T+1 states)."""
+    if not -store.n_episodes <= index < store.n_episodes:
+        raise InputError(f"{store.path}: episode {index} out of range (store has {store.n_episodes})")
+    ep = store.episode(index, ["qpos", "qvel", "next_qpos", "next_qvel"])
+    qpos = np.concatenate([ep["qpos"], ep["next_qpos"][-1:]])
+    qvel = np.concatenate([ep["qvel"], ep["next_qvel"][-1:]])
+    return qpos, qvel
+
+
+def render_episode(
+    store: EpisodeStore, index: int, out: str | Path, *, width: int = 480, height: int = 360, every: int = 1
+) -> Path:
+    """Write an MP4 or GIF of episode ``index`` at the store's frame rate (``1/dt / every``)."""
+    import imageio.v2 as imageio
+
+    from gpdyn.sim.walker import make_env
+
+    out = Path(out)
+    if out.suffix.lower() not in VIDEO_SUFFIXES:
+        raise InputError(f"{out}: the video file must end in {' or '.join(VIDEO_SUFFIXES)}")
+    if every < 1:
+        raise InputError(f"render: every must be >= 1, got {every}")
+    for field in ("qpos", "qvel", "next_qpos", "next_qvel"):
+        store.columns(field)  # StoreError naming the field for a store that is not a Walker2d one
+    qpos, qvel = episode_states(store, index)
+    fps = 1.0 / (float(store.attrs["dt"]) * every)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    env = make_env(store.attrs["env_id"], render_mode="rgb_array", width=width, height=height)
+    try:
+        env.reset(seed=0)
+        sim = env.unwrapped
+        kwargs = {"fps": fps, "macro_block_size": 8} if out.suffix.lower() == ".mp4" else {"duration": 1000.0 / fps, "loop": 0}
+        with imageio.get_writer(out, **kwargs) as writer:
+            for t in range(0, qpos.shape[0], every):
+                sim.set_state(qpos[t], qvel[t])
+                writer.append_data(np.asarray(env.render()))
+    finally:
+        env.close()
+    return out
+
+
+def cli_render(args: argparse.Namespace) -> int:
+    """``gpdyn render``: a video of one stored episode."""
+    store = EpisodeStore.open(args.store)
+    # a GIF at 125 frames/s is huge and most viewers cap the rate: keep every 4th frame
+    every = 4 if Path(args.out).suffix.lower() == ".gif" else 1
+    path = render_episode(store, args.episode, args.out, every=every)
+    print(f"{path}: episode {args.episode} of {args.store} ({store.episode_lengths[args.episode % max(store.n_episodes, 1)]} steps)")
+    return 0
