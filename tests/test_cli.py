@@ -1,0 +1,85 @@
+"""The gpdyn command: --help everywhere, inspect, doctor, clear errors."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpdyn.cli import build_parser, main
+from gpdyn.runs import RunDir
+
+DESIGN_COMMANDS = [
+    "demo", "collect walker", "collect kuka", "import kuka-ilgr", "import sarcos", "inspect", "learn",
+    "replay", "control", "bench learners", "bench wiski", "bench mpc", "report", "render", "doctor",
+]
+
+
+def _leaf_commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        return [prefix]
+    return [leaf for name, p in subs[0].choices.items() for leaf in _leaf_commands(p, prefix + (name,))]
+
+
+def test_every_design_subcommand_exists():
+    leaves = {" ".join(c) for c in _leaf_commands(build_parser())}
+    assert leaves == set(DESIGN_COMMANDS)
+
+
+@pytest.mark.parametrize("command", DESIGN_COMMANDS)
+def test_help_of_every_subcommand(command, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([*command.split(), "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: gpdyn " + command)
+
+
+def test_inspect_store_and_run_folder(walker_store, tmp_path, capsys):
+    assert main(["inspect", str(walker_store.path), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["episodes"] == 5 and summary["rows"] == 140 and "qvel" in summary["fields"]
+    run = RunDir.create("unit", {"x": 1}, out=tmp_path / "run")
+    run.log(step=1, loss=0.5)
+    assert main(["inspect", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "metric_records: 1" in out and "job: unit" in out
+
+
+def test_bad_paths_exit_2_with_a_clear_message(tmp_path, capsys):
+    assert main(["inspect", str(tmp_path / "missing.zarr")]) == 2
+    err = capsys.readouterr().err
+    assert "missing.zarr" in err and "no such file" in err
+    (tmp_path / "empty").mkdir()
+    assert main(["inspect", str(tmp_path / "empty")]) == 2
+    assert "neither an episode store" in capsys.readouterr().err
+
+
+def test_corrupt_store_exits_2_naming_the_field(walker_store, capsys):
+    shutil.rmtree(Path(walker_store.path) / "data" / "qvel")
+    assert main(["inspect", str(walker_store.path)]) == 2
+    assert "data/qvel" in capsys.readouterr().err
+
+
+def test_console_script_and_doctor():
+    exe = Path(sys.executable).parent / "gpdyn"
+    result = subprocess.run([str(exe), "doctor"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "torch threads  1" in result.stdout and "Walker2d-v5    ok" in result.stdout
+
+
+def test_run_folder_layout(tmp_path):
+    run = RunDir.create("job", {"seed": 3, "path": tmp_path}, logs=tmp_path / "logs")
+    assert run.path.parent == tmp_path / "logs" and run.path.name.startswith("job-")
+    run.log(iteration=1, nmse=[0.1, 0.2])
+    run.log(iteration=2, nmse=[0.05, 0.1])
+    assert run.config() == {"job": "job", "seed": 3, "path": str(tmp_path)}
+    assert [m["iteration"] for m in run.metrics()] == [1, 2]
+    other = RunDir.create("job", {}, logs=tmp_path / "logs")
+    assert other.path != run.path
