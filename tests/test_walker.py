@@ -1,0 +1,172 @@
+"""Walker2d collection: raw states, exact replay, seeding, resume, policy loading, render."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from gpdyn.data.store import EpisodeStore, StoreError
+from gpdyn.errors import InputError
+from gpdyn.sim.policy import SHIPPED_POLICY, PolicyError, load_policy, save_policy
+from gpdyn.sim.walker import collect_walker, integration_errors, make_env, walker_fields
+
+FIELDS = tuple(walker_fields())
+NOISE = 0.1  # exercises the per-episode noise generator in every seeding test
+
+
+def _collect(path, episodes, **kw):
+    kw.setdefault("noise", NOISE)
+    return collect_walker(path, episodes, progress=False, **kw)
+
+
+def _all(store: EpisodeStore) -> dict[str, np.ndarray]:
+    return {f: store.read(f) for f in FIELDS}
+
+
+@pytest.fixture(scope="module")
+def short_store(tmp_path_factory):
+    """2 episodes from 2 environments in parallel (the issue's short collection)."""
+    path = tmp_path_factory.mktemp("walker") / "short.zarr"
+    result = _collect(path, 2, envs=2, seed=3)
+    assert result["episodes_added"] == 2
+    return EpisodeStore.open(path)
+
+
+def test_short_collection_is_a_valid_store_of_raw_states(short_store):
+    store = EpisodeStore.open(short_store.path)  # opening validates the schema
+    assert store.n_episodes == 2 and store.n_rows == int(store.episode_lengths.sum()) > 0
+    d = _all(store)
+    # the observation is built from the state: qpos[1:], then qvel clipped to ±10
+    np.testing.assert_array_equal(d["obs"][:, :8], d["qpos"][:, 1:])
+    np.testing.assert_array_equal(d["obs"][:, 8:], np.clip(d["qvel"], -10, 10))
+    # the stored qvel is the simulator's, not the clipped observation: the clip is active here
+    assert (np.abs(d["qvel"]) > 10).any()
+    # consecutive rows chain inside an episode
+    for a, b in zip(store.episode_starts, store.episode_ends):
+        np.testing.assert_array_equal(d["qvel"][a + 1 : b], d["next_qvel"][a : b - 1])
+        np.testing.assert_array_equal(d["qpos"][a + 1 : b], d["next_qpos"][a : b - 1])
+        assert d["terminated"][b - 1, 0] or d["truncated"][b - 1, 0]
+        assert not (d["terminated"][a : b - 1].any() or d["truncated"][a : b - 1].any())
+    assert np.abs(d["action"]).max() <= 1.0
+    np.testing.assert_allclose(store.episode_values("return"), [r.sum() for r in np.split(d["reward"][:, 0], store.episode_ends[:-1])])
+
+
+def test_replay_with_set_state_reproduces_the_next_state(short_store):
+    d = _all(short_store)
+    env = make_env()
+    sim = env.unwrapped
+    env.reset(seed=0)
+    for t in range(short_store.n_rows):
+        sim.set_state(d["qpos"][t], d["qvel"][t])
+        sim.do_simulation(d["action"][t], sim.frame_skip)
+        np.testing.assert_allclose(sim.data.qpos, d["next_qpos"][t], rtol=0, atol=1e-9, err_msg=f"qpos, row {t}")
+        np.testing.assert_allclose(sim.data.qvel, d["next_qvel"][t], rtol=0, atol=1e-9, err_msg=f"qvel, row {t}")
+    env.close()
+
+
+def test_same_seed_same_data_and_resume_equals_uninterrupted(short_store, tmp_path):
+    # same seed, other worker count, collected in two calls: the same episodes, none duplicated
+    path = tmp_path / "resumed.zarr"
+    first = _collect(path, 1, envs=1, seed=3)
+    second = _collect(path, 2, envs=2, seed=3)
+    again = _collect(path, 2, envs=2, seed=3)
+    assert (first["episodes_added"], second["episodes_added"], again["episodes_added"]) == (1, 1, 0)
+    resumed = EpisodeStore.open(path)
+    np.testing.assert_array_equal(resumed.episode_ends, short_store.episode_ends)
+    for f, a in _all(short_store).items():
+        np.testing.assert_array_equal(_all(resumed)[f], a, err_msg=f)
+    for key in ("reset_seed", "policy", "return"):
+        np.testing.assert_array_equal(resumed.episode_values(key), short_store.episode_values(key))
+
+
+def test_other_seed_other_data_and_mixed_settings_refused(short_store, tmp_path):
+    path = tmp_path / "other.zarr"
+    _collect(path, 1, envs=1, seed=4)
+    other = EpisodeStore.open(path)
+    assert other.episode_values("reset_seed")[0] != short_store.episode_values("reset_seed")[0]
+    with pytest.raises(StoreError, match="seed"):
+        _collect(path, 2, envs=1, seed=5)
+    with pytest.raises(StoreError, match="noise"):
+        _collect(path, 2, envs=1, seed=4, noise=0.3)
+
+
+def test_mismatched_policy_fails_clearly(tmp_path):
+    shipped = load_policy()
+    # a policy for a Hopper-sized observation (11) on Walker2d (17)
+    net = torch.nn.Sequential(torch.nn.Linear(11, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    path = save_policy(
+        tmp_path / "hopper.pt", net.state_dict(), hidden=[8], activation="tanh",
+        obs_mean=np.zeros(11), obs_var=np.ones(11), clip_obs=10.0, epsilon=1e-8,
+        act_low=-np.ones(3), act_high=np.ones(3),
+    )
+    env = make_env()
+    with pytest.raises(PolicyError, match=r"observations of shape \(11,\).*\(17,\)"):
+        load_policy(path).check_env(env)
+    env.close()
+    with pytest.raises(PolicyError, match="hopper.pt"):
+        collect_walker(tmp_path / "s.zarr", 1, policies=[path], progress=False)
+    assert not (tmp_path / "s.zarr").exists()
+    assert isinstance(PolicyError("x"), InputError)
+    with pytest.raises(PolicyError, match="no such policy file"):
+        load_policy(tmp_path / "missing.pt")
+    assert shipped.obs_dim == 17 and shipped.act_dim == 6
+
+
+class _Trap:
+    def __reduce__(self):
+        return (open, (str(_Trap.target), "w"))
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_loading_never_unpickles_objects(tmp_path):
+    _Trap.target = tmp_path / "executed"
+    bad = tmp_path / "evil.pt"
+    torch.save({"format": "gpdyn.policy", "trap": _Trap()}, bad)
+    with open(tmp_path / "evil.pkl", "wb") as f:
+        pickle.dump(_Trap(), f)
+    for path in (bad, tmp_path / "evil.pkl"):
+        with pytest.raises(PolicyError, match="not a gpdyn policy file"):
+            load_policy(path)
+    assert not _Trap.target.exists()
+
+
+def test_collect_rejects_bad_arguments(tmp_path):
+    for kwargs, word in (({"envs": 0}, "envs"), ({"noise": -1.0}, "noise"), ({"noise": float("nan")}, "noise")):
+        with pytest.raises(InputError, match=word):
+            collect_walker(tmp_path / "x.zarr", 1, progress=False, **kwargs)
+    with pytest.raises(InputError, match="episodes"):
+        collect_walker(tmp_path / "x.zarr", 0, progress=False)
+
+
+def test_integration_errors_trapezoid_beats_euler(short_store):
+    errs = integration_errors(short_store)
+    assert set(errs) == {"trapezoid", "forward_euler", "backward_euler"}
+    for rule in errs.values():
+        assert rule["mean"].shape == rule["max"].shape == (8,)
+        assert np.all(rule["mean"] <= rule["max"]) and np.all(np.isfinite(rule["max"]))
+    assert errs["trapezoid"]["mean"].mean() < errs["forward_euler"]["mean"].mean()
+
+
+def test_render_writes_a_video_of_the_stored_states(short_store, tmp_path):
+    import imageio.v2 as imageio
+
+    from gpdyn.sim.render import render_episode
+
+    out = render_episode(short_store, 0, tmp_path / "ep0.mp4", width=64, height=48, every=50)
+    frames = [np.asarray(f) for f in imageio.get_reader(out)]
+    n_states = short_store.episode_lengths[0] + 1
+    assert len(frames) == len(range(0, n_states, 50))
+    assert frames[0].shape == (48, 64, 3) and frames[0].std() > 0  # not a blank image
+    with pytest.raises(InputError, match="mp4"):
+        render_episode(short_store, 0, tmp_path / "ep0.avi")
+    with pytest.raises(InputError, match="out of range"):
+        render_episode(short_store, 5, tmp_path / "ep5.mp4")
+
+
+def test_shipped_policy_is_in_the_repository():
+    assert SHIPPED_POLICY.is_file(), "policies/walker2d_trpo.pt is missing"
+    meta = load_policy().meta
+    assert meta["env_id"] == "Walker2d-v5" and meta["timesteps"] >= 1_000_000
