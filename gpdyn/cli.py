@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--payload", type=float, default=0.0, help="end-effector payload in kg")
     p.add_argument("--family", choices=("kuka1", "kuka2"), default="kuka1", help="trajectory family")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rate", type=float, default=100.0, help="sample rate in Hz, a whole number of 1 ms steps")
+    p.add_argument("--torque-noise", type=float, default=0.0, help="std of torque sensor noise, N m")
+    p.add_argument("--position-noise", type=float, default=0.0, help="std of position sensor noise, rad")
+    p.add_argument(
+        "--derivatives", choices=("exact", "fd"), default="exact", help="exact qd, qdd or finite differences of measured q"
+    )
     p.set_defaults(handler="gpdyn.sim.kuka:cli_collect")
 
     imp = sub.add_parser("import", help="import a real dataset into a store").add_subparsers(
