@@ -65,15 +65,24 @@ class WalkerPolicy:
         """VecNormalize's observation transform (its frozen statistics)."""
         return np.clip((obs - self.obs_mean) / np.sqrt(self.obs_var + self.epsilon), -self.clip_obs, self.clip_obs)
 
-    @torch.no_grad()
+    def __post_init__(self) -> None:
+        # numpy float64 copies of the layers: a 64-wide MLP on one observation per step
+        # is ~10x faster in numpy than through torch's per-call overhead
+        linears = [m for m in self.net if isinstance(m, nn.Linear)]
+        self._layers = [(m.weight.detach().double().numpy().T.copy(), m.bias.detach().double().numpy()) for m in linears]
+        self._hidden_act = np.tanh if isinstance(self.net[1], nn.Tanh) else (lambda z: np.maximum(z, 0.0))
+
     def act(self, obs: np.ndarray) -> np.ndarray:
         """Deterministic actions for observations ``[..., obs_dim]`` (clipped to the action box)."""
         obs = np.asarray(obs, dtype=np.float64)
         if obs.shape[-1] != self.obs_dim:
             raise PolicyError(f"policy {self.name}: observation has {obs.shape[-1]} values, expected {self.obs_dim}")
-        x = torch.as_tensor(self.normalize(obs), dtype=torch.float32)
-        action = self.net(x).numpy().astype(np.float64)
-        return np.clip(action, self.act_low, self.act_high)
+        x = self.normalize(obs)
+        for i, (w, b) in enumerate(self._layers):
+            x = x @ w + b
+            if i < len(self._layers) - 1:
+                x = self._hidden_act(x)
+        return np.clip(x, self.act_low, self.act_high)
 
     @property
     def name(self) -> str:
