@@ -29,12 +29,13 @@ import mujoco
 import numpy as np
 from tqdm import tqdm
 
+from envs import KUKA_ENV_ID
 from gpdyn.data.kuka_schema import N_JOINTS, OFFLINE, ONLINE, kuka_episode_keys, kuka_fields
 from gpdyn.data.store import EpisodeStore
 from gpdyn.errors import InputError
 
 MODEL_PATH = Path(__file__).resolve().parents[2] / "envs" / "kuka_iiwa.xml"
-ENV_ID = "gpdyn/KukaIiwa-v0"
+ENV_ID = KUKA_ENV_ID
 SIM_TIMESTEP = 0.001
 DEFAULT_RATE_HZ = 100.0
 DEFAULT_PAYLOAD_OFFSET = (0.0, 0.0, 0.05)
