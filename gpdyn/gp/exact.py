@@ -1,0 +1,278 @@
+"""Exact GP regression updated online: incremental Cholesky and periodic refits.
+
+The baseline the WISKI paper compares against (its Fig. 2, "Exact-Cholesky"), and the
+test oracle for WISKI: constructed with ``kernel=SKIKernel(grid)`` it is an exact GP
+whose kernel is the dense SKI kernel ``W K_UU W^T``.
+
+Cost, for ``n`` points seen and ``P`` outputs:
+
+- ``observe`` of ``q`` points: block Cholesky update of ``K + sigma^2 I``,
+  ``O(P (n^2 q + n q^2 + q^3))`` time, ``O(P n^2)`` memory.
+- ``step``: every ``refit_every`` calls, ``refit_iters`` Adam steps on the full log
+  marginal likelihood (WISKI eq. (1)), ``O(P n^3)`` each, then a fresh factorisation;
+  the other calls do nothing. This is what makes the exact GP infeasible for large n.
+- ``predict`` of ``N`` points: ``O(P n^2 N)``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gpdyn.gp.base import Learner, LearnerError
+from gpdyn.gp.hyperparams import SEHyperparameters
+from gpdyn.gp.kernels import se_ard, se_ard_diag
+
+LOG_2PI = math.log(2.0 * math.pi)
+
+
+class SEARDKernel:
+    """SE-ARD (gpdyn.gp.kernels) in the ``kernel(x1, x2, lengthscale, amplitude)`` + ``diag`` form."""
+
+    def __call__(self, x1: Tensor, x2: Tensor, lengthscale: Tensor, amplitude: Tensor) -> Tensor:
+        return se_ard(x1, x2, lengthscale, amplitude)
+
+    def diag(self, x: Tensor, lengthscale: Tensor, amplitude: Tensor) -> Tensor:
+        return se_ard_diag(x, amplitude)
+
+
+class ExactOnlineGP(Learner):
+    """Exact GP per output with an incrementally updated Cholesky factor.
+
+    Options:
+        kernel: object with ``__call__(x1, x2, lengthscale, amplitude) -> [P, N, M]`` and
+            ``diag(x, lengthscale, amplitude) -> [P, N]``; default SE-ARD.
+        lr: Adam learning rate of the refits (default 0.01).
+        refit_every: refit the hyperparameters every this many ``step`` calls (default 100).
+        refit_iters: Adam steps per refit (default 20).
+        max_points: most points it accepts; more raises LearnerError (default 2000).
+        noise_floor: added to the noise variance (default 1e-6).
+        learn_hyperparameters: False keeps them fixed (the oracle in the tests).
+    """
+
+    name = "exact"
+
+    def __init__(
+        self,
+        input_dim: int,
+        output_dim: int,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float64,
+        seed: int = 0,
+        kernel: Callable[..., Tensor] | None = None,
+        lr: float = 1e-2,
+        refit_every: int = 100,
+        refit_iters: int = 20,
+        max_points: int = 2000,
+        noise_floor: float = 1e-6,
+        learn_hyperparameters: bool = True,
+    ) -> None:
+        super().__init__(input_dim, output_dim, device=device, dtype=dtype, seed=seed)
+        if refit_every < 1 or refit_iters < 0 or max_points < 1 or not lr > 0:
+            raise LearnerError(
+                f"ExactOnlineGP: need refit_every >= 1, refit_iters >= 0, max_points >= 1, lr > 0; "
+                f"got {refit_every}, {refit_iters}, {max_points}, {lr}"
+            )
+        self.kernel = kernel if kernel is not None else SEARDKernel()
+        self.refit_every = int(refit_every)
+        self.refit_iters = int(refit_iters)
+        self.max_points = int(max_points)
+        self.learn_hyperparameters = bool(learn_hyperparameters)
+        self.hp = SEHyperparameters(output_dim, input_dim, device=self.device, dtype=dtype, noise_floor=noise_floor)
+        self.optimizer = torch.optim.Adam(self.hp.parameters(), lr=lr)
+        self.initialized = False
+        self.n = 0
+        self.steps = 0
+        kw = {"device": self.device, "dtype": dtype}
+        self._X = torch.zeros(0, input_dim, **kw)
+        self._Y = torch.zeros(0, output_dim, **kw)
+        self._L = torch.zeros(output_dim, 0, 0, **kw)  # lower Cholesky of K + sigma^2 I, [P, cap, cap]
+        self._z = torch.zeros(output_dim, 0, **kw)  # L^{-1} y, [P, n]
+        self._alpha: Tensor | None = None  # (K + sigma^2 I)^{-1} y, refreshed lazily
+
+    # -- helpers ---------------------------------------------------------------------
+    def _k(self, x1: Tensor, x2: Tensor) -> Tensor:
+        return self.kernel(x1, x2, self.hp.lengthscale, self.hp.amplitude)
+
+    def _ensure_capacity(self, n: int) -> None:
+        cap = self._X.shape[0]
+        if n <= cap:
+            return
+        new = min(max(n, 2 * cap, 64), self.max_points)
+        kw = {"device": self.device, "dtype": self.dtype}
+        X = torch.zeros(new, self.input_dim, **kw)
+        Y = torch.zeros(new, self.output_dim, **kw)
+        L = torch.zeros(self.output_dim, new, new, **kw)
+        X[:cap], Y[:cap], L[:, :cap, :cap] = self._X, self._Y, self._L
+        self._X, self._Y, self._L = X, Y, L
+
+    def _block(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Block Cholesky update for new rows: ``S = L^{-1} K_{X x}``, ``L22``, whitened ``z2``."""
+        n = self.n
+        noise = self.hp.noise
+        kxx = self._k(x, x) + noise[:, None, None] * torch.eye(x.shape[0], device=self.device, dtype=self.dtype)
+        if n == 0:
+            s = torch.zeros(self.output_dim, 0, x.shape[0], device=self.device, dtype=self.dtype)
+            resid = y.T
+        else:
+            s = torch.linalg.solve_triangular(self._L[:, :n, :n], self._k(self._X[:n], x), upper=False)
+            kxx = kxx - s.transpose(-1, -2) @ s
+            resid = y.T - (s * self._z.unsqueeze(-1)).sum(-2)
+        l22 = torch.linalg.cholesky(kxx)
+        z2 = torch.linalg.solve_triangular(l22, resid.unsqueeze(-1), upper=False).squeeze(-1)
+        return s, l22, z2
+
+    def _init(self, x: Tensor, y: Tensor) -> None:
+        self.hp.init_from_data(x.unsqueeze(0), y, self.generator)
+        self.initialized = True
+
+    # -- the contract ----------------------------------------------------------------
+    @torch.no_grad()
+    def observe(self, x: Tensor, y: Tensor) -> None:
+        """Condition on ``x [q, D]``, ``y [q, P]`` by a block Cholesky update (``O(P n^2 q)``)."""
+        self.check_xy(x, y, "observe")
+        self.check_finite("observe", x=x, y=y)
+        if self.n + x.shape[0] > self.max_points:
+            raise LearnerError(
+                f"ExactOnlineGP.observe: {self.n + x.shape[0]} points exceed max_points={self.max_points}; "
+                "the exact GP is for small n (use wiski, or raise max_points)"
+            )
+        if not self.initialized:
+            self._init(x, y)
+        s, l22, z2 = self._block(x, y)
+        n, q = self.n, x.shape[0]
+        self._ensure_capacity(n + q)
+        self._X[n : n + q] = x
+        self._Y[n : n + q] = y
+        self._L[:, n : n + q, :n] = s.transpose(-1, -2)
+        self._L[:, n : n + q, n : n + q] = l22
+        self._z = torch.cat([self._z, z2], dim=-1)
+        self.n = n + q
+        self._alpha = None
+
+    def mll(self) -> Tensor:
+        """Log marginal likelihood of all observed data per output, ``[P]`` (WISKI eq. (1)); differentiable."""
+        x, y = self._X[: self.n], self._Y[: self.n]
+        k = self._k(x, x) + self.hp.noise[:, None, None] * torch.eye(self.n, device=self.device, dtype=self.dtype)
+        chol = torch.linalg.cholesky(k)
+        z = torch.linalg.solve_triangular(chol, y.T.unsqueeze(-1), upper=False).squeeze(-1)
+        logdet = chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+        return -0.5 * (z * z).sum(-1) - logdet - 0.5 * self.n * LOG_2PI
+
+    @torch.no_grad()
+    def refactor(self) -> None:
+        """Fresh Cholesky factor after the hyperparameters changed (``O(P n^3)``)."""
+        n = self.n
+        x, y = self._X[:n], self._Y[:n]
+        k = self._k(x, x) + self.hp.noise[:, None, None] * torch.eye(n, device=self.device, dtype=self.dtype)
+        self._L[:, :n, :n] = torch.linalg.cholesky(k)
+        self._z = torch.linalg.solve_triangular(self._L[:, :n, :n], y.T.unsqueeze(-1), upper=False).squeeze(-1)
+        self._alpha = None
+
+    def step(self, x: Tensor, y: Tensor) -> dict[str, float]:
+        """Count a step; every ``refit_every`` steps refit the hyperparameters on all data."""
+        self.check_xy(x, y, "step")
+        self.steps += 1
+        if not self.learn_hyperparameters or self.n == 0 or self.steps % self.refit_every != 0:
+            return {"refit": 0.0}
+        loss = torch.zeros((), device=self.device, dtype=self.dtype)
+        for _ in range(self.refit_iters):
+            self.optimizer.zero_grad()
+            loss = -self.mll().sum() / self.n
+            loss.backward()
+            self.optimizer.step()
+        self.refactor()
+        return {"refit": 1.0, "loss": float(loss.detach())}
+
+    def _alpha_cache(self) -> Tensor:
+        if self._alpha is None:
+            lt = self._L[:, : self.n, : self.n].transpose(-1, -2)
+            self._alpha = torch.linalg.solve_triangular(lt, self._z.unsqueeze(-1), upper=True).squeeze(-1)
+        return self._alpha
+
+    @torch.no_grad()
+    def predict(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Latent predictive mean and variance ``[..., P]`` (WISKI eqs. (2)-(3))."""
+        if not self.initialized:
+            raise LearnerError("ExactOnlineGP.predict: no data observed yet (call observe first)")
+        self.check_xy(x, None, "predict")
+        lead = x.shape[:-1]
+        xf = x.reshape(-1, self.input_dim)
+        prior = self.kernel.diag(xf, self.hp.lengthscale, self.hp.amplitude).expand(self.output_dim, xf.shape[0])
+        if self.n == 0:
+            mean, var = torch.zeros_like(prior), prior
+        else:
+            ksx = self._k(self._X[: self.n], xf)  # [P, n, N]
+            mean = (ksx * self._alpha_cache().unsqueeze(-1)).sum(-2)
+            v = torch.linalg.solve_triangular(self._L[:, : self.n, : self.n], ksx, upper=False)
+            var = (prior - (v * v).sum(-2)).clamp_min(0.0)
+        return mean.T.reshape(*lead, self.output_dim), var.T.reshape(*lead, self.output_dim)
+
+    @torch.no_grad()
+    def vlb(self, x: Tensor, y: Tensor) -> Tensor:
+        """Held-out log marginal likelihood per point, ``log p(y | x, data) / N``, ``[P]``.
+
+        The joint predictive density of the batch (with noise), from the same block
+        Cholesky step that ``observe`` uses; the learner is not changed.
+        """
+        if not self.initialized:
+            raise LearnerError("ExactOnlineGP.vlb: no data observed yet (call observe first)")
+        self.check_xy(x, y, "vlb")
+        _, l22, z2 = self._block(x, y)
+        logp = -0.5 * (z2 * z2).sum(-1) - l22.diagonal(dim1=-2, dim2=-1).log().sum(-1) - 0.5 * x.shape[0] * LOG_2PI
+        return logp / x.shape[0]
+
+    def set_hyperparameters(self, **values: Any) -> None:
+        """Set lengthscale / amplitude / noise and refactor the observed data."""
+        self.hp.set(**values)
+        self.initialized = True
+        self.refactor()
+
+    def state_dict(self) -> dict[str, Any]:
+        n = self.n
+        return {
+            "name": self.name,
+            "input_dim": self.input_dim,
+            "output_dim": self.output_dim,
+            "initialized": self.initialized,
+            "n": n,
+            "steps": self.steps,
+            "X": self._X[:n].clone(),
+            "Y": self._Y[:n].clone(),
+            "L": self._L[:, :n, :n].clone(),
+            "z": self._z.clone(),
+            "hyperparameters": self.hp.state_dict(),
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),  # Adam state tensors are live
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("name") != self.name or state["input_dim"] != self.input_dim or state["output_dim"] != self.output_dim:
+            raise LearnerError(
+                f"ExactOnlineGP.load_state_dict: state is for {state.get('name')} with "
+                f"{state.get('input_dim')} -> {state.get('output_dim')}, this learner is {self.input_dim} -> {self.output_dim}"
+            )
+        kw = {"device": self.device, "dtype": self.dtype}
+        n = int(state["n"])
+        self.n = 0
+        self._X = torch.zeros(0, self.input_dim, **kw)
+        self._Y = torch.zeros(0, self.output_dim, **kw)
+        self._L = torch.zeros(self.output_dim, 0, 0, **kw)
+        self._ensure_capacity(n)
+        self._X[:n] = torch.as_tensor(state["X"]).to(**kw)
+        self._Y[:n] = torch.as_tensor(state["Y"]).to(**kw)
+        self._L[:, :n, :n] = torch.as_tensor(state["L"]).to(**kw)
+        self._z = torch.as_tensor(state["z"]).to(**kw)
+        self.n = n
+        self.steps = int(state["steps"])
+        self.initialized = bool(state["initialized"])
+        self.hp.load_state_dict(state["hyperparameters"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        self._alpha = None

@@ -1,0 +1,95 @@
+"""SE-ARD hyperparameters batched over P outputs, in an unconstrained parametrisation.
+
+Shared by the exact-inference learners (WISKI, exact GP). Lengthscales ``[P, D]``,
+amplitude (signal variance) ``[P]`` and noise variance ``[P]`` are ``exp`` of raw
+tensors; the noise has a floor added so that ``K + sigma^2 I`` stays positive definite.
+Initialisation follows DESIGN.md "Online learning protocol": median trick for the
+lengthscales, output variance for the noise, unit amplitude.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gpdyn.gp.base import LearnerError
+from gpdyn.gp.kernels import median_lengthscale
+
+
+class SEHyperparameters:
+    """``lengthscale [P, D]``, ``amplitude [P]``, ``noise [P]`` as leaf tensors with gradients."""
+
+    def __init__(
+        self, num_outputs: int, dim: int, *, device: torch.device, dtype: torch.dtype, noise_floor: float = 1e-6
+    ) -> None:
+        if noise_floor < 0:
+            raise LearnerError(f"noise_floor must be >= 0, got {noise_floor}")
+        self.noise_floor = float(noise_floor)
+        kw = {"device": device, "dtype": dtype}
+        self.raw_lengthscale = torch.zeros(num_outputs, dim, **kw, requires_grad=True)
+        self.raw_amplitude = torch.zeros(num_outputs, **kw, requires_grad=True)
+        self.raw_noise = torch.zeros(num_outputs, **kw, requires_grad=True)
+
+    def parameters(self) -> list[Tensor]:
+        return [self.raw_lengthscale, self.raw_amplitude, self.raw_noise]
+
+    @property
+    def lengthscale(self) -> Tensor:
+        return self.raw_lengthscale.exp()
+
+    @property
+    def amplitude(self) -> Tensor:
+        return self.raw_amplitude.exp()
+
+    @property
+    def noise(self) -> Tensor:
+        return self.raw_noise.exp() + self.noise_floor
+
+    @torch.no_grad()
+    def init_from_data(self, z: Tensor, y: Tensor, generator: torch.Generator | None = None) -> None:
+        """Median-trick lengthscales from inputs ``z [Q, N, D]`` (Q = 1 or P), noise = var(y), unit amplitude."""
+        ls = torch.stack([median_lengthscale(zq, generator=generator) for zq in z])  # [Q, D]
+        self.raw_lengthscale.copy_(ls.expand_as(self.raw_lengthscale).log())
+        self.raw_amplitude.zero_()
+        var = y.var(dim=0) if y.shape[0] > 1 else torch.ones_like(y[0])
+        var = torch.where(torch.isfinite(var) & (var > 0), var, torch.ones_like(var))
+        self.raw_noise.copy_((var.clamp_min(2 * self.noise_floor + 1e-12) - self.noise_floor).log())
+
+    @torch.no_grad()
+    def set(self, *, lengthscale: Any = None, amplitude: Any = None, noise: Any = None) -> None:
+        """Set values (broadcast to ``[P, D]`` / ``[P]``); ``noise`` must exceed the floor."""
+        like = self.raw_noise
+        if lengthscale is not None:
+            self.raw_lengthscale.copy_(torch.as_tensor(lengthscale, dtype=like.dtype, device=like.device).log().expand_as(self.raw_lengthscale))
+        if amplitude is not None:
+            self.raw_amplitude.copy_(torch.as_tensor(amplitude, dtype=like.dtype, device=like.device).log().expand_as(like))
+        if noise is not None:
+            noise_t = torch.as_tensor(noise, dtype=like.dtype, device=like.device)
+            if bool((noise_t <= self.noise_floor).any()):
+                raise LearnerError(f"noise variance must exceed the floor {self.noise_floor}, got {noise}")
+            self.raw_noise.copy_((noise_t - self.noise_floor).log().expand_as(like))
+
+    def as_dict(self) -> dict[str, Tensor]:
+        """Detached current values."""
+        return {"lengthscale": self.lengthscale.detach(), "amplitude": self.amplitude.detach(), "noise": self.noise.detach()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "raw_lengthscale": self.raw_lengthscale.detach().clone(),
+            "raw_amplitude": self.raw_amplitude.detach().clone(),
+            "raw_noise": self.raw_noise.detach().clone(),
+            "noise_floor": self.noise_floor,
+        }
+
+    @torch.no_grad()
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for name in ("raw_lengthscale", "raw_amplitude", "raw_noise"):
+            target = getattr(self, name)
+            value = torch.as_tensor(state[name])
+            if value.shape != target.shape:
+                raise LearnerError(f"hyperparameter state '{name}' has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
+            target.copy_(value.to(device=target.device, dtype=target.dtype))
+        self.noise_floor = float(state["noise_floor"])

@@ -1,0 +1,114 @@
+"""The exact online GP: incremental Cholesky, predictions, refits, checkpoints."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gpdyn.gp.base import LearnerError
+from gpdyn.gp.exact import ExactOnlineGP
+from gpdyn.gp.kernels import se_ard
+
+D64 = torch.float64
+
+
+def _data(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, 3, generator=g, dtype=D64) * 2 - 1
+    y = torch.stack([torch.sin(2 * x[:, 0]) * x[:, 2], x[:, 1] ** 2], dim=-1)
+    return x, y + 0.05 * torch.randn(n, 2, generator=g, dtype=D64)
+
+
+HYPER = {"lengthscale": torch.tensor([[0.5, 0.8, 1.2], [0.9, 0.4, 2.0]], dtype=D64), "amplitude": 1.2, "noise": 0.01}
+
+
+def _dense(x: torch.Tensor, y: torch.Tensor, xt: torch.Tensor):
+    ls, amp = HYPER["lengthscale"], torch.full((2,), 1.2, dtype=D64)
+    k = se_ard(x, x, ls, amp) + 0.01 * torch.eye(x.shape[0], dtype=D64)
+    ks = se_ard(xt, x, ls, amp)
+    mean = (ks @ torch.linalg.solve(k, y.T.unsqueeze(-1))).squeeze(-1).T
+    var = (1.2 - (ks * torch.linalg.solve(k, ks.transpose(-1, -2)).transpose(-1, -2)).sum(-1)).T
+    return k, mean, var
+
+
+def test_incremental_cholesky_equals_batch_gp():
+    x, y = _data(50)
+    gp = ExactOnlineGP(3, 2, learn_hyperparameters=False)
+    gp.observe(x[:1], y[:1])
+    gp.set_hyperparameters(**HYPER)
+    for lo, hi in ((1, 7), (7, 8), (8, 50)):  # uneven chunks
+        gp.observe(x[lo:hi], y[lo:hi])
+    xt, _ = _data(20, seed=1)
+    k, mean, var = _dense(x, y, xt)
+    torch.testing.assert_close(gp._L[:, :50, :50], torch.linalg.cholesky(k))
+    m, v = gp.predict(xt)
+    torch.testing.assert_close(m, mean)
+    torch.testing.assert_close(v, var)
+    dist = torch.distributions.MultivariateNormal(torch.zeros(50, dtype=D64), k)
+    torch.testing.assert_close(gp.mll(), dist.log_prob(y.T))
+
+
+def test_vlb_is_the_joint_heldout_density():
+    x, y = _data(40)
+    gp = ExactOnlineGP(3, 2, learn_hyperparameters=False)
+    gp.observe(x[:30], y[:30])
+    gp.set_hyperparameters(**HYPER)
+    full = ExactOnlineGP(3, 2, learn_hyperparameters=False)
+    full.observe(x, y)
+    full.set_hyperparameters(**HYPER)
+    expected = (full.mll() - gp.mll()) / 10
+    torch.testing.assert_close(gp.vlb(x[30:], y[30:]), expected.detach())
+    assert gp.n == 30
+
+
+def test_periodic_refit_raises_the_likelihood():
+    x, y = _data(60)
+    gp = ExactOnlineGP(3, 2, refit_every=3, refit_iters=15, lr=0.05)
+    gp.observe(x, y)
+    before = gp.mll().sum().item()
+    assert gp.step(x, y) == {"refit": 0.0} and gp.step(x, y) == {"refit": 0.0}
+    metrics = gp.step(x, y)
+    assert metrics["refit"] == 1.0 and math.isfinite(metrics["loss"])
+    assert gp.mll().sum().item() > before
+    # the factor was refreshed for the new hyperparameters
+    torch.testing.assert_close(gp.predict(x)[0], _refit_predict(gp, x))
+
+
+def _refit_predict(gp: ExactOnlineGP, xt: torch.Tensor) -> torch.Tensor:
+    hp = gp.hp.as_dict()
+    k = se_ard(gp._X[: gp.n], gp._X[: gp.n], hp["lengthscale"], hp["amplitude"]) + hp["noise"][:, None, None] * torch.eye(gp.n, dtype=D64)
+    ks = se_ard(xt, gp._X[: gp.n], hp["lengthscale"], hp["amplitude"])
+    return (ks @ torch.linalg.solve(k, gp._Y[: gp.n].T.unsqueeze(-1))).squeeze(-1).T
+
+
+def test_limits_and_bad_input():
+    x, y = _data(12)
+    gp = ExactOnlineGP(3, 2, max_points=10)
+    with pytest.raises(LearnerError, match="no data"):
+        gp.predict(x)
+    with pytest.raises(LearnerError, match="max_points"):
+        gp.observe(x, y)
+    bad = x.clone()
+    bad[0, 0] = float("inf")
+    with pytest.raises(LearnerError, match="NaN or inf"):
+        gp.observe(bad[:5], y[:5])
+    with pytest.raises(LearnerError, match="refit_every"):
+        ExactOnlineGP(3, 2, refit_every=0)
+
+
+def test_checkpoint_round_trip():
+    x, y = _data(40)
+    a = ExactOnlineGP(3, 2, refit_every=2, refit_iters=3)
+    a.observe(x[:20], y[:20])
+    a.step(x[:20], y[:20])
+    a.step(x[:20], y[:20])
+    b = ExactOnlineGP(3, 2, refit_every=2, refit_iters=3, seed=5)
+    b.load_state_dict(a.state_dict())
+    torch.testing.assert_close(b.predict(x[20:]), a.predict(x[20:]), rtol=0, atol=0)
+    for gp in (a, b):
+        gp.observe(x[20:], y[20:])
+        gp.step(x, y)
+        gp.step(x, y)
+    torch.testing.assert_close(b.predict(x[:5]), a.predict(x[:5]), rtol=0, atol=0)
