@@ -1,0 +1,329 @@
+"""Orthogonally decoupled variational GPs (Salimbeni, Cheng, Boots & Deisenroth 2018).
+
+The posterior uses the orthogonally decoupled basis of ORTHDGP eq. (11): with a
+covariance basis beta and a mean-only basis gamma,
+
+    mu    = (I - Psi_b K_b^{-1} Psi_b^T) Psi_g a_g + Psi_b a_b
+    Sigma = (I - Psi_b K_b^{-1} Psi_b^T) + Psi_b K_b^{-1} S K_b^{-1} Psi_b^T,   S = L L^T
+
+so that (Appendix A.2)
+
+    m(x) = (k_{x,g} - k_{x,b} K_b^{-1} K_{b,g}) a_g + k_{x,b} a_b
+    s(x) = k_x - k_{x,b} K_b^{-1} k_{b,x} + k_{x,b} K_b^{-1} S K_b^{-1} k_{b,x}
+
+and (Proposition A.1)
+
+    KL = 1/2 (a_g^T (K_g - K_{g,b} K_b^{-1} K_{b,g}) a_g + a_b^T K_b a_b
+              + tr(S K_b^{-1}) - log|S| + log|K_b| - |beta|),
+
+with ``a_g^T K_g a_g`` estimated from sampled columns in a step (Appendix A.3).
+With an empty gamma this is the coupled basis of Titsias / Hensman (eq. (7) with
+``m = K_b a_b``), which the coupled baselines reuse.
+
+This is the paper's model. GPyTorch's ``OrthogonallyDecoupledVariationalStrategy``
+uses the posterior, not the prior, residual covariance for the gamma part and is a
+different model (DESIGN.md).
+
+- :class:`ORTH`: Adam on everything (the paper's ORTH).
+- :class:`ORTHNAT`: natural-gradient steps on the beta part, eqs. (15b)-(15c), and for
+  gamma Adam (the paper's choice) or the diagonal update of eq. (16).
+- ``basis="hybrid"`` gives the HYBRID basis of eq. (10) (no projection) for comparison;
+  the DECOUPLED basis of eq. (8) is :class:`~gpdyn.gp.svdgp.SVDGP`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor
+
+from gpdyn.gp.base import LearnerError
+from gpdyn.gp.kernels import gen_se_ard
+from gpdyn.gp.variational import VariationalLearner, chol, tri_solve
+
+BASES = ("orth", "hybrid")
+GAMMA_UPDATES = ("adam", "diag")
+
+
+def _sym(a: Tensor) -> Tensor:
+    return 0.5 * (a + a.transpose(-1, -2))
+
+
+def coupled_optimum(k_zz: Tensor, k_zx: Tensor, y: Tensor, noise: Tensor, scale: float = 1.0, jitter: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """Optimal coupled q(u) for a Gaussian likelihood, in ORTH coordinates ``(a_b, S)``.
+
+    ORTHDGP Appendix D (= Titsias 2009) with the data term weighted by ``scale``
+    (N / N_m for a minibatch)::
+
+        M = K_zz + (scale / sigma^2) K_zx K_xz,   S = K_zz M^{-1} K_zz,
+        a = (scale / sigma^2) M^{-1} K_zx y       (m = K_zz a)
+
+    (Appendix D prints ``a`` without the 1/sigma^2 on K_zx y; setting the gradient of
+    the bound to zero gives it.) Shapes: ``k_zz [P, M, M]``, ``k_zx [P, M, N]``,
+    ``y [P, N]``, ``noise [P]``.
+    """
+    w = (scale / noise)[:, None, None]
+    lm = chol(k_zz + w * (k_zx @ k_zx.transpose(-1, -2)), jitter)
+    a = torch.cholesky_solve((w[..., 0] * (k_zx @ y.unsqueeze(-1)).squeeze(-1)).unsqueeze(-1), lm).squeeze(-1)
+    half = tri_solve(lm, k_zz)  # L_M^{-1} K
+    return a, _sym(half.transpose(-1, -2) @ half)
+
+
+class ORTH(VariationalLearner):
+    """Orthogonally decoupled GP trained by Adam (the paper's ORTH).
+
+    Args:
+        m_gamma: mean-only basis size |gamma| (ORTHDGP Fig. 2c: 3500); 0 gives the coupled basis.
+        m_beta: covariance basis size |beta| (Fig. 2c: 1500).
+        n_columns: sampled columns of K_gamma per step (Appendix E: 64); ``None`` exact.
+        basis: "orth" (eq. (11)) or "hybrid" (eq. (10)).
+        **kwargs: see :class:`~gpdyn.gp.variational.VariationalLearner`.
+    """
+
+    name = "orth"
+    natural_beta = False
+
+    def __init__(
+        self,
+        input_dim: int,
+        output_dim: int,
+        *,
+        m_gamma: int = 3500,
+        m_beta: int = 1500,
+        n_columns: int | None = 64,
+        basis: str = "orth",
+        **kwargs,
+    ) -> None:
+        super().__init__(input_dim, output_dim, **kwargs)
+        if m_beta < 1 or m_gamma < 0:
+            raise LearnerError(f"{type(self).__name__}: needs m_beta >= 1 and m_gamma >= 0, got {m_beta}, {m_gamma}")
+        if basis not in BASES:
+            raise LearnerError(f"{type(self).__name__}: basis must be one of {BASES}, got '{basis}'")
+        if n_columns is not None and n_columns < 1:
+            raise LearnerError(f"{type(self).__name__}: n_columns must be >= 1 or None, got {n_columns}")
+        self.n_columns = n_columns
+        self.basis_kind = basis
+        self.config.update(m_gamma=int(m_gamma), m_beta=int(m_beta), n_columns=n_columns, basis=basis)
+        # beta first: with the partition alpha = {beta, gamma} the two take different points
+        self.add_basis_set("beta", m_beta, learn_points=self._learn_beta_points())
+        if m_gamma > 0:
+            self.add_basis_set("gamma", m_gamma)
+            self.params["a_gamma"] = self._zeros(self.output_dim, m_gamma)
+        self.params["a_beta"] = self._zeros(self.output_dim, m_beta)
+        if self.natural_beta:
+            # natural steps act on S itself: keep it, not its Cholesky factor, and outside Adam
+            self.params["S"] = self._zeros(self.output_dim, m_beta, m_beta)
+            self.adam_exclude.update({"S", "a_beta"})
+        else:
+            self.params["L"] = self._zeros(self.output_dim, m_beta, m_beta)
+        self._finish_init()  # subclasses that change adam_exclude call it again
+
+    def _learn_beta_points(self) -> bool:
+        return True
+
+    # -- posterior factors ----------------------------------------------------------
+    def _on_basis_added(self, name: str, start: int, n: int, x: Tensor, y: Tensor) -> None:
+        if name != "beta":
+            return
+        # ORTHDGP Appendix E: new covariance directions start at the prior, S = K_beta
+        z, c = self.basis("beta")
+        sl = slice(start, start + n)
+        k_new = self.kern(z[:, sl], z[:, sl], None if c is None else c[:, sl], None if c is None else c[:, sl])
+        if self.natural_beta:
+            self.params["S"][:, sl, sl] = k_new
+        else:
+            self.params["L"][:, sl, sl] = chol(k_new, self.jitter)
+
+    def s_factor(self) -> tuple[Tensor, Tensor]:
+        """``S [P, m, m]`` and a factor ``F`` with ``S = F F^T`` (active beta block)."""
+        m = self.counts["beta"]
+        if self.natural_beta:
+            s = _sym(self.params["S"][:, :m, :m])
+            return s, chol(s, self.jitter)
+        lo = torch.tril(self.params["L"][:, :m, :m])
+        return lo @ lo.transpose(-1, -2), lo
+
+    def shared_terms(self) -> dict[str, Tensor]:
+        mb = self.counts["beta"]
+        k_b = self.kern_basis("beta")
+        terms = {"Lk": chol(k_b, self.jitter), "K": k_b, "a_beta": self.params["a_beta"][:, :mb]}
+        terms["S"], terms["F"] = self.s_factor()
+        if self.counts.get("gamma", 0) > 0:
+            a_g = self.params["a_gamma"][:, : self.counts["gamma"]]
+            terms["a_gamma"] = a_g
+            u = (self.kern_basis("beta", "gamma") @ a_g.unsqueeze(-1)).squeeze(-1)  # K_{b,g} a_g
+            terms["u"] = u
+            terms["Lk_u"] = tri_solve(terms["Lk"], u.unsqueeze(-1)).squeeze(-1)
+        return terms
+
+    def _beta_weights(self, terms: Mapping[str, Tensor]) -> Tensor:
+        """Coefficients on k_{x,beta} in the mean: a_b, minus K_b^{-1} K_{b,g} a_g when orthogonal."""
+        w = terms["a_beta"]
+        if "u" in terms and self.basis_kind == "orth":
+            w = w - tri_solve(terms["Lk"], terms["Lk_u"].unsqueeze(-1), transpose=True).squeeze(-1)
+        return w
+
+    def marginals(self, x: Tensor, terms: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """ORTHDGP Appendix A.2 (eq. (10) for the hybrid basis)."""
+        k_xb = self.kern_data(x, "beta")
+        mean = (k_xb @ self._beta_weights(terms).unsqueeze(-1)).squeeze(-1)
+        if "a_gamma" in terms:
+            mean = mean + (self.kern_data(x, "gamma") @ terms["a_gamma"].unsqueeze(-1)).squeeze(-1)
+        a = tri_solve(terms["Lk"], k_xb.transpose(-1, -2))  # L_k^{-1} K_{b,x}
+        b = terms["F"].transpose(-1, -2) @ tri_solve(terms["Lk"], a, transpose=True)  # F^T K_b^{-1} k_{b,x}
+        var = self.amplitude[:, None] - (a * a).sum(-2) + (b * b).sum(-2)
+        return mean, var.clamp_min(1e-10)
+
+    def kl(self, sampled: bool, terms: Mapping[str, Tensor] | None = None) -> Tensor:
+        """ORTHDGP Proposition A.1 (column-sampled a_g^T K_g a_g when ``sampled``)."""
+        terms = self.shared_terms() if terms is None else terms
+        lk, f, a_b = terms["Lk"], terms["F"], terms["a_beta"]
+        m = lk.shape[-1]
+        quad = (a_b * (terms["K"] @ a_b.unsqueeze(-1)).squeeze(-1)).sum(-1)
+        if "a_gamma" in terms:
+            quad = quad + self.quadratic("gamma", terms["a_gamma"], self.n_columns if sampled else None)
+            if self.basis_kind == "orth":
+                quad = quad - (terms["Lk_u"] ** 2).sum(-1)
+            else:  # hybrid: a^T K_alpha a with alpha = {gamma, beta}
+                quad = quad + 2.0 * (terms["u"] * a_b).sum(-1)
+        lkf = tri_solve(lk, f)
+        trace = (lkf * lkf).sum((-2, -1))  # tr(S K_b^{-1})
+        logdet_s = 2.0 * torch.log(f.diagonal(dim1=-2, dim2=-1).abs()).sum(-1)
+        logdet_k = 2.0 * torch.log(lk.diagonal(dim1=-2, dim2=-1)).sum(-1)
+        return 0.5 * (quad + trace - logdet_s + logdet_k - m)
+
+    # -- prediction -------------------------------------------------------------
+    def prepare(self) -> dict[str, Tensor]:
+        terms = self.shared_terms()
+        zb, cb = self.basis("beta")
+        lk = terms["Lk"]
+        # k_{x,b} K_b^{-1} S K_b^{-1} k_{b,x} - k_{x,b} K_b^{-1} k_{b,x} = ||k W1||^2 - ||k W2||^2
+        w1 = tri_solve(lk, tri_solve(lk, terms["F"]), transpose=True)  # K^{-1} F
+        w2 = tri_solve(lk, torch.eye(lk.shape[-1], dtype=self.dtype, device=self.device)).transpose(-1, -2)  # L_k^{-T}
+        cache = {"ls": self.lengthscale, "amp": self.amplitude, "zb": zb, "wb": self._beta_weights(terms), "W1": w1, "W2": w2}
+        if cb is not None:
+            cache["cb"] = cb
+        if "a_gamma" in terms:
+            zg, cg = self.basis("gamma")
+            cache.update(zg=zg, a_gamma=terms["a_gamma"])
+            if cg is not None:
+                cache["cg"] = cg
+        return {k: v.detach() for k, v in cache.items()}
+
+    def predict_cached(self, cache: Mapping[str, Tensor], x: Tensor) -> tuple[Tensor, Tensor]:
+        ls, amp = cache["ls"], cache["amp"]
+        k_xb = gen_se_ard(x, cache["zb"], ls, amp, None, cache.get("cb"))
+        mean = (k_xb @ cache["wb"].unsqueeze(-1)).squeeze(-1)
+        if "zg" in cache:
+            k_xg = gen_se_ard(x, cache["zg"], ls, amp, None, cache.get("cg"))
+            mean = mean + (k_xg @ cache["a_gamma"].unsqueeze(-1)).squeeze(-1)
+        v1 = k_xb @ cache["W1"]
+        v2 = k_xb @ cache["W2"]
+        var = amp[:, None] - (v2 * v2).sum(-1) + (v1 * v1).sum(-1)
+        return mean, var.clamp_min(1e-10)
+
+
+class ORTHNAT(ORTH):
+    """ORTH with natural-gradient steps on the beta part (ORTHDGP eqs. (15b)-(15c)).
+
+    In natural parameters ``j_b = S^{-1} K_b a_b`` and ``Theta = S^{-1} / 2`` (eq. (12)),
+    with L the negative bound (over all N points)::
+
+        j_b   <- j_b - tau (K_b^{-1} dL/da_b - 2 dL/dS m_b),   m_b = K_b a_b   (15b)
+        Theta <- Theta + tau dL/dS                                            (15c)
+
+    The gamma part takes Adam steps (``gamma_update="adam"``, the paper's choice) or the
+    diagonal approximate natural step of eq. (16) (``"diag"``). Hyperparameters and
+    inducing points take Adam steps. ``nat_lr`` is tau_0 of the same decay schedule.
+    """
+
+    name = "orthnat"
+    natural_beta = True
+
+    def __init__(
+        self,
+        input_dim: int,
+        output_dim: int,
+        *,
+        nat_lr: float = 0.1,
+        gamma_update: str = "adam",
+        gamma_eps: float = 1e-3,
+        **kwargs,
+    ) -> None:
+        super().__init__(input_dim, output_dim, **kwargs)
+        if gamma_update not in GAMMA_UPDATES:
+            raise LearnerError(f"{type(self).__name__}: gamma_update must be one of {GAMMA_UPDATES}, got '{gamma_update}'")
+        if not 0 < nat_lr <= 1:
+            raise LearnerError(f"{type(self).__name__}: nat_lr must be in (0, 1], got {nat_lr}")
+        self.nat_lr = float(nat_lr)
+        self.gamma_update = gamma_update
+        self.gamma_eps = float(gamma_eps)
+        self.config.update(nat_lr=self.nat_lr, gamma_update=gamma_update, gamma_eps=self.gamma_eps)
+        if gamma_update == "diag" and "a_gamma" in self.params:
+            self.adam_exclude.add("a_gamma")
+        self._finish_init()
+
+    def nat_step_size(self) -> float:
+        return self.nat_lr / (1.0 + 0.1 * (self.t**0.5))
+
+    def _before_adam(self, x: Tensor, y: Tensor, lr: float) -> None:
+        self.natural_update(self.nat_step_size(), x.shape[0])
+
+    def natural_step(self, x: Tensor, y: Tensor, tau: float) -> None:
+        """One natural step of size ``tau`` on the minibatch alone (no Adam, no schedule)."""
+        self.check_xy(x, y, "natural_step")
+        for v in self.params.values():
+            v.grad = None
+        self.loss(x, y).sum().backward()
+        self.natural_update(tau, x.shape[0])
+        self._cache = None
+
+    # -- natural-parameter algebra (shared with the coupled baselines) ------------------
+    @torch.no_grad()
+    def natural_params(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``(j_b, S^{-1}, K_b, chol K_b)`` of the active beta block (eq. (12))."""
+        m = self.counts["beta"]
+        k = self.kern_basis("beta")
+        lk = chol(k, self.jitter)
+        s = _sym(self.params["S"][:, :m, :m])
+        ls = chol(s, self.jitter)
+        s_inv = torch.cholesky_inverse(ls)
+        a = self.params["a_beta"][:, :m]
+        j = torch.cholesky_solve((k @ a.unsqueeze(-1)), ls).squeeze(-1)
+        return j, s_inv, k, lk
+
+    @torch.no_grad()
+    def set_natural_params(self, j: Tensor, s_inv: Tensor, k: Tensor) -> None:
+        """Back to model parameters: ``S = (S^{-1})^{-1}``, ``a_b = K_b^{-1} S j_b``."""
+        m = self.counts["beta"]
+        lsi = chol(_sym(s_inv), 0.0) if s_inv.shape[-1] else s_inv
+        s = _sym(torch.cholesky_inverse(lsi))
+        lk = chol(k, self.jitter)
+        a = torch.cholesky_solve((s @ j.unsqueeze(-1)), lk).squeeze(-1)
+        self.params["S"][:, :m, :m] = s
+        self.params["a_beta"][:, :m] = a
+
+    @torch.no_grad()
+    def natural_update(self, tau: float, batch: int) -> None:
+        """Apply eqs. (15b)-(15c) (and (16) for gamma) from the gradients of the loss."""
+        m = self.counts["beta"]
+        n = self.data_size(batch)  # the loss is per point; the paper's L is the total
+        g_s = self.params["S"].grad
+        g_a = self.params["a_beta"].grad
+        if g_s is not None and g_a is not None and m > 0:
+            g_s = n * _sym(g_s[:, :m, :m])
+            g_a = n * g_a[:, :m]
+            j, s_inv, k, lk = self.natural_params()
+            m_b = (k @ self.params["a_beta"][:, :m].unsqueeze(-1)).squeeze(-1)
+            k_inv_ga = torch.cholesky_solve(g_a.unsqueeze(-1), lk).squeeze(-1)
+            j = j - tau * (k_inv_ga - 2.0 * (g_s @ m_b.unsqueeze(-1)).squeeze(-1))
+            s_inv = s_inv + 2.0 * tau * g_s  # Theta = S^{-1}/2
+            self.set_natural_params(j, s_inv, k)
+        if self.gamma_update == "diag" and "a_gamma" in self.params and self.params["a_gamma"].grad is not None:
+            mg = self.counts["gamma"]
+            k_bg = self.kern_basis("beta", "gamma")
+            v = tri_solve(chol(self.kern_basis("beta"), self.jitter), k_bg)
+            d = (self.amplitude[:, None] - (v * v).sum(-2)).clamp_min(0.0)  # diag(K_g - K_g|b), eq. (16)
+            g = n * self.params["a_gamma"].grad[:, :mg]
+            self.params["a_gamma"][:, :mg] -= tau * g / (d + self.gamma_eps)

@@ -1,0 +1,391 @@
+"""Machinery shared by the variational learners (SVDGP, ORTH/ORTHNAT, SVI, iVSGPR, VSGPR, GPR).
+
+One :class:`VariationalLearner` holds, batched over the P outputs:
+
+- the hyperparameters: log length scales ``[P, D]``, log amplitude rho^2 ``[P]`` and log
+  noise variance sigma^2 ``[P]``, started by SVDGP Appendix B (median trick, output
+  variance, rho = 1) from the first data passed to :meth:`observe`;
+- named bases of inducing functions, preallocated to their full size ``[P, M, D]`` and
+  filled ``n_delta`` points per :meth:`observe` call (SVDGP Algorithm 1, ``addBasis``),
+  each with log length-scale factors ``c`` of the generalized SE-ARD kernel (SVDGP
+  eq. (15)): one per basis function (``scales="basis"``), one per basis function and
+  dimension (``"dim"``) or none (``"none"``, plain SE-ARD);
+- one Adam optimiser over everything the subclass does not update by natural or mirror
+  steps, with the step size schedule ``gamma_t = gamma_0 / (1 + 0.1 sqrt(t))`` (SVDGP
+  Section 4).
+
+Preallocation keeps every parameter's shape fixed, so Adam's state and checkpoints never
+change layout; unused basis slots get zero gradients and stay untouched by Adam.
+
+Subclasses implement the expected log-likelihood and the KL term of the bound
+(SVDGP eq. (5)); the loss of :meth:`step` is the negative bound per data point,
+``-(1/N_m) sum_batch E_q[log p(y|f)] + KL / N``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gpdyn.gp.base import Learner, LearnerError
+from gpdyn.gp.kernels import gen_se_ard, median_lengthscale
+
+SCALES = ("basis", "dim", "none")
+LOG_2PI = math.log(2.0 * math.pi)
+
+
+def gaussian_ell(y: Tensor, mean: Tensor, var: Tensor, noise: Tensor) -> Tensor:
+    """Closed-form ``E_{N(f|mean,var)}[log N(y|f, noise)]`` per output and point, ``[P, N]``.
+
+    ``y [N, P]``, ``mean`` and ``var`` ``[P, N]``, ``noise [P]`` (SVDGP eq. (10) for a
+    Gaussian likelihood).
+    """
+    r = y.transpose(0, 1) - mean
+    nz = noise[:, None]
+    return -0.5 * (LOG_2PI + torch.log(nz)) - 0.5 * (r * r + var) / nz
+
+
+def chol(a: Tensor, jitter: float) -> Tensor:
+    """Cholesky factor of ``a + jitter * mean(diag(a)) * I`` (batched)."""
+    n = a.shape[-1]
+    eye = torch.eye(n, dtype=a.dtype, device=a.device)
+    scale = a.diagonal(dim1=-2, dim2=-1).mean(-1).clamp_min(1e-12)[..., None, None]
+    return torch.linalg.cholesky(a + jitter * scale * eye)
+
+
+def tri_solve(lower: Tensor, b: Tensor, transpose: bool = False) -> Tensor:
+    """``lower^{-1} b`` (or ``lower^{-T} b``) for a lower-triangular batch."""
+    if transpose:
+        return torch.linalg.solve_triangular(lower.transpose(-1, -2), b, upper=True)
+    return torch.linalg.solve_triangular(lower, b, upper=False)
+
+
+class VariationalLearner(Learner):
+    """Common state and optimisation loop of the variational learners (see module docs).
+
+    Args:
+        n_delta: basis functions added per :meth:`observe` call and basis (SVDGP N_Delta).
+        lr: Adam's gamma_0.
+        n_data: the N of the bound; ``None`` counts the points observed so far.
+        scales: basis length-scale factors of SVDGP eq. (15): "basis", "dim" or "none".
+        jitter: relative diagonal jitter of the Cholesky factorisations.
+        eval_chunk: rows per chunk in :meth:`vlb` and large kernel products.
+    """
+
+    default_lr: float = 1e-2
+
+    def __init__(
+        self,
+        input_dim: int,
+        output_dim: int,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float64,
+        seed: int = 0,
+        n_delta: int = 128,
+        lr: float | None = None,
+        n_data: int | None = None,
+        scales: str = "basis",
+        jitter: float = 1e-6,
+        eval_chunk: int = 1024,
+    ) -> None:
+        super().__init__(input_dim, output_dim, device=device, dtype=dtype, seed=seed)
+        if scales not in SCALES:
+            raise LearnerError(f"{type(self).__name__}: scales must be one of {SCALES}, got '{scales}'")
+        if n_delta < 1:
+            raise LearnerError(f"{type(self).__name__}: n_delta must be >= 1, got {n_delta}")
+        if n_data is not None and n_data < 1:
+            raise LearnerError(f"{type(self).__name__}: n_data must be >= 1, got {n_data}")
+        self.n_delta = int(n_delta)
+        self.lr = float(lr if lr is not None else self.default_lr)
+        if not self.lr > 0:
+            raise LearnerError(f"{type(self).__name__}: lr must be > 0, got {lr}")
+        self.n_data = n_data
+        self.scales = scales
+        self.jitter = float(jitter)
+        self.eval_chunk = int(eval_chunk)
+        self.config: dict[str, Any] = {
+            "input_dim": self.input_dim,
+            "output_dim": self.output_dim,
+            "seed": self.seed,
+            "n_delta": self.n_delta,
+            "lr": self.lr,
+            "n_data": n_data,
+            "scales": scales,
+            "jitter": self.jitter,
+            "eval_chunk": self.eval_chunk,
+        }
+        p, d = self.output_dim, self.input_dim
+        self.params: dict[str, Tensor] = {
+            "log_ls": self._zeros(p, d),
+            "log_amp": self._zeros(p),
+            "log_noise": self._zeros(p),
+        }
+        self.capacity: dict[str, int] = {}
+        self.counts: dict[str, int] = {}
+        self.buffers: dict[str, Tensor] = {}  # non-optimised state (natural-gradient parameters, data subsets)
+        self.adam_exclude: set[str] = set()
+        self.initialized = False
+        self.t = 0
+        self.n_seen = 0
+        self._cache: dict[str, Tensor] | None = None
+        self.optimizer: torch.optim.Adam | None = None
+
+    # -- construction helpers -----------------------------------------------------
+    def _zeros(self, *shape: int, grad: bool = True) -> Tensor:
+        return torch.zeros(shape, dtype=self.dtype, device=self.device, requires_grad=grad)
+
+    def add_basis_set(self, name: str, size: int, learn_points: bool = True) -> None:
+        """Preallocate basis ``name`` of ``size`` inducing functions per output."""
+        if size < 0:
+            raise LearnerError(f"{type(self).__name__}: basis '{name}' size must be >= 0, got {size}")
+        p, d = self.output_dim, self.input_dim
+        k = {"basis": 1, "dim": d, "none": 0}[self.scales]
+        self.params[f"{name}_z"] = self._zeros(p, size, d, grad=learn_points)
+        if k:
+            self.params[f"{name}_logc"] = self._zeros(p, size, k, grad=learn_points)
+        if not learn_points:
+            self.adam_exclude.update({f"{name}_z", f"{name}_logc"})
+        self.capacity[name] = int(size)
+        self.counts[name] = 0
+
+    def _finish_init(self) -> None:
+        """Create the optimiser once every parameter exists (called by subclasses)."""
+        opt_params = [v for k, v in self.params.items() if k not in self.adam_exclude and v.requires_grad]
+        self.optimizer = torch.optim.Adam(opt_params, lr=self.lr, betas=(0.9, 0.999))
+
+    # -- hyperparameters and kernels ------------------------------------------------
+    @property
+    def lengthscale(self) -> Tensor:
+        return torch.exp(self.params["log_ls"])
+
+    @property
+    def amplitude(self) -> Tensor:
+        return torch.exp(self.params["log_amp"])
+
+    @property
+    def noise(self) -> Tensor:
+        return torch.exp(self.params["log_noise"]) + 1e-6
+
+    def basis(self, name: str) -> tuple[Tensor, Tensor | None]:
+        """Active inducing points ``[P, m, D]`` and factors ``[P, m, K]`` (None for c = 1)."""
+        m = self.counts[name]
+        z = self.params[f"{name}_z"][:, :m]
+        logc = self.params.get(f"{name}_logc")
+        return z, (torch.exp(logc[:, :m]) if logc is not None else None)
+
+    def kern(self, x1: Tensor, x2: Tensor, c1: Tensor | None = None, c2: Tensor | None = None) -> Tensor:
+        """Prior covariance (SE-ARD) or inducing-function covariance (eq. (15)), ``[P, N, M]``."""
+        return gen_se_ard(x1, x2, self.lengthscale, self.amplitude, c1, c2)
+
+    def kern_basis(self, a: str, b: str | None = None) -> Tensor:
+        """``K`` between bases ``a`` and ``b`` (``b`` defaults to ``a``)."""
+        za, ca = self.basis(a)
+        zb, cb = self.basis(b or a)
+        return self.kern(za, zb, ca, cb)
+
+    def kern_data(self, x: Tensor, name: str) -> Tensor:
+        """``K_{X, basis}`` for inputs ``x [N, D]``: ``[P, N, m]``."""
+        z, c = self.basis(name)
+        return self.kern(x, z, None, c)
+
+    def quadratic(self, name: str, a: Tensor, n_columns: int | None) -> Tensor:
+        """``a^T K a`` per output for basis ``name`` and ``a [P, m]``.
+
+        With ``n_columns`` smaller than the basis, an unbiased estimate from that many
+        uniformly sampled columns of K (SVDGP Section 3.4: O(N_c M) instead of O(M^2));
+        otherwise exact, in row chunks.
+        """
+        z, c = self.basis(name)
+        m = z.shape[1]
+        if n_columns is not None and n_columns < m:
+            idx = torch.randperm(m, generator=self.generator)[:n_columns].to(self.device)
+            kc = self.kern(z, z[:, idx], c, None if c is None else c[:, idx])  # [P, m, nc]
+            ka = (kc * a.unsqueeze(-1)).sum(-2)  # (K_{:,J}^T a)_j
+            return (m / n_columns) * (a[:, idx] * ka).sum(-1)
+        total = torch.zeros(self.output_dim, dtype=self.dtype, device=self.device)
+        for lo in range(0, m, self.eval_chunk):
+            hi = min(m, lo + self.eval_chunk)
+            k = self.kern(z[:, lo:hi], z, None if c is None else c[:, lo:hi], c)
+            total = total + (a[:, lo:hi] * (k @ a.unsqueeze(-1)).squeeze(-1)).sum(-1)
+        return total
+
+    # -- the contract ---------------------------------------------------------------
+    def observe(self, x: Tensor, y: Tensor) -> None:
+        """Start the hyperparameters on the first call; add ``n_delta`` basis functions per basis.
+
+        This validates the values (a host sync), so it is not meant for the hot path.
+        """
+        self.check_xy(x, y, "observe")
+        self.check_finite("observe", x=x, y=y)
+        if x.shape[0] == 0:
+            return
+        if not self.initialized:
+            self.initialize_hyperparameters(x, y)
+        self.n_seen += int(x.shape[0])
+        offset = 0
+        with torch.no_grad():
+            for name, cap in self.capacity.items():
+                m = self.counts[name]
+                n = min(self.n_delta, cap - m, x.shape[0])
+                if n <= 0:
+                    continue
+                idx = (torch.arange(n, device=self.device) + offset) % x.shape[0]
+                offset += n  # different bases take different points where the batch allows
+                self.params[f"{name}_z"][:, m : m + n] = x[idx].unsqueeze(0)
+                if f"{name}_logc" in self.params:
+                    self.params[f"{name}_logc"][:, m : m + n] = 0.0
+                self.counts[name] = m + n
+                self._on_basis_added(name, m, n, x[idx], y[idx])
+        self._cache = None
+
+    def initialize_hyperparameters(self, x: Tensor, y: Tensor) -> None:
+        """SVDGP Appendix B: median-trick length scales, output variance as noise, rho = 1."""
+        with torch.no_grad():
+            ls = median_lengthscale(x, generator=self.generator)
+            var = y.var(dim=0, unbiased=False) if y.shape[0] > 1 else torch.ones_like(y[0])
+            var = torch.where(var > 0, var, torch.ones_like(var))
+            self.params["log_ls"].copy_(torch.log(ls).expand(self.output_dim, -1))
+            self.params["log_amp"].zero_()
+            self.params["log_noise"].copy_(torch.log(var))
+        self.initialized = True
+
+    def _on_basis_added(self, name: str, start: int, n: int, x: Tensor, y: Tensor) -> None:
+        """Hook: initialise the coefficients of new basis functions (default: zero, as allocated)."""
+
+    def data_size(self, batch: int) -> float:
+        """The N of the bound."""
+        return float(self.n_data if self.n_data is not None else max(self.n_seen, batch))
+
+    def loss(self, x: Tensor, y: Tensor) -> Tensor:
+        """Negative bound per data point, per output ``[P]``, from a minibatch (differentiable)."""
+        terms = self.shared_terms()
+        ell = self.expected_loglik(x, y, terms)
+        return -ell.mean(-1) + self.kl(True, terms) / self.data_size(x.shape[0])
+
+    def step(self, x: Tensor, y: Tensor) -> dict[str, Tensor]:
+        """One update on a minibatch; returns the loss as a 0-d tensor (``float()`` it when needed)."""
+        self.check_xy(x, y, "step")
+        if self.device.type == "cpu":  # free on the CPU; on a GPU it would be a host sync
+            self.check_finite("step", x=x, y=y)
+        if not self.initialized:
+            raise LearnerError(f"{type(self).__name__}.step: call observe() first (it starts the hyperparameters)")
+        assert self.optimizer is not None
+        self.t += 1
+        lr = self.lr / (1.0 + 0.1 * math.sqrt(self.t))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+        for name in self.adam_exclude:
+            if name in self.params:
+                self.params[name].grad = None
+        loss = self.loss(x, y)
+        loss.sum().backward()  # the outputs are independent: one backward serves all
+        self._before_adam(x, y, lr)
+        self.optimizer.step()
+        self._after_step()
+        self._cache = None
+        return {"loss": loss.detach().mean()}
+
+    def _before_adam(self, x: Tensor, y: Tensor, lr: float) -> None:
+        """Hook with gradients available: natural or mirror steps of the subclass."""
+
+    def _after_step(self) -> None:
+        """Hook after the Adam step (closed-form posteriors of the batch baselines)."""
+
+    def predict(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Mean and variance of f, ``[..., P]`` each, for ``x [..., D]`` (no host sync)."""
+        self.check_xy(x, where="predict")
+        if not self.initialized:
+            raise LearnerError(f"{type(self).__name__}.predict: the learner has seen no data")
+        if self._cache is None:
+            with torch.no_grad():
+                self._cache = self.prepare()
+        lead = x.shape[:-1]
+        mean, var = self.predict_cached(self._cache, x.reshape(-1, self.input_dim))
+        return mean.transpose(0, 1).reshape(*lead, self.output_dim), var.transpose(0, 1).reshape(*lead, self.output_dim)
+
+    @torch.no_grad()
+    def vlb(self, x: Tensor, y: Tensor) -> Tensor:
+        """The bound on ``(x, y)`` per output and data point: ``(sum E_q[log p] - KL) / N``, exact KL."""
+        self.check_xy(x, y, "vlb")
+        if not self.initialized:
+            raise LearnerError(f"{type(self).__name__}.vlb: the learner has seen no data")
+        terms = self.shared_terms()
+        total = torch.zeros(self.output_dim, dtype=self.dtype, device=self.device)
+        for lo in range(0, x.shape[0], self.eval_chunk):
+            hi = lo + self.eval_chunk
+            total = total + self.expected_loglik(x[lo:hi], y[lo:hi], terms).sum(-1)
+        return (total - self.kl(False, terms)) / max(1, x.shape[0])
+
+    # -- what each learner defines --------------------------------------------------
+    def shared_terms(self) -> dict[str, Tensor]:
+        """Factorisations that :meth:`marginals` and :meth:`kl` share within one evaluation."""
+        return {}
+
+    def expected_loglik(self, x: Tensor, y: Tensor, terms: Mapping[str, Tensor] | None = None) -> Tensor:
+        """``E_q[log p(y_n | f(x_n))]``, ``[P, N]`` (differentiable)."""
+        mean, var = self.marginals(x, self.shared_terms() if terms is None else terms)
+        return gaussian_ell(y, mean, var, self.noise)
+
+    def marginals(self, x: Tensor, terms: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """Mean and variance of q(f(x)), ``[P, N]`` each, from the live parameters."""
+        raise LearnerError(f"{type(self).__name__} does not define marginals()")
+
+    def kl(self, sampled: bool, terms: Mapping[str, Tensor] | None = None) -> Tensor:
+        """``KL[q || p]`` per output ``[P]``; ``sampled`` allows the column-sampled estimate."""
+        raise LearnerError(f"{type(self).__name__} does not define kl()")
+
+    def prepare(self) -> dict[str, Tensor]:
+        """Detached tensors that :meth:`predict_cached` needs (recomputed after each update)."""
+        raise LearnerError(f"{type(self).__name__} does not define prepare()")
+
+    def predict_cached(self, cache: Mapping[str, Tensor], x: Tensor) -> tuple[Tensor, Tensor]:
+        """Mean and variance ``[P, N]`` for ``x [N, D]`` from :meth:`prepare`'s tensors."""
+        raise LearnerError(f"{type(self).__name__} does not define predict_cached()")
+
+    # -- checkpoints ----------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Parameters, buffers, basis counts, Adam state, counters and the generator state."""
+        return {
+            "name": self.name,
+            "config": dict(self.config),
+            "params": {k: v.detach().clone() for k, v in self.params.items()},
+            "buffers": {k: v.detach().clone() for k, v in self.buffers.items()},
+            "counts": dict(self.counts),
+            "initialized": self.initialized,
+            "t": self.t,
+            "n_seen": self.n_seen,
+            "n_data": self.n_data,
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore exactly what :meth:`state_dict` returned (same sizes required)."""
+        where = f"{type(self).__name__}.load_state_dict"
+        if state.get("name") != self.name:
+            raise LearnerError(f"{where}: the state is for learner '{state.get('name')}', this is '{self.name}'")
+        for group in ("params", "buffers"):
+            mine = getattr(self, group)
+            theirs = state[group]
+            if set(theirs) != set(mine):
+                raise LearnerError(f"{where}: {group} {sorted(theirs)} do not match {sorted(mine)}")
+            for k, v in theirs.items():
+                if tuple(v.shape) != tuple(mine[k].shape):
+                    raise LearnerError(f"{where}: {group}.{k} has shape {tuple(v.shape)}, expected {tuple(mine[k].shape)}")
+                with torch.no_grad():
+                    mine[k].copy_(v.to(device=self.device, dtype=self.dtype))
+        self.counts = {k: int(v) for k, v in state["counts"].items()}
+        self.initialized = bool(state["initialized"])
+        self.t = int(state["t"])
+        self.n_seen = int(state["n_seen"])
+        self.n_data = state["n_data"]
+        if state["optimizer"] is not None and self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        self._cache = None
