@@ -1,0 +1,356 @@
+"""Sampling-based model-predictive control in torch: MPPI and CEM (DESIGN.md "Controllers").
+
+Both planners roll ``K`` action sequences of horizon ``H`` through a dynamics model in one
+batch per time step and score them with a task cost:
+
+- dynamics: ``(state [K, nx], action [K, nu]) -> next_state [K, nx]``, or
+  ``-> (next_state, variance [K, nx])`` for a probabilistic model (a GP's predictive
+  variance). With a variance the planner can use the model's uncertainty
+  (``MPCConfig.uncertainty``): ``"mean"`` ignores it, ``"penalty"`` adds
+  ``var_weight * sum(variance)`` to the step cost, ``"sample"`` propagates a sample
+  ``mean + sqrt(variance) * eps`` of the predictive distribution (trajectory sampling, as
+  in PETS, Chua et al. 2018).
+- cost: ``(state, action, next_state) -> (cost [K], terminated [K] bool)``. A sample that
+  terminates pays ``terminal_cost`` once and nothing after (its state is frozen), so that
+  losing the per-step reward of a live robot is what termination costs.
+- proposal (optional): ``state [K, nx] -> action [K, nu]``, e.g. the TRPO policy. A
+  fraction ``proposal_fraction`` of the samples follows it closed-loop through the model
+  with exploration noise (policy-guided sampling); it also seeds the nominal plan and is
+  the fallback when planning fails.
+
+MPPI: information-theoretic path integral control (Williams et al. 2017, "Information
+theoretic MPC for model-based reinforcement learning", eq. (13) with the control cost
+folded into the task cost): the new nominal plan is the softmax(-cost / lambda)-weighted
+average of the sampled sequences. CEM: the cross-entropy method (Rubinstein 1999;
+Chua et al. 2018): refit a diagonal Gaussian over sequences to the elite samples for a few
+iterations. Both warm-start from the previous plan shifted by one step.
+
+A non-finite model prediction never reaches the actuators: a sample whose cost is not
+finite is discarded, and if none is left (or the plan itself is not finite) the planner
+returns the proposal's action at the current state, or the safe action, and reports the
+fallback in ``PlanInfo``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gpdyn.errors import InputError
+
+DynamicsOut = Tensor | tuple[Tensor, Tensor]
+Dynamics = Callable[[Tensor, Tensor], DynamicsOut]
+Cost = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
+Proposal = Callable[[Tensor], Tensor]
+UNCERTAINTY = ("mean", "penalty", "sample")
+
+
+class MPCConfigError(InputError):
+    """An impossible planner setting; the message names the option."""
+
+
+@dataclass
+class MPCConfig:
+    """Planner settings (sizes, noise, temperature, uncertainty handling).
+
+    ``noise_std`` is in action units (one value, or one per action dimension as a list).
+    """
+
+    horizon: int = 30
+    samples: int = 1000
+    noise_std: float | list[float] = 0.3
+    temperature: float = 1.0  # MPPI lambda, in cost units
+    iterations: int = 3  # CEM refits (MPPI: 1)
+    elite_fraction: float = 0.1  # CEM
+    cem_alpha: float = 0.1  # CEM: weight of the old mean/std in the refit
+    gamma: float = 1.0  # discount per step
+    terminal_cost: float = 0.0
+    uncertainty: str = "mean"
+    var_weight: float = 0.0
+    proposal_fraction: float = 0.5
+    keep_nominal: bool = True  # sample 0 replays the nominal plan unperturbed
+
+    def validate(self) -> None:
+        """Raise :class:`MPCConfigError` naming the first bad option."""
+        checks = (
+            ("horizon", self.horizon >= 1),
+            ("samples", self.samples >= 2),
+            ("temperature", self.temperature > 0 and math.isfinite(self.temperature)),
+            ("iterations", self.iterations >= 1),
+            ("elite_fraction", 0 < self.elite_fraction <= 1),
+            ("cem_alpha", 0 <= self.cem_alpha < 1),
+            ("gamma", 0 < self.gamma <= 1),
+            ("terminal_cost", math.isfinite(self.terminal_cost)),
+            ("var_weight", self.var_weight >= 0 and math.isfinite(self.var_weight)),
+            ("proposal_fraction", 0 <= self.proposal_fraction <= 1),
+        )
+        for name, ok in checks:
+            if not ok:
+                raise MPCConfigError(f"MPC option {name}={getattr(self, name)!r} is out of range")
+        if self.uncertainty not in UNCERTAINTY:
+            raise MPCConfigError(f"MPC option uncertainty={self.uncertainty!r}; choose one of {', '.join(UNCERTAINTY)}")
+        stds = self.noise_std if isinstance(self.noise_std, (list, tuple)) else [self.noise_std]
+        if not all(math.isfinite(s) and s > 0 for s in stds):
+            raise MPCConfigError(f"MPC option noise_std={self.noise_std!r} must be finite and > 0")
+
+
+@dataclass
+class PlanInfo:
+    """What one :meth:`Planner.plan` call did (logged per control step)."""
+
+    cost: float  # the best sampled cost
+    expected_cost: float  # the weighted (MPPI) or elite (CEM) mean cost
+    variance: float  # mean summed predictive variance along the chosen samples (0 without one)
+    finite_fraction: float  # samples with a finite cost
+    seconds: float
+    fallback: str = ""  # why the plan was not used ("" when it was)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Rollout:
+    """The sampled sequences of one planning iteration."""
+
+    actions: Tensor  # [K, H, nu], as applied (clipped, proposal included)
+    costs: Tensor  # [K], non-finite replaced by +inf
+    variance: Tensor  # [K], summed predictive variance over the horizon
+
+
+class Planner:
+    """Shared machinery of :class:`MPPI` and :class:`CEM`: sampling, rollouts, fallback."""
+
+    def __init__(
+        self,
+        dynamics: Dynamics,
+        cost: Cost,
+        action_low: Tensor | list[float],
+        action_high: Tensor | list[float],
+        config: MPCConfig | None = None,
+        *,
+        proposal: Proposal | None = None,
+        safe_action: Tensor | list[float] | None = None,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float64,
+        seed: int = 0,
+    ) -> None:
+        self.config = config or MPCConfig()
+        self.config.validate()
+        self.dynamics, self.cost, self.proposal = dynamics, cost, proposal
+        self.device, self.dtype = torch.device(device), dtype
+        kw = {"device": self.device, "dtype": dtype}
+        self.low = torch.as_tensor(action_low, **kw).reshape(-1)
+        self.high = torch.as_tensor(action_high, **kw).reshape(-1)
+        if self.low.shape != self.high.shape or not bool((self.high > self.low).all()):
+            raise MPCConfigError(f"MPC action bounds need low < high of one shape, got {action_low} and {action_high}")
+        self.nu = int(self.low.shape[0])
+        std = torch.as_tensor(self.config.noise_std, **kw).reshape(-1)
+        if std.numel() not in (1, self.nu):
+            raise MPCConfigError(f"MPC option noise_std has {std.numel()} values for {self.nu} actions")
+        self.noise_std = std.expand(self.nu).clone()
+        safe = torch.zeros(self.nu, **kw) if safe_action is None else torch.as_tensor(safe_action, **kw).reshape(-1)
+        if safe.shape != (self.nu,):
+            raise MPCConfigError(f"MPC safe_action has shape {tuple(safe.shape)}, expected ({self.nu},)")
+        self.safe_action = torch.clamp(safe, self.low, self.high)
+        self.seed = int(seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(self.seed)
+        self.nominal: Tensor | None = None  # [H, nu]
+
+    # -- the public loop ------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget the warm start (call at the start of an episode)."""
+        self.nominal = None
+
+    def plan(self, state: Tensor) -> tuple[Tensor, PlanInfo]:
+        """The action ``[nu]`` to apply at ``state [nx]`` and what planning did."""
+        t0 = time.perf_counter()
+        state = self._check_state(state)
+        if self.nominal is None:
+            self.nominal = self._initial_nominal(state)
+        try:
+            action, info = self._optimise(state)
+        except FloatingPointError as err:  # a model may raise on non-finite input
+            action, info = None, PlanInfo(math.inf, math.inf, 0.0, 0.0, 0.0, fallback=f"model error: {err}")
+        if action is None or not bool(torch.isfinite(action).all()):
+            reason = info.fallback or "plan not finite"
+            action = self.fallback_action(state)
+            info.fallback = reason
+            self.nominal = None  # the warm start is what failed; start over next step
+        info.seconds = time.perf_counter() - t0
+        return action, info
+
+    def fallback_action(self, state: Tensor) -> Tensor:
+        """The proposal's action at ``state`` when it is finite, else the safe action."""
+        if self.proposal is not None:
+            a = self.proposal(state.unsqueeze(0))[0]
+            if bool(torch.isfinite(a).all()):
+                return torch.clamp(a, self.low, self.high)
+        return self.safe_action.clone()
+
+    # -- pieces the subclasses share --------------------------------------------------------
+    def _check_state(self, state: Tensor) -> Tensor:
+        state = torch.as_tensor(state, device=self.device, dtype=self.dtype)
+        if state.ndim != 1:
+            raise InputError(f"{type(self).__name__}.plan: state must be one vector [nx], got shape {tuple(state.shape)}")
+        if not bool(torch.isfinite(state).all()):
+            raise InputError(f"{type(self).__name__}.plan: the measured state contains NaN or inf")
+        return state
+
+    def _initial_nominal(self, state: Tensor) -> Tensor:
+        """Zero-noise proposal rollout through the model, or the safe action repeated."""
+        h = self.config.horizon
+        if self.proposal is None:
+            return self.safe_action.expand(h, self.nu).clone()
+        acts = []
+        x = state.unsqueeze(0)
+        with torch.no_grad():
+            for _ in range(h):
+                a = torch.clamp(self.proposal(x), self.low, self.high)
+                acts.append(a[0])
+                x, _ = self._model(x, a)
+        nominal = torch.stack(acts)
+        if not bool(torch.isfinite(nominal).all()):
+            return self.safe_action.expand(h, self.nu).clone()
+        return nominal
+
+    def _shift(self, plan: Tensor) -> Tensor:
+        """Warm start: the plan one step later, its last action repeated."""
+        return torch.cat([plan[1:], plan[-1:]], dim=0)
+
+    def _model(self, x: Tensor, a: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Next states and the predictive variance ``[K, nx]`` (None for a deterministic model)."""
+        out = self.dynamics(x, a)
+        if isinstance(out, tuple):
+            nxt, var = out
+            return nxt, var.reshape(nxt.shape)
+        return out, None
+
+    def rollout(self, state: Tensor, mean: Tensor, std: Tensor) -> Rollout:
+        """Sample ``K`` sequences around ``mean [H, nu]`` with ``std [H, nu]`` and score them."""
+        cfg = self.config
+        k, h = cfg.samples, cfg.horizon
+        eps = torch.randn(k, h, self.nu, generator=self.generator, device=self.device, dtype=self.dtype)
+        noise = eps * std
+        if cfg.keep_nominal:
+            noise[0] = 0.0
+        n_prop = int(round(cfg.proposal_fraction * k)) if self.proposal is not None else 0
+        # the last n_prop samples follow the proposal closed-loop, with the same noise scale
+        guided = torch.zeros(k, 1, dtype=torch.bool, device=self.device)
+        if n_prop:
+            guided[k - n_prop :] = True
+        x = state.expand(k, -1).clone()
+        alive = torch.ones(k, dtype=self.dtype, device=self.device)
+        total = torch.zeros(k, dtype=self.dtype, device=self.device)
+        var_sum = torch.zeros(k, dtype=self.dtype, device=self.device)
+        applied = torch.empty(k, h, self.nu, dtype=self.dtype, device=self.device)
+        discount = 1.0
+        with torch.no_grad():
+            for t in range(h):
+                a = mean[t] + noise[:, t]
+                if n_prop:
+                    a = torch.where(guided, self.proposal(x) + noise[:, t], a)
+                a = torch.clamp(a, self.low, self.high)
+                applied[:, t] = a
+                nxt, var_full = self._model(x, a)
+                if var_full is not None:
+                    var = var_full.sum(-1)
+                    var_sum = var_sum + alive * var
+                    if cfg.uncertainty == "sample":
+                        draw = torch.randn(nxt.shape, generator=self.generator, device=self.device, dtype=self.dtype)
+                        nxt = nxt + torch.sqrt(torch.clamp(var_full, min=0.0)) * draw
+                c, done = self.cost(x, a, nxt)
+                if cfg.uncertainty == "penalty" and var_full is not None:
+                    c = c + cfg.var_weight * var
+                total = total + discount * alive * c
+                newly = alive * done.to(self.dtype)
+                total = total + discount * newly * cfg.terminal_cost
+                # a terminated sample keeps its state: no cost, no model calls on garbage
+                x = torch.where(alive.bool().unsqueeze(-1) & ~done.unsqueeze(-1), nxt, x)
+                alive = alive * (1.0 - done.to(self.dtype))
+                discount *= cfg.gamma
+        total = torch.where(torch.isfinite(total), total, torch.full_like(total, math.inf))
+        return Rollout(applied, total, var_sum)
+
+    def _optimise(self, state: Tensor) -> tuple[Tensor | None, PlanInfo]:
+        raise MPCConfigError(f"{type(self).__name__} is not a planner; use MPPI or CEM")
+
+
+def _finite_summary(roll: Rollout) -> tuple[Tensor, float]:
+    finite = torch.isfinite(roll.costs)
+    return finite, float(finite.to(roll.costs.dtype).mean())
+
+
+class MPPI(Planner):
+    """Model-predictive path integral control (Williams et al. 2017); see the module docs."""
+
+    def _optimise(self, state: Tensor) -> tuple[Tensor | None, PlanInfo]:
+        assert self.nominal is not None
+        mean = self.nominal
+        std = self.noise_std.expand(self.config.horizon, self.nu)
+        roll = self.rollout(state, mean, std)
+        finite, frac = _finite_summary(roll)
+        if not bool(finite.any()):
+            return None, PlanInfo(math.inf, math.inf, 0.0, 0.0, 0.0, fallback="no sample with a finite cost")
+        costs = roll.costs
+        best = costs.min()
+        # softmax(-(J - min J) / lambda); -inf logits (non-finite costs) get zero weight
+        w = torch.softmax(-(costs - best) / self.config.temperature, dim=0)
+        new_plan = (w[:, None, None] * torch.where(finite[:, None, None], roll.actions, 0.0)).sum(0)
+        self.nominal = self._shift(new_plan)
+        expected = (w * torch.where(finite, costs, 0.0)).sum()
+        info = PlanInfo(float(best), float(expected), float((w * torch.where(finite, roll.variance, 0.0)).sum()), frac, 0.0)
+        return new_plan[0], info
+
+
+class CEM(Planner):
+    """Cross-entropy method over action sequences (diagonal Gaussian, elite refits)."""
+
+    def _optimise(self, state: Tensor) -> tuple[Tensor | None, PlanInfo]:
+        assert self.nominal is not None
+        cfg = self.config
+        mean = self.nominal
+        std = self.noise_std.expand(cfg.horizon, self.nu).clone()
+        n_elite = max(1, int(round(cfg.elite_fraction * cfg.samples)))
+        best_cost, best_plan = math.inf, None
+        frac, elite_cost, elite_var = 0.0, math.inf, 0.0
+        for _ in range(cfg.iterations):
+            roll = self.rollout(state, mean, std)
+            finite, frac = _finite_summary(roll)
+            if not bool(finite.any()):
+                break
+            n = min(n_elite, int(finite.sum()))
+            order = torch.argsort(roll.costs)[:n]  # +inf (non-finite) sorts last
+            elites = roll.actions[order]
+            if float(roll.costs[order[0]]) < best_cost:
+                best_cost, best_plan = float(roll.costs[order[0]]), elites[0]
+            elite_cost = float(roll.costs[order].mean())
+            elite_var = float(roll.variance[order].mean())
+            e_mean = elites.mean(0)
+            e_std = elites.std(0, unbiased=False) if n > 1 else std
+            mean = cfg.cem_alpha * mean + (1 - cfg.cem_alpha) * e_mean
+            std = cfg.cem_alpha * std + (1 - cfg.cem_alpha) * e_std
+        if best_plan is None:
+            return None, PlanInfo(math.inf, math.inf, 0.0, frac, 0.0, fallback="no sample with a finite cost")
+        self.nominal = self._shift(mean)
+        # the refitted mean may average incompatible elites; the best sequence never does
+        return best_plan[0], PlanInfo(best_cost, elite_cost, elite_var, frac, 0.0)
+
+
+PLANNERS: dict[str, type[Planner]] = {"mppi": MPPI, "cem": CEM}
+
+
+def make_planner(name: str, *args: Any, **kwargs: Any) -> Planner:
+    """The planner registered under ``name`` ("mppi" or "cem")."""
+    if name not in PLANNERS:
+        raise MPCConfigError(f"unknown planner '{name}'; choose one of {', '.join(PLANNERS)}")
+    return PLANNERS[name](*args, **kwargs)
+
+
+__all__ = ["CEM", "MPCConfig", "MPCConfigError", "MPPI", "PLANNERS", "PlanInfo", "Planner", "Rollout", "make_planner"]

@@ -1,0 +1,140 @@
+"""MPPI and CEM on a double integrator with a known linear model (float64, CPU, small)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gpdyn.control.mpc import CEM, MPPI, MPCConfig, MPCConfigError, make_planner
+from gpdyn.errors import InputError
+
+DT = 0.1
+GOAL = torch.tensor([1.0, 0.0], dtype=torch.float64)
+A = torch.tensor([[1.0, DT], [0.0, 1.0]], dtype=torch.float64)
+B = torch.tensor([[0.5 * DT**2], [DT]], dtype=torch.float64)
+
+
+def linear(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Exact double-integrator step under a constant acceleration ``u`` for ``DT``."""
+    return x @ A.T + u @ B.T
+
+
+def cost(x: torch.Tensor, u: torch.Tensor, nxt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    err = nxt - GOAL
+    c = err[:, 0] ** 2 + 0.1 * err[:, 1] ** 2 + 0.01 * (u**2).sum(-1)
+    return c, torch.zeros_like(c, dtype=torch.bool)
+
+
+def run(planner, steps: int = 50) -> torch.Tensor:
+    torch.set_num_threads(1)
+    x = torch.zeros(2, dtype=torch.float64)
+    for _ in range(steps):
+        u, info = planner.plan(x)
+        assert info.fallback == ""
+        assert u.shape == (1,) and -1.0 <= float(u) <= 1.0
+        x = linear(x[None], u[None])[0]
+    return x
+
+
+@pytest.mark.parametrize("name", ["mppi", "cem"])
+def test_planner_drives_double_integrator_to_goal(name: str) -> None:
+    cfg = MPCConfig(horizon=15, samples=200, noise_std=0.5, temperature=0.05, iterations=3)
+    planner = make_planner(name, linear, cost, [-1.0], [1.0], cfg, seed=1)
+    x = run(planner)
+    assert abs(float(x[0]) - 1.0) < 0.05, x
+    assert abs(float(x[1])) < 0.1, x
+
+
+def test_proposal_guided_sampling_reaches_goal() -> None:
+    def pd(x: torch.Tensor) -> torch.Tensor:  # a decent but not optimal proposal
+        return (-2.0 * (x[:, :1] - 1.0) - 2.0 * x[:, 1:]).clamp(-1, 1)
+
+    cfg = MPCConfig(horizon=15, samples=100, noise_std=0.3, temperature=0.05, proposal_fraction=0.5)
+    x = run(MPPI(linear, cost, [-1.0], [1.0], cfg, proposal=pd, seed=2))
+    assert abs(float(x[0]) - 1.0) < 0.05 and abs(float(x[1])) < 0.1, x
+
+
+def test_same_seed_same_plan() -> None:
+    cfg = MPCConfig(horizon=10, samples=64)
+    a = [MPPI(linear, cost, [-1.0], [1.0], cfg, seed=5).plan(torch.zeros(2, dtype=torch.float64))[0] for _ in range(2)]
+    assert torch.equal(a[0], a[1])
+
+
+@pytest.mark.parametrize("planner_cls", [MPPI, CEM])
+def test_nan_model_never_reaches_actuators(planner_cls) -> None:
+    def broken(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(x, math.nan)
+
+    def proposal(x: torch.Tensor) -> torch.Tensor:
+        return torch.full((x.shape[0], 1), 0.25, dtype=x.dtype)
+
+    cfg = MPCConfig(horizon=5, samples=32)
+    u, info = planner_cls(broken, cost, [-1.0], [1.0], cfg, proposal=proposal).plan(torch.zeros(2, dtype=torch.float64))
+    assert info.fallback and info.finite_fraction == 0.0
+    assert torch.equal(u, torch.tensor([0.25], dtype=torch.float64))
+    # without a proposal the safe action is used
+    u, info = planner_cls(broken, cost, [-1.0], [1.0], cfg, safe_action=[-0.5]).plan(torch.zeros(2, dtype=torch.float64))
+    assert info.fallback and float(u) == -0.5
+
+
+def test_partly_nan_model_discards_bad_samples() -> None:
+    def flaky(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        nxt = linear(x, u)
+        return torch.where(u > 0.8, torch.full_like(nxt, math.nan), nxt)  # half-broken model
+
+    cfg = MPCConfig(horizon=10, samples=128, noise_std=0.5, temperature=0.05)
+    planner = MPPI(flaky, cost, [-1.0], [1.0], cfg, seed=3)
+    u, info = planner.plan(torch.zeros(2, dtype=torch.float64))
+    assert info.fallback == "" and 0.0 < info.finite_fraction < 1.0
+    assert bool(torch.isfinite(u).all())
+
+
+def test_variance_penalty_steers_away_from_uncertain_actions() -> None:
+    def uncertain(x: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # the model is unsure about pushing forward: variance grows with positive u
+        var = (5.0 * u.clamp_min(0.0)).expand(-1, 2)
+        return linear(x, u), var
+
+    x0 = torch.zeros(2, dtype=torch.float64)
+    firsts = {}
+    for mode, weight in (("mean", 0.0), ("penalty", 10.0)):
+        cfg = MPCConfig(horizon=10, samples=256, noise_std=0.5, temperature=0.05, uncertainty=mode, var_weight=weight)
+        u, info = MPPI(uncertain, cost, [-1.0], [1.0], cfg, seed=4).plan(x0)
+        firsts[mode] = (float(u), info.variance)
+    assert firsts["penalty"][0] < firsts["mean"][0] - 0.2
+    assert firsts["penalty"][1] < firsts["mean"][1]
+
+
+def test_sampling_from_predictive_distribution_still_reaches_goal() -> None:
+    def noisy(x: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return linear(x, u), torch.full_like(x, 1e-6)
+
+    cfg = MPCConfig(horizon=15, samples=200, noise_std=0.5, temperature=0.05, uncertainty="sample")
+    x = run(MPPI(noisy, cost, [-1.0], [1.0], cfg, seed=6))
+    assert abs(float(x[0]) - 1.0) < 0.05
+
+
+def test_termination_stops_cost_and_adds_terminal_cost() -> None:
+    def walls(x: torch.Tensor, u: torch.Tensor, nxt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.ones(x.shape[0], dtype=x.dtype), nxt[:, 0] > 0.015  # alive cost 1 per step
+
+    cfg = MPCConfig(horizon=10, samples=8, noise_std=0.1, terminal_cost=100.0)
+    planner = MPPI(linear, walls, [-1.0], [1.0], cfg, safe_action=[1.0])
+    roll = planner.rollout(torch.zeros(2, dtype=torch.float64), torch.ones(10, 1, dtype=torch.float64), torch.full((10, 1), 1e-9, dtype=torch.float64))
+    # full push: p = 0.005 t^2 passes 0.015 at step 2 -> two alive steps, then the terminal cost
+    assert torch.allclose(roll.costs, torch.full((8,), 102.0, dtype=torch.float64))
+
+
+def test_bad_options_raise_input_errors() -> None:
+    with pytest.raises(MPCConfigError, match="horizon"):
+        MPPI(linear, cost, [-1.0], [1.0], MPCConfig(horizon=0))
+    with pytest.raises(MPCConfigError, match="uncertainty"):
+        MPCConfig(uncertainty="optimistic").validate()
+    with pytest.raises(MPCConfigError, match="bounds"):
+        MPPI(linear, cost, [1.0], [-1.0])
+    with pytest.raises(MPCConfigError, match="unknown planner"):
+        make_planner("ilqr", linear, cost, [-1.0], [1.0])
+    with pytest.raises(InputError, match="NaN"):
+        MPPI(linear, cost, [-1.0], [1.0]).plan(torch.tensor([math.nan, 0.0], dtype=torch.float64))
