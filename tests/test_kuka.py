@@ -108,16 +108,27 @@ def test_payload_adds_the_gravity_term_at_rest() -> None:
         diff = inverse_dynamics(loaded, data, q[None], zero, zero)[0] - inverse_dynamics(
             plain, mujoco.MjData(plain), q[None], zero, zero
         )[0]
-        # expected: tau = -J_p^T m g, with J_p the translational Jacobian of the payload's centre of mass
+        # expected: tau = -J_p^T m g, with J_p the translational Jacobian of the point
+        # at ``offset`` in the flange frame (computed from the flange site, not the payload body)
         data.qpos[:] = q
         mujoco.mj_kinematics(loaded, data)
         mujoco.mj_comPos(loaded, data)
-        body = loaded.body("payload").id
+        flange = data.site("flange")
+        point = flange.xpos + flange.xmat.reshape(3, 3) @ offset
         jacp = np.zeros((3, 7))
-        mujoco.mj_jac(loaded, data, jacp, None, data.xipos[body], body)
+        mujoco.mj_jac(loaded, data, jacp, None, point, loaded.body("link7").id)
         expected = -jacp.T @ (mass * loaded.opt.gravity)
         np.testing.assert_allclose(diff, expected, atol=1e-10)
         assert np.abs(expected).max() > 1.0
+    # by hand: arm stretched horizontally (joint 2 at 90 deg), 2 kg at 5 cm past the flange;
+    # joint 2 to flange is 0.2045 + 0.2155 + 0.1845 + 0.2155 + 0.081 + 0.045 = 0.946 m
+    q = np.array([[0.0, np.pi / 2, 0, 0, 0, 0, 0]])
+    zero = np.zeros((1, 7))
+    two_kg = load_model(2.0, (0.0, 0.0, 0.05))
+    diff = inverse_dynamics(two_kg, mujoco.MjData(two_kg), q, zero, zero) - inverse_dynamics(
+        plain, mujoco.MjData(plain), q, zero, zero
+    )
+    assert diff[0, 1] == pytest.approx(-2.0 * 9.81 * (0.946 + 0.05), rel=1e-9)
 
 
 def test_stream_chunks_samples_payload_change_and_seeding() -> None:

@@ -86,6 +86,9 @@ def set_payload(
     body = model.body("payload").id
     model.body_mass[body] = payload_kg
     model.body_ipos[body] = offset
+    # the compiler marked the zero-offset body "same frame" (inertia frame = body
+    # frame), a shortcut that would ignore the new offset in the kinematics
+    model.body_sameframe[body] = mujoco.mjtSameFrame.mjSAMEFRAME_NONE
     model.body_inertia[body] = 0.4 * payload_kg * 0.05**2
 
 
