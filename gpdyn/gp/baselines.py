@@ -63,13 +63,14 @@ class IVSGPR(ORTHNAT):
         """``theta <- (1 - tau) theta + tau theta_hat(minibatch)`` in natural parameters (eq. (12))."""
         if self.counts["beta"] == 0:
             return
-        j, s_inv, k, _ = self.natural_params()
+        j, s_inv, _ = self.natural_params()
+        k = self.kern_basis("beta")
         k_zx = self.kern_data(x, "beta").transpose(-1, -2)
         a_hat, s_hat = coupled_optimum(k, k_zx, y.transpose(0, 1), self.noise, self.data_size(x.shape[0]) / x.shape[0], self.jitter)
         ls_hat = torch.linalg.cholesky(s_hat)
         s_inv_hat = torch.cholesky_inverse(ls_hat)
-        j_hat = torch.cholesky_solve(k @ a_hat.unsqueeze(-1), ls_hat).squeeze(-1)
-        self.set_natural_params((1.0 - tau) * j + tau * j_hat, (1.0 - tau) * s_inv + tau * s_inv_hat, k)
+        j_hat = torch.cholesky_solve(k @ a_hat.unsqueeze(-1), ls_hat).squeeze(-1)  # S^-1 m
+        self.set_natural_params((1.0 - tau) * j + tau * j_hat, (1.0 - tau) * s_inv + tau * s_inv_hat)
 
 
 class _SubsetLearner(ORTHNAT):
@@ -104,9 +105,7 @@ class _SubsetLearner(ORTHNAT):
         xs, ys = self.subset()
         k = self.kern_basis("beta")
         a, s = coupled_optimum(k, self.kern_data(xs, "beta").transpose(-1, -2), ys.transpose(0, 1), self.noise, 1.0, self.jitter)
-        m = self.counts["beta"]
-        self.params["S"][:, :m, :m] = s
-        self.params["a_beta"][:, :m] = a
+        self.set_coupled(a, s)
 
 
 class VSGPR(_SubsetLearner):

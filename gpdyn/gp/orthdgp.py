@@ -110,12 +110,15 @@ class ORTH(VariationalLearner):
         if m_gamma > 0:
             self.add_basis_set("gamma", m_gamma)
             self.params["a_gamma"] = self._zeros(self.output_dim, m_gamma)
-        self.params["a_beta"] = self._zeros(self.output_dim, m_beta)
         if self.natural_beta:
-            # natural steps act on S itself: keep it, not its Cholesky factor, and outside Adam
+            # natural steps act on the expectation-side parameters m_b = K_b a_b and S itself
+            # (Fig. 1); keeping m_b rather than a_b avoids K_b^{-1} outside the bound, which
+            # an ill-conditioned K_b would amplify at every step
+            self.params["m_beta"] = self._zeros(self.output_dim, m_beta)
             self.params["S"] = self._zeros(self.output_dim, m_beta, m_beta)
-            self.adam_exclude.update({"S", "a_beta"})
+            self.adam_exclude.update({"S", "m_beta"})
         else:
+            self.params["a_beta"] = self._zeros(self.output_dim, m_beta)
             self.params["L"] = self._zeros(self.output_dim, m_beta, m_beta)
         self._finish_init()  # subclasses that change adam_exclude call it again
 
@@ -147,7 +150,12 @@ class ORTH(VariationalLearner):
     def shared_terms(self) -> dict[str, Tensor]:
         mb = self.counts["beta"]
         k_b = self.kern_basis("beta")
-        terms = {"Lk": chol(k_b, self.jitter), "K": k_b, "a_beta": self.params["a_beta"][:, :mb]}
+        lk = chol(k_b, self.jitter)
+        terms = {"Lk": lk, "K": k_b}
+        if self.natural_beta:
+            terms["a_beta"] = torch.cholesky_solve(self.params["m_beta"][:, :mb].unsqueeze(-1), lk).squeeze(-1)
+        else:
+            terms["a_beta"] = self.params["a_beta"][:, :mb]
         terms["S"], terms["F"] = self.s_factor()
         if self.counts.get("gamma", 0) > 0:
             a_g = self.params["a_gamma"][:, : self.counts["gamma"]]
@@ -281,28 +289,27 @@ class ORTHNAT(ORTH):
 
     # -- natural-parameter algebra (shared with the coupled baselines) ------------------
     @torch.no_grad()
-    def natural_params(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """``(j_b, S^{-1}, K_b, chol K_b)`` of the active beta block (eq. (12))."""
+    def natural_params(self) -> tuple[Tensor, Tensor, Tensor]:
+        """``(j_b, S^{-1}, m_b)`` of the active beta block (eq. (12): j_b = S^{-1} K_b a_b = S^{-1} m_b)."""
         m = self.counts["beta"]
-        k = self.kern_basis("beta")
-        lk = chol(k, self.jitter)
-        s = _sym(self.params["S"][:, :m, :m])
-        ls = chol(s, self.jitter)
-        s_inv = torch.cholesky_inverse(ls)
-        a = self.params["a_beta"][:, :m]
-        j = torch.cholesky_solve((k @ a.unsqueeze(-1)), ls).squeeze(-1)
-        return j, s_inv, k, lk
+        ls = chol(_sym(self.params["S"][:, :m, :m]), self.jitter)
+        m_b = self.params["m_beta"][:, :m]
+        return torch.cholesky_solve(m_b.unsqueeze(-1), ls).squeeze(-1), torch.cholesky_inverse(ls), m_b
 
     @torch.no_grad()
-    def set_natural_params(self, j: Tensor, s_inv: Tensor, k: Tensor) -> None:
-        """Back to model parameters: ``S = (S^{-1})^{-1}``, ``a_b = K_b^{-1} S j_b``."""
+    def set_natural_params(self, j: Tensor, s_inv: Tensor) -> None:
+        """Back to model parameters: ``S = (S^{-1})^{-1}``, ``m_b = S j_b``."""
         m = self.counts["beta"]
-        lsi = chol(_sym(s_inv), 0.0) if s_inv.shape[-1] else s_inv
-        s = _sym(torch.cholesky_inverse(lsi))
-        lk = chol(k, self.jitter)
-        a = torch.cholesky_solve((s @ j.unsqueeze(-1)), lk).squeeze(-1)
+        s = _sym(torch.cholesky_inverse(chol(_sym(s_inv), 0.0)))
         self.params["S"][:, :m, :m] = s
-        self.params["a_beta"][:, :m] = a
+        self.params["m_beta"][:, :m] = (s @ j.unsqueeze(-1)).squeeze(-1)
+
+    @torch.no_grad()
+    def set_coupled(self, a: Tensor, s: Tensor) -> None:
+        """Set q to ``(a_b, S)`` (e.g. :func:`coupled_optimum`'s result)."""
+        m = self.counts["beta"]
+        self.params["S"][:, :m, :m] = s
+        self.params["m_beta"][:, :m] = (self.kern_basis("beta") @ a.unsqueeze(-1)).squeeze(-1)
 
     @torch.no_grad()
     def natural_update(self, tau: float, batch: int) -> None:
@@ -310,16 +317,14 @@ class ORTHNAT(ORTH):
         m = self.counts["beta"]
         n = self.data_size(batch)  # the loss is per point; the paper's L is the total
         g_s = self.params["S"].grad
-        g_a = self.params["a_beta"].grad
-        if g_s is not None and g_a is not None and m > 0:
+        g_m = self.params["m_beta"].grad
+        if g_s is not None and g_m is not None and m > 0:
             g_s = n * _sym(g_s[:, :m, :m])
-            g_a = n * g_a[:, :m]
-            j, s_inv, k, lk = self.natural_params()
-            m_b = (k @ self.params["a_beta"][:, :m].unsqueeze(-1)).squeeze(-1)
-            k_inv_ga = torch.cholesky_solve(g_a.unsqueeze(-1), lk).squeeze(-1)
-            j = j - tau * (k_inv_ga - 2.0 * (g_s @ m_b.unsqueeze(-1)).squeeze(-1))
+            g_m = n * g_m[:, :m]  # dL/dm_b = K_b^{-1} dL/da_b, the first term of (15b)
+            j, s_inv, m_b = self.natural_params()
+            j = j - tau * (g_m - 2.0 * (g_s @ m_b.unsqueeze(-1)).squeeze(-1))
             s_inv = s_inv + 2.0 * tau * g_s  # Theta = S^{-1}/2
-            self.set_natural_params(j, s_inv, k)
+            self.set_natural_params(j, s_inv)
         if self.gamma_update == "diag" and "a_gamma" in self.params and self.params["a_gamma"].grad is not None:
             mg = self.counts["gamma"]
             k_bg = self.kern_basis("beta", "gamma")
