@@ -363,7 +363,8 @@ class KukaStream:
 
     def _take(self, n: int) -> dict[str, np.ndarray]:
         seg = self._segment
-        assert seg is not None
+        if seg is None:
+            raise RuntimeError("no segment started")  # internal: callers start one first
         sl = slice(self._pos, self._pos + n)
         tau = inverse_dynamics(self.model, self._data, seg["q_true"][sl], seg["qd_true"][sl], seg["qdd_true"][sl])
         if self.sensors.torque_noise:
@@ -394,9 +395,11 @@ class KukaStream:
             raise KukaConfigError(f"a chunk needs at least 1 sample, got {n}")
         parts = []
         while n > 0:
-            if self._segment is None or self._pos >= self._segment["t"].shape[0]:
+            left = self._segment["t"].shape[0] - self._pos if self._segment is not None else 0
+            if left == 0:
                 self._start_segment(self.segment_samples)
-            take = min(n, self._segment["t"].shape[0] - self._pos)  # type: ignore[index]
+                left = self.segment_samples
+            take = min(n, left)
             parts.append(self._take(take))
             n -= take
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
