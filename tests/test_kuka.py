@@ -194,6 +194,7 @@ def test_collect_writes_the_store_contract(tmp_path: Path) -> None:
         {"payload": float("nan")},
         {"payload_offset": (0.0, 0.1)},
         {"rate_hz": 300.0},
+        {"seed": -1},
     ],
 )
 def test_collect_refuses_impossible_settings(tmp_path: Path, kwargs: dict) -> None:

@@ -210,6 +210,8 @@ class TrajectoryFamily:
         (``VELOCITY_MARGIN`` x limit) at the family's fastest speed, so that all
         speeds trace the same path.
         """
+        if seed < 0:
+            raise KukaConfigError(f"seed must be >= 0, got {seed}")
         rng = np.random.default_rng([self.seed, seed])
         k = self.n_sines
         center = rng.uniform(-self.center_fraction, self.center_fraction, N_JOINTS) * limits["position"]
