@@ -105,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--learner", required=True, help=LEARNER_NAMES)
     p.add_argument("--iterations", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=1024, help="minibatch N_m (default 1024)")
+    p.add_argument("--n-delta", type=int, default=128, help="basis functions added per iteration (default 128)")
+    p.add_argument("--eval-every", type=int, default=100, help="iterations between held-out evaluations")
+    p.add_argument("--dtype", choices=("float32", "float64"), default=None, help="default float32 on CUDA, float64 on CPU")
+    p.add_argument("--size", action="append", default=[], metavar="KEY=VALUE", help="learner option, e.g. m_alpha=4096 (repeatable)")
     _add_device(p)
     _add_out(p)
     p.set_defaults(handler="gpdyn.experiments.learn:cli_learn")
@@ -138,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
         ("mpc", "gpdyn.control.bench:cli_bench", "MPC control steps per second with learned models"),
     ):
         p = bench.add_parser(target, help=text)
+        if target == "learners":
+            p.add_argument("--repeats", type=int, default=3, help="timed steps per configuration (default 3)")
+            p.add_argument("--dtype", choices=("float32", "float64"), default=None, help="default float32 on CUDA, float64 on CPU")
+            p.add_argument("--only", default=None, help="comma-separated configuration names to run")
         _add_device(p)
         _add_out(p)
         p.set_defaults(handler=handler)

@@ -34,7 +34,8 @@ class SVI(ORTHNAT):
     name = "svi"
 
     def __init__(self, input_dim: int, output_dim: int, *, m: int = 1024, **kwargs) -> None:
-        kwargs.pop("m_gamma", None)
+        kwargs.pop("m_gamma", None)  # fixed by the method; present in a saved config
+        kwargs.pop("m_beta", None)
         super().__init__(input_dim, output_dim, m_gamma=0, m_beta=m, **kwargs)
         self.config.update(m=int(m))
 
@@ -51,7 +52,8 @@ class IVSGPR(ORTHNAT):
     name = "ivsgpr"
 
     def __init__(self, input_dim: int, output_dim: int, *, m: int = 256, **kwargs) -> None:
-        kwargs.pop("m_gamma", None)
+        kwargs.pop("m_gamma", None)  # fixed by the method; present in a saved config
+        kwargs.pop("m_beta", None)
         super().__init__(input_dim, output_dim, m_gamma=0, m_beta=m, **kwargs)
         self.config.update(m=int(m))
 
@@ -114,7 +116,8 @@ class VSGPR(_SubsetLearner):
     name = "vsgpr"
 
     def __init__(self, input_dim: int, output_dim: int, *, m: int = 1024, n_subset: int = 4096, **kwargs) -> None:
-        kwargs.pop("m_gamma", None)
+        kwargs.pop("m_gamma", None)  # fixed by the method; present in a saved config
+        kwargs.pop("m_beta", None)
         super().__init__(input_dim, output_dim, m_gamma=0, m_beta=m, n_subset=n_subset, **kwargs)
         self.config.update(m=int(m))
 
@@ -153,7 +156,7 @@ class GPR(_SubsetLearner):
     name = "gpr"
 
     def __init__(self, input_dim: int, output_dim: int, *, n_subset: int = 1024, **kwargs) -> None:
-        kwargs.pop("m_gamma", None)
+        kwargs.pop("m_gamma", None)  # fixed by the method; present in a saved config
         kwargs.pop("m_beta", None)
         kwargs["scales"] = "none"  # the basis is the data itself
         super().__init__(input_dim, output_dim, m_gamma=0, m_beta=n_subset, n_subset=n_subset, **kwargs)

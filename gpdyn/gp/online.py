@@ -1,0 +1,172 @@
+"""The online learning protocol (DESIGN.md; SVDGP Algorithm 1 and Appendix B), and checkpoints.
+
+Each iteration draws a minibatch from the stream, lets the learner add basis functions
+from it (``observe``: the first call also starts the hyperparameters by the median
+trick) and takes one update (``step``). Every ``eval_every`` iterations, and after the
+last, the learner is scored on the held-out split: nMSE and the variational lower
+bound per output, then mean and std over outputs (SVDGP Table 2).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from gpdyn.errors import InputError
+from gpdyn.gp import make_learner
+from gpdyn.gp.base import Learner
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def nmse(mean: Tensor, y: Tensor) -> Tensor:
+    """Normalised mean squared error per output, ``[P]``: MSE / variance of ``y`` (Rasmussen & Williams)."""
+    var = y.var(dim=0, unbiased=False).clamp_min(torch.finfo(y.dtype).tiny)
+    return ((mean - y) ** 2).mean(0) / var
+
+
+@torch.no_grad()
+def evaluate(learner: Learner, x: Tensor, y: Tensor, chunk: int = 4096) -> dict[str, list[float] | float]:
+    """nMSE and the bound on ``(x, y)`` per output, with their mean and std over outputs."""
+    means = [learner.predict(x[i : i + chunk])[0] for i in range(0, x.shape[0], chunk)]
+    err = nmse(torch.cat(means), y)
+    bound = learner.vlb(x, y)
+    out: dict[str, list[float] | float] = {}
+    for key, val in (("nmse", err), ("vlb", bound)):
+        v = val.double().cpu()
+        out[key] = v.tolist()
+        out[f"{key}_mean"] = float(v.mean())
+        out[f"{key}_std"] = float(v.std(unbiased=False))
+    return out
+
+
+def run_online(
+    learner: Learner,
+    stream: Iterable[tuple[Tensor, Tensor]],
+    x_test: Tensor,
+    y_test: Tensor,
+    iterations: int,
+    n_delta: int | None = None,
+    eval_every: int = 100,
+    callback: Callable[[dict[str, Any]], None] | None = None,
+    n_data: int | None = None,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Run SVDGP Algorithm 1 for ``iterations`` minibatches; return the evaluation records.
+
+    Args:
+        learner: any :class:`~gpdyn.gp.base.Learner` (untrained, or resumed from a checkpoint).
+        stream: yields ``(x [N_m, D], y [N_m, P])`` on the learner's device and dtype.
+        x_test, y_test: the held-out split, normalised like the stream.
+        n_delta: basis functions added per iteration (SVDGP N_Delta), for learners that have one.
+        eval_every: iterations between evaluations (one more after the last iteration).
+        callback: called with each record, e.g. ``run.log(**record)``.
+        n_data: the training-set size N of the bound, for learners that use one.
+        progress: show a tqdm bar.
+
+    Each record has ``iteration``, ``loss`` (of the last step), ``step_s`` (mean wall time
+    per iteration since the last record, synchronised with the device only here),
+    ``elapsed_s`` and the :func:`evaluate` metrics.
+    """
+    if iterations < 1:
+        raise InputError(f"run_online: iterations must be >= 1, got {iterations}")
+    if eval_every < 1:
+        raise InputError(f"run_online: eval_every must be >= 1, got {eval_every}")
+    if n_delta is not None:
+        if n_delta < 1:
+            raise InputError(f"run_online: n_delta must be >= 1, got {n_delta}")
+        if hasattr(learner, "n_delta"):
+            learner.n_delta = int(n_delta)
+    if n_data is not None and hasattr(learner, "n_data"):
+        learner.n_data = int(n_data)
+    records: list[dict[str, Any]] = []
+    batches = iter(stream)
+    start = time.perf_counter()
+    last_time, last_it = start, 0
+    loss: Tensor | float = float("nan")
+    bar = tqdm(range(1, iterations + 1), desc=f"learn {learner.name}", disable=not progress, unit="it")
+    for it in bar:
+        try:
+            xb, yb = next(batches)
+        except StopIteration:
+            raise InputError(f"run_online: the stream ended after {it - 1} of {iterations} iterations") from None
+        learner.observe(xb, yb)
+        metrics = learner.step(xb, yb)
+        loss = metrics.get("loss", loss)
+        if it % eval_every == 0 or it == iterations:
+            _sync(learner)
+            now = time.perf_counter()
+            record: dict[str, Any] = {
+                "iteration": it,
+                "loss": float(loss),
+                "step_s": (now - last_time) / (it - last_it),
+                "elapsed_s": now - start,
+            }
+            record.update(evaluate(learner, x_test, y_test))
+            records.append(record)
+            bar.set_postfix(nmse=f"{record['nmse_mean']:.4f}", vlb=f"{record['vlb_mean']:.3f}")
+            if callback is not None:
+                callback(record)
+            last_time, last_it = time.perf_counter(), it
+    return records
+
+
+def _sync(learner: Learner) -> None:
+    device = getattr(learner, "device", torch.device("cpu"))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def save_learner(learner: Learner, path: str | Path, **extra: Any) -> Path:
+    """Write a checkpoint that :func:`load_learner` restores exactly (``extra`` is kept alongside)."""
+    config = getattr(learner, "config", None)
+    if config is None:
+        raise InputError(f"save_learner: {type(learner).__name__} has no constructor config to rebuild it from")
+    path = Path(path)
+    torch.save(
+        {
+            "learner": learner.name,
+            "config": dict(config),
+            "dtype": str(learner.dtype).removeprefix("torch."),
+            "state": learner.state_dict(),
+            "extra": extra,
+        },
+        path,
+    )
+    return path
+
+
+def load_learner(
+    path: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None
+) -> tuple[Learner, dict[str, Any]]:
+    """Rebuild the learner saved by :func:`save_learner` (on ``device``, default CPU) and its extras."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such checkpoint")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # a truncated or foreign file: say which
+        raise InputError(f"{path}: not a gpdyn checkpoint ({err})") from err
+    if not isinstance(ckpt, Mapping) or not {"learner", "config", "state"} <= set(ckpt):
+        raise InputError(f"{path}: not a gpdyn learner checkpoint (missing learner/config/state)")
+    config = dict(ckpt["config"])
+    input_dim, output_dim = config.pop("input_dim"), config.pop("output_dim")
+    learner = make_learner(
+        ckpt["learner"],
+        input_dim,
+        output_dim,
+        device=device or "cpu",
+        dtype=dtype or DTYPES[ckpt.get("dtype", "float64")],
+        **config,
+    )
+    learner.load_state_dict(ckpt["state"])
+    return learner, dict(ckpt.get("extra", {}))
+
+
+__all__ = ["evaluate", "load_learner", "nmse", "run_online", "save_learner"]
