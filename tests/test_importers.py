@@ -121,7 +121,10 @@ def test_malformed_sarcos_files_are_refused(tmp_path: Path, capsys: pytest.Captu
     (tmp_path / "text.mat").write_text("not a mat file\n")
     assert main(["import", "sarcos", str(tmp_path / "text.mat"), "--store", str(tmp_path / "d.zarr")]) == 2
     assert "text.mat: not a MATLAB .mat file" in capsys.readouterr().err
-    for name in "abcd":
+    (tmp_path / "v73.mat").write_bytes(b"MATLAB 7.3 MAT-file, Platform: GLNXA64".ljust(128) + b"\x00" * 64)
+    with pytest.raises(ImportFormatError, match="v73.mat: MATLAB v7.3 files are not supported"):
+        import_sarcos([tmp_path / "v73.mat"], tmp_path / "e.zarr")
+    for name in "abcde":
         assert not (tmp_path / f"{name}.zarr").exists()
 
 

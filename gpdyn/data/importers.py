@@ -107,10 +107,12 @@ def read_sarcos(path: str | Path) -> tuple[np.ndarray, str]:
     path = Path(path)
     if not path.is_file():
         raise ImportFormatError(f"{path}: no such file")
+    with open(path, "rb") as f:
+        header = f.read(128)
+    if header.startswith(b"MATLAB 7.3"):  # HDF5-based, which scipy does not read
+        raise ImportFormatError(f"{path}: MATLAB v7.3 files are not supported; save the matrix with -v7")
     try:
         content = loadmat(str(path))
-    except NotImplementedError as err:  # scipy's answer to v7.3 (HDF5) files
-        raise ImportFormatError(f"{path}: MATLAB v7.3 files are not supported; save with -v7 ({err})") from err
     except Exception as err:  # scipy raises several types for a non-.mat file
         raise ImportFormatError(f"{path}: not a MATLAB .mat file ({type(err).__name__}: {err})") from err
     matrices = {k: v for k, v in content.items() if not k.startswith("__") and isinstance(v, np.ndarray) and v.ndim == 2}
