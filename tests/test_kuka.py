@@ -177,8 +177,10 @@ def test_collect_writes_the_store_contract(tmp_path: Path) -> None:
     assert store.attrs["family"] == "kuka1" and store.attrs["payload_kg"] == 1.0
     assert store.attrs["dt"] == 0.01 and store.attrs["rate_hz"] == 100.0
     assert store.attrs["payload_offset"] == list(DEFAULT_PAYLOAD_OFFSET)
-    problem = load_problem(store, "kuka", protocol="ordered")
+    problem = load_problem(store, "kuka", protocol="ordered")  # ILGR: offline part initialises
     assert problem.input_dim == 21 and problem.output_dim == 7 and len(problem.x_init) == 130
+    mixed = load_problem(store, "kuka", protocol="iid")  # SVDGP: both parts mixed, 90/10
+    assert len(mixed.x_train) + len(mixed.x_test) == 380 and len(mixed.x_init) == 0
     # the same seed gives the same data
     again = collect_kuka(tmp_path / "k2.zarr", offline=130, online=250, payload=1.0, seed=4, progress=False)
     np.testing.assert_array_equal(again.read("tau"), store.read("tau"))
