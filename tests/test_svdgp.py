@@ -1,0 +1,169 @@
+"""SVDGP (Cheng & Boots 2017): bound identities, KRR limit, gradients, kernels, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from learner_data import F64, random_data
+
+from gpdyn.errors import InputError
+from gpdyn.gp.kernels import gen_se_ard, se_ard
+from gpdyn.gp.orthdgp import ORTH
+from gpdyn.gp.svdgp import SVDGP
+
+
+def brute_gen_se_ard(x1, x2, s, amp, c1, c2):
+    l1 = s[:, None, None, :] * c1[:, :, None, :]
+    l2 = s[:, None, None, :] * c2[:, None, :, :]
+    tot = l1**2 + l2**2
+    return amp[:, None, None] * ((2 * l1 * l2 / tot).sqrt() * torch.exp(-((x1[:, :, None] - x2[:, None]) ** 2) / tot)).prod(-1)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_generalized_se_ard_is_eq_15(k):
+    g = torch.Generator().manual_seed(1)
+    p, n, m, d = 2, 5, 4, 3
+    x1, x2 = torch.randn(p, n, d, generator=g, dtype=F64), torch.randn(p, m, d, generator=g, dtype=F64)
+    s, amp = torch.rand(p, d, generator=g, dtype=F64) + 0.5, torch.rand(p, generator=g, dtype=F64) + 0.5
+    c1, c2 = torch.rand(p, n, k, generator=g, dtype=F64) + 0.3, torch.rand(p, m, k, generator=g, dtype=F64) + 0.3
+    e1, e2, o1, o2 = c1.expand(p, n, d), c2.expand(p, m, d), torch.ones(p, n, d, dtype=F64), torch.ones(p, m, d, dtype=F64)
+    torch.testing.assert_close(gen_se_ard(x1, x2, s, amp, c1, c2), brute_gen_se_ard(x1, x2, s, amp, e1, e2))
+    torch.testing.assert_close(gen_se_ard(x1, x2, s, amp, None, c2), brute_gen_se_ard(x1, x2, s, amp, o1, e2))
+    torch.testing.assert_close(gen_se_ard(x1, x2, s, amp, c1, None), brute_gen_se_ard(x1, x2, s, amp, e1, o2))
+    # c = 1 is the SE-ARD prior (SVDGP Appendix B.1)
+    torch.testing.assert_close(gen_se_ard(x1, x2, s, amp, torch.ones_like(c1), torch.ones_like(c2)), se_ard(x1, x2, s, amp))
+
+
+def _fitted_svdgp(m_alpha: int, m_beta: int, **kw) -> tuple[SVDGP, torch.Tensor, torch.Tensor]:
+    x, y = random_data(40, 2, 2)
+    model = SVDGP(2, 2, m_alpha=m_alpha, m_beta=m_beta, n_delta=max(m_alpha, m_beta, 1), n_data=40, **kw)
+    model.observe(x, y)
+    return model, x, y
+
+
+def svgp_bound(k_zz, k_zx, kxx_diag, m, s, y, noise):
+    """Hensman et al. (2013) coupled bound, written independently: sum E log p - KL(N(m,S) || N(0,K))."""
+    k_inv = torch.linalg.inv(k_zz)
+    mean = (k_zx.transpose(-1, -2) @ k_inv @ m.unsqueeze(-1)).squeeze(-1)
+    proj = k_inv @ (k_zz - s) @ k_inv
+    var = kxx_diag - (k_zx * (proj @ k_zx)).sum(-2)
+    r = y.T - mean
+    ell = (-0.5 * torch.log(2 * torch.pi * noise)[:, None] - 0.5 * (r**2 + var) / noise[:, None]).sum(-1)
+    mm = k_zz.shape[-1]
+    kl = 0.5 * (
+        torch.diagonal(k_inv @ s, dim1=-2, dim2=-1).sum(-1)
+        + (m.unsqueeze(-2) @ k_inv @ m.unsqueeze(-1)).squeeze((-1, -2))
+        - mm
+        + torch.logdet(k_zz)
+        - torch.logdet(s)
+    )
+    return ell - kl
+
+
+def test_bound_equals_coupled_svgp_when_alpha_equals_beta():
+    torch.manual_seed(0)
+    model, x, y = _fitted_svdgp(6, 6, scales="none", jacobi=False, n_columns=None)
+    with torch.no_grad():
+        model.params["alpha_z"].copy_(model.params["beta_z"])  # alpha = beta = Z
+        model.params["a"].normal_()
+        model.params["L"].copy_(torch.tril(0.5 * torch.randn(2, 6, 6, dtype=F64)))
+        k = model.kern_basis("beta")
+        a, lo = model.coefficients()
+        b = lo @ lo.transpose(-1, -2)
+        m = (k @ a.unsqueeze(-1)).squeeze(-1)  # SVDGP eq. (6): m~ = K a
+        s = torch.linalg.inv(torch.linalg.inv(k) + b)  # S~ = K - K (B^-1 + K)^-1 K
+        expected = svgp_bound(k, model.kern_data(x, "beta").transpose(-1, -2), model.amplitude[:, None].expand(2, 40), m, s, y, model.noise)
+        torch.testing.assert_close(model.vlb(x, y) * x.shape[0], expected)
+        # the same posterior in ORTH's coupled coordinates (gamma empty) gives the same bound
+        orth = ORTH(2, 2, m_gamma=0, m_beta=6, n_delta=6, scales="none", jitter=0.0, n_data=40)
+        orth.observe(x, y)
+        for key in ("log_ls", "log_amp", "log_noise", "beta_z"):
+            orth.params[key].copy_(model.params[key])
+        orth.params["a_beta"][:, :6] = a
+        orth.params["L"][:, :6, :6] = torch.linalg.cholesky(s)
+        torch.testing.assert_close(orth.vlb(x, y), model.vlb(x, y))
+
+
+def test_no_beta_gives_kernel_ridge_regression():
+    x, y = random_data(30, 2, 3, seed=2)
+    model = SVDGP(2, 3, m_alpha=30, m_beta=0, n_delta=30, n_columns=None, n_data=30, scales="none")
+    model.observe(x, y)  # alpha = X
+    a0 = model.params["a"]
+    loss = lambda a: (-(model.expected_loglik(x, y, {"a": a / model.amplitude[:, None]})).mean(-1) + model.kl(False, {"a": a / model.amplitude[:, None]}) / 30).sum()  # noqa: E731
+    # the bound is quadratic in a: one Newton step from zero lands on its maximiser
+    grad = torch.autograd.functional.jacobian(loss, a0.detach())
+    hess = torch.autograd.functional.hessian(loss, a0.detach()).reshape(90, 90)
+    a_opt = (-torch.linalg.solve(hess, grad.reshape(-1))).reshape(3, 30) / model.amplitude.detach()[:, None]
+    with torch.no_grad():
+        k = model.kern(x, x)
+        krr = torch.linalg.solve(k + model.noise[:, None, None] * torch.eye(30, dtype=F64), y.T.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(a_opt, krr)
+    # and the prior covariance: M_beta = 0 leaves s(x) = k(x, x)
+    _, var = model.predict(x)
+    torch.testing.assert_close(var, model.amplitude.detach().expand(30, 3))
+
+
+def test_kl_gradients_match_proposition_2():
+    model, _, _ = _fitted_svdgp(7, 5, scales="basis", jacobi=False, n_columns=None)
+    with torch.no_grad():
+        model.params["a"].normal_(generator=torch.Generator().manual_seed(3))
+        model.params["L"].copy_(torch.tril(0.3 * torch.randn(2, 5, 5, generator=torch.Generator().manual_seed(4), dtype=F64)))
+        model.params["alpha_logc"].uniform_(-0.3, 0.3)
+    model.kl(False).sum().backward()
+    with torch.no_grad():
+        a, lo = model.coefficients()
+        k_a, k_b = model.kern_basis("alpha"), model.kern_basis("beta")
+        b = lo @ lo.transpose(-1, -2)
+        eye = torch.eye(5, dtype=F64)
+        grad_b = 0.5 * torch.linalg.inv(eye + k_b @ b) @ k_b @ b @ k_b @ torch.linalg.inv(eye + b @ k_b)
+        torch.testing.assert_close(model.params["a"].grad, (k_a @ a.unsqueeze(-1)).squeeze(-1))  # grad_a KL = K_alpha a
+        torch.testing.assert_close(model.params["L"].grad, torch.tril(2 * grad_b @ lo))  # grad_L = 2 grad_B L
+
+
+def test_column_sampled_kl_is_unbiased():
+    model, _, _ = _fitted_svdgp(40, 4, n_columns=8)
+    with torch.no_grad():
+        model.params["a"].normal_(generator=torch.Generator().manual_seed(5))
+        a, _ = model.coefficients()
+        exact = model.quadratic("alpha", a, None)
+        draws = torch.stack([model.quadratic("alpha", a, 8) for _ in range(3000)])
+    err = (draws.mean(0) - exact).abs()
+    assert (err < 4 * draws.std(0) / 3000**0.5).all(), (draws.mean(0), exact)
+    assert (draws.std(0) > 0).all()  # it really samples
+
+
+def test_predict_batch_shapes_dtype_and_no_grad():
+    model, x, y = _fitted_svdgp(16, 4)
+    model.step(x, y)
+    with torch.no_grad():
+        mean, var = model.predict(x.reshape(4, 10, 2))
+    assert mean.shape == var.shape == (4, 10, 2)
+    flat_mean, _ = model.predict(x)
+    torch.testing.assert_close(mean.reshape(40, 2), flat_mean)
+    assert (var > 0).all()
+    m32 = SVDGP(2, 2, m_alpha=16, m_beta=4, dtype=torch.float32, n_delta=16)
+    m32.observe(x.float(), y.float())
+    m32.step(x.float(), y.float())
+    assert m32.predict(x.float())[0].dtype == torch.float32
+
+
+def test_bad_input_is_reported():
+    model, x, y = _fitted_svdgp(8, 2)
+    bad = x.clone()
+    bad[3, 1] = float("nan")
+    with pytest.raises(InputError, match="NaN"):
+        model.observe(bad, y)
+    with pytest.raises(InputError, match="NaN"):
+        model.step(bad, y)
+    with pytest.raises(InputError, match="columns"):
+        model.predict(torch.zeros(5, 3, dtype=F64))
+    with pytest.raises(InputError, match="shape"):
+        model.step(x, y[:, :1])
+    with pytest.raises(InputError, match="float32"):
+        model.predict(x.float())
+    with pytest.raises(InputError, match="m_alpha"):
+        SVDGP(2, 2, m_alpha=0)
+    with pytest.raises(InputError, match="scales"):
+        SVDGP(2, 2, scales="per-point")
+    with pytest.raises(InputError, match="observe"):
+        SVDGP(2, 2, m_alpha=4).step(x, y)
