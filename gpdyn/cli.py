@@ -118,8 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", type=Path, required=True)
     p.add_argument("--problem", choices=PROBLEM_NAMES, required=True)
     p.add_argument("--learners", required=True, help=f"comma-separated: {LEARNER_NAMES}")
+    p.add_argument("--protocol", choices=("iid", "ordered"), default="iid",
+                   help="iid minibatches (SVDGP), or init on the offline part then stream in order (ILGR)")
     p.add_argument("--iterations", type=int, default=2000)
+    p.add_argument("--batch-size", type=int, default=1024, help="minibatch N_m (default 1024)")
+    p.add_argument("--n-delta", type=int, default=128, help="basis functions added per iteration (default 128)")
+    p.add_argument("--eval-every", type=int, default=100, help="iterations between held-out evaluations")
+    p.add_argument("--init-iterations", type=int, default=200, help="ordered protocol: iterations on the offline part")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=("float32", "float64"), default=None, help="default float32 on CUDA, float64 on CPU")
+    p.add_argument("--size", action="append", default=[], metavar="LEARNER.KEY=VALUE",
+                   help="learner option, e.g. svdgp.m_alpha=4096 (repeatable)")
     _add_device(p)
     _add_out(p)
     p.set_defaults(handler="gpdyn.experiments.replay:cli_replay")

@@ -244,7 +244,7 @@ def load_problem(
         seed=seed,
         source=str(store.path),
         input_names=_input_names(store, spec),
-        output_names=tuple(f"{c}[t+{spec.target_shift}]" for c in store.columns(spec.field_out)),
+        output_names=tuple(f"{c}[t+{spec.target_shift}]" if spec.target_shift else f"{c}[t]" for c in store.columns(spec.field_out)),
         x_train=x_train,
         y_train=y_train,
         x_test=arrays["test"][0],

@@ -1,0 +1,263 @@
+"""`gpdyn replay`: several learners on one stored dataset under one protocol (SVDGP Table 2).
+
+Every learner sees the same minibatches in the same order (one stream per learner,
+built from the same seed) and is scored on the same held-out split every
+``eval_every`` iterations through :func:`gpdyn.gp.online.run_online`.
+
+Protocols (see :mod:`gpdyn.data.problems`):
+
+- ``iid``: SVDGP Algorithm 1 on seeded iid minibatches of the training split.
+- ``ordered`` (the ILGR protocol for KUKA): ``init_iterations`` iid minibatches of the
+  offline part initialise the learner, then the online part is streamed in time order,
+  ``batch_size`` consecutive samples per iteration, until ``iterations`` or the end of
+  the stream.
+
+Resumable: after each evaluation the learner and its stream position are saved under
+``checkpoints/``; running the same command with ``--out`` on the interrupted run
+folder continues from there, with no repeated work and the same final numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from gpdyn.data.problems import Problem, load_problem
+from gpdyn.data.streams import IIDStream, OrderedStream
+from gpdyn.errors import InputError
+from gpdyn.experiments.learn import check_device, parse_sizes, resolve_dtype
+from gpdyn.experiments.report import write_report
+from gpdyn.gp import LEARNERS, Learner, make_learner
+from gpdyn.gp.online import DTYPES, load_learner, run_online, save_learner
+from gpdyn.runs import RunDir, is_run_dir
+
+CHECKPOINTS = "checkpoints"
+
+
+@dataclass
+class ReplayConfig:
+    """Everything that decides a replay's numbers (a resumed run must match it)."""
+
+    store: str
+    problem: str
+    learners: list[str]
+    protocol: str = "iid"
+    iterations: int = 2000
+    batch_size: int = 1024
+    n_delta: int = 128
+    eval_every: int = 100
+    init_iterations: int = 200
+    seed: int = 0
+    device: str = "cpu"
+    dtype: str = "float64"
+    sizes: dict[str, dict[str, Any]] = field(default_factory=dict)  # learner -> constructor options
+
+    def validate(self) -> None:
+        unknown = [name for name in self.learners if name not in LEARNERS]
+        if unknown or not self.learners:
+            raise InputError(f"--learners: unknown {unknown or 'none given'}; choose from {', '.join(LEARNERS)}")
+        if len(set(self.learners)) != len(self.learners):
+            raise InputError(f"--learners: {self.learners} names a learner twice")
+        for name in ("iterations", "batch_size", "n_delta", "eval_every"):
+            if getattr(self, name) < 1:
+                raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.init_iterations < 0:
+            raise InputError(f"--init-iterations must be >= 0, got {self.init_iterations}")
+        stray = set(self.sizes) - set(self.learners)
+        if stray:
+            raise InputError(f"--size names learners not in --learners: {sorted(stray)}")
+
+
+def parse_learner_sizes(items: list[str]) -> dict[str, dict[str, Any]]:
+    """``["svdgp.m_alpha=1024", "wiski.grid_size=32"]`` -> ``{"svdgp": {"m_alpha": 1024}, ...}``."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        learner, dot, rest = item.partition(".")
+        if not dot or "=" not in rest:
+            raise InputError(f"--size '{item}': expected LEARNER.KEY=VALUE, e.g. svdgp.m_alpha=4096")
+        out.setdefault(learner, {}).update(parse_sizes([rest]))
+    return out
+
+
+class _Phase:
+    """One stretch of iterations fed by one stream (init, or the main phase)."""
+
+    def __init__(self, name: str, iterations: int, make_stream: Callable[[], IIDStream | OrderedStream]):
+        self.name, self.iterations, self.make_stream = name, iterations, make_stream
+
+
+def _phases(cfg: ReplayConfig, problem: Problem, dtype: torch.dtype) -> list[_Phase]:
+    x_train, y_train = problem.tensors("train", cfg.device, dtype)
+    if cfg.protocol == "iid":
+        return [_Phase("train", cfg.iterations, lambda: IIDStream(x_train, y_train, cfg.batch_size, cfg.seed, cfg.device, dtype))]
+    phases = []
+    if len(problem.x_init) and cfg.init_iterations:
+        x_init, y_init = problem.tensors("init", cfg.device, dtype)
+        phases.append(
+            _Phase("init", cfg.init_iterations, lambda: IIDStream(x_init, y_init, cfg.batch_size, cfg.seed, cfg.device, dtype))
+        )
+    chunks = -(-len(x_train) // cfg.batch_size)
+    phases.append(
+        _Phase("stream", min(cfg.iterations, chunks), lambda: OrderedStream(x_train, y_train, cfg.batch_size, cfg.device, dtype))
+    )
+    return phases
+
+
+def _stream_state(stream: IIDStream | OrderedStream) -> dict[str, Any]:
+    return stream.state_dict() if isinstance(stream, IIDStream) else {"position": stream.position}
+
+
+def _load_stream_state(stream: IIDStream | OrderedStream, state: dict[str, Any]) -> None:
+    if isinstance(stream, IIDStream):
+        stream.load_state_dict(state)
+    else:
+        stream.position = int(state["position"])
+
+
+def _segments(phases: list[_Phase], eval_every: int) -> Iterator[tuple[int, _Phase, int]]:
+    """(phase index, phase, iterations) per segment; an evaluation closes every segment."""
+    for i, phase in enumerate(phases):
+        done = 0
+        while done < phase.iterations:
+            n = min(eval_every, phase.iterations - done)
+            yield i, phase, n
+            done += n
+
+
+def replay(
+    cfg: ReplayConfig,
+    run: RunDir,
+    *,
+    problem: Problem | None = None,
+    progress: bool = True,
+    on_checkpoint: Callable[[str, int], None] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Run (or continue) every learner of ``cfg`` in ``run``; return the last record per learner.
+
+    ``problem`` is loaded from ``cfg`` unless given; ``on_checkpoint(learner, iteration)``
+    is called after each saved checkpoint.
+    """
+    cfg.validate()
+    check_device(cfg.device)
+    dtype = DTYPES[cfg.dtype]
+    if problem is None:
+        problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed)
+    x_test, y_test = problem.tensors("test", cfg.device, dtype)
+    phases = _phases(cfg, problem, dtype)
+    segments = list(_segments(phases, cfg.eval_every))
+    total = sum(n for _, _, n in segments)
+    (run.path / CHECKPOINTS).mkdir(exist_ok=True)
+    finals: dict[str, dict[str, Any]] = {}
+    bar = tqdm(total=total * len(cfg.learners), desc="replay", unit="it", disable=not progress)
+    for name in cfg.learners:
+        ckpt = run.path / CHECKPOINTS / f"{name}.pt"
+        if ckpt.exists():
+            learner, extra = load_learner(ckpt, device=cfg.device, dtype=dtype)
+            done_segments, iteration, seconds = extra["segments"], extra["iteration"], extra["seconds"]
+            finals[name] = extra["record"]
+        else:
+            learner = _make(name, cfg, problem, dtype)
+            done_segments, iteration, seconds, extra = 0, 0, 0.0, {}
+        bar.update(iteration)
+        stream, stream_phase = None, -1
+        for k, (phase_index, phase, n) in enumerate(segments):
+            if k < done_segments:
+                continue
+            if phase_index != stream_phase:
+                stream, stream_phase = phase.make_stream(), phase_index
+                if extra.get("phase") == phase_index:
+                    _load_stream_state(stream, extra["stream"])
+            bar.set_description(f"replay {name} ({phase.name})")
+            record = run_online(
+                learner, stream, x_test, y_test, iterations=n, n_delta=cfg.n_delta, eval_every=n,
+                n_data=len(problem.x_train) + len(problem.x_init), progress=False,
+            )[-1]
+            iteration += n
+            seconds += record["elapsed_s"]  # training time only: taken before the evaluation
+            record = {
+                **record, "kind": "eval", "learner": name, "phase": phase.name,
+                "iteration": iteration, "seconds": seconds, "step_s": record["step_s"],
+            }
+            run.log(**record)
+            extra = {"segments": k + 1, "iteration": iteration, "seconds": seconds, "phase": phase_index,
+                     "stream": _stream_state(stream), "record": record}
+            save_learner(learner, ckpt, **extra)
+            finals[name] = record
+            bar.update(n)
+            bar.set_postfix(nmse=f"{record['nmse_mean']:.4f}")
+            if on_checkpoint is not None:
+                on_checkpoint(name, iteration)
+    bar.close()
+    return finals
+
+
+def _make(name: str, cfg: ReplayConfig, problem: Problem, dtype: torch.dtype) -> Learner:
+    try:
+        return make_learner(
+            name, problem.input_dim, problem.output_dim, device=cfg.device, dtype=dtype, seed=cfg.seed,
+            **cfg.sizes.get(name, {}),
+        )
+    except TypeError as err:  # an option the learner does not take
+        raise InputError(f"--size for learner '{name}': {err}") from err
+
+
+def open_run(cfg: ReplayConfig, out: Path | None, problem: Problem) -> RunDir:
+    """A new run folder, or the interrupted one at ``out`` when its config matches."""
+    if out is not None and is_run_dir(out):
+        run = RunDir(out)
+        saved = {k: v for k, v in run.config().items() if k in asdict(cfg)}
+        mine = json.loads(json.dumps(asdict(cfg)))
+        if saved != mine:
+            diff = sorted(k for k in mine if saved.get(k) != mine[k])
+            raise InputError(f"{out}: holds a replay with other settings ({', '.join(diff)}); use another --out")
+        print(f"gpdyn replay: resuming {out}")
+        return run
+    return RunDir.create("replay", {**asdict(cfg), "outputs": list(problem.output_names)}, out)
+
+
+def config_from_args(args: argparse.Namespace) -> ReplayConfig:
+    return ReplayConfig(
+        store=str(args.store),
+        problem=args.problem,
+        learners=[s.strip() for s in args.learners.split(",") if s.strip()],
+        protocol=args.protocol,
+        iterations=args.iterations,
+        batch_size=args.batch_size,
+        n_delta=args.n_delta,
+        eval_every=args.eval_every,
+        init_iterations=args.init_iterations,
+        seed=args.seed,
+        device=args.device,
+        dtype=str(resolve_dtype(args.dtype, args.device)).removeprefix("torch."),
+        sizes=parse_learner_sizes(args.size),
+    )
+
+
+def print_table(finals: dict[str, dict[str, Any]]) -> None:
+    print(f"\n{'learner':<10} {'iter':>6} {'nMSE (mean ± std)':>22} {'bound (mean ± std)':>24} {'s/it':>8}")
+    for name, r in finals.items():
+        print(
+            f"{name:<10} {r['iteration']:>6} {r['nmse_mean']:>12.4f} ± {r['nmse_std']:<7.4f} "
+            f"{r['vlb_mean']:>12.4f} ± {r['vlb_std']:<8.4f} {r['seconds'] / max(r['iteration'], 1):>8.4f}"
+        )
+
+
+def cli_replay(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    cfg.validate()
+    problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed)
+    run = open_run(cfg, args.out, problem)
+    print(f"gpdyn replay: run folder {run.path}")
+    finals = replay(cfg, run, problem=problem)
+    report = write_report(run.path)
+    print_table(finals)
+    print(f"\nreport: {report}")
+    return 0
+

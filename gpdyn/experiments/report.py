@@ -1,0 +1,158 @@
+"""Reports of replay runs: SVDGP Table 2 and Appendix C tables, CSV curves, Fig. 2-style plots.
+
+Input: the evaluation records a replay writes to ``metrics.jsonl``, one per learner
+and evaluation point::
+
+    {"kind": "eval", "learner": "svdgp", "iteration": 200, "seconds": 12.3,
+     "nmse": [P floats], "vlb": [P floats]}
+
+``seconds`` is the learner's cumulative training wall-clock time (evaluation excluded).
+Output, in the run folder: ``report.md``, ``curves.csv``, ``final.csv`` and
+``nmse.png`` / ``vlb.png`` (against iterations and against time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpdyn.errors import InputError
+from gpdyn.runs import RunDir, is_run_dir
+
+METRICS = {"nmse": "nMSE", "vlb": "variational lower bound (per point)"}
+
+
+def eval_curves(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Evaluation records grouped by learner, in iteration order (later duplicates win)."""
+    by_learner: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
+    for r in records:
+        if r.get("kind") == "eval":
+            by_learner[r["learner"]][int(r["iteration"])] = r
+    return {k: [v[i] for i in sorted(v)] for k, v in by_learner.items()}
+
+
+def _fmt(mean: float, std: float) -> str:
+    return f"{mean:.4g} ± {std:.2g}"
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """(Re)generate the tables, CSV files and plots of a replay run folder."""
+    run_dir = Path(run_dir)
+    if not is_run_dir(run_dir):
+        raise InputError(f"{run_dir}: not a run folder (no config.json)")
+    run = RunDir(run_dir)
+    config = run.config()
+    curves = eval_curves(run.metrics())
+    if not curves:
+        raise InputError(f"{run_dir}/metrics.jsonl: no evaluation records to report")
+    outputs = list(config.get("outputs") or [f"y{i}" for i in range(len(next(iter(curves.values()))[-1]["nmse"]))])
+
+    _write_curves_csv(run_dir / "curves.csv", curves, outputs)
+    final = {name: rows[-1] for name, rows in curves.items()}
+    _write_final_csv(run_dir / "final.csv", final, outputs)
+    plots = [_plot(run_dir, curves, metric) for metric in METRICS]
+
+    lines = [
+        f"# Replay: {config.get('problem', '?')} ({config.get('protocol', '?')} protocol)",
+        "",
+        f"Store `{config.get('store', '?')}`, seed {config.get('seed', '?')}, "
+        f"{config.get('iterations', '?')} iterations, minibatch {config.get('batch_size', '?')}, "
+        f"device {config.get('device', '?')}. Every learner saw the same minibatches in the same order.",
+        "",
+        "## Table 2 layout: mean ± std over outputs, at the last evaluation",
+        "",
+        "| learner | iterations | nMSE | bound | train time (s) | s / iteration |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, r in final.items():
+        nmse, vlb = np.asarray(r["nmse"]), np.asarray(r["vlb"])
+        per_it = r["seconds"] / max(int(r["iteration"]), 1)
+        lines.append(
+            f"| {name} | {r['iteration']} | {_fmt(nmse.mean(), nmse.std())} | {_fmt(vlb.mean(), vlb.std())} "
+            f"| {r['seconds']:.1f} | {per_it:.4f} |"
+        )
+    for metric, title in METRICS.items():
+        lines += ["", f"## Appendix C layout: {title} per output", ""]
+        lines.append("| learner | " + " | ".join(outputs) + " |")
+        lines.append("| --- |" + " ---: |" * len(outputs))
+        for name, r in final.items():
+            lines.append(f"| {name} | " + " | ".join(f"{v:.4g}" for v in r[metric]) + " |")
+    lines += ["", "## Curves", ""] + [f"![{p.stem}]({p.name})" for p in plots]
+    lines += ["", "Every curve point is in `curves.csv`; the table rows are the last rows per learner (`final.csv`).", ""]
+    report = run_dir / "report.md"
+    report.write_text("\n".join(lines))
+    return report
+
+
+def _write_curves_csv(path: Path, curves: dict[str, list[dict[str, Any]]], outputs: list[str]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(
+            ["learner", "iteration", "seconds", "nmse_mean", "nmse_std", "vlb_mean", "vlb_std"]
+            + [f"nmse[{o}]" for o in outputs]
+            + [f"vlb[{o}]" for o in outputs]
+        )
+        for name, rows in curves.items():
+            for r in rows:
+                nmse, vlb = np.asarray(r["nmse"]), np.asarray(r["vlb"])
+                w.writerow(
+                    [name, r["iteration"], f"{r['seconds']:.6g}", f"{nmse.mean():.8g}", f"{nmse.std():.8g}",
+                     f"{vlb.mean():.8g}", f"{vlb.std():.8g}"]
+                    + [f"{v:.8g}" for v in nmse]
+                    + [f"{v:.8g}" for v in vlb]
+                )
+
+
+def _write_final_csv(path: Path, final: dict[str, dict[str, Any]], outputs: list[str]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["learner", "metric", "mean", "std"] + outputs)
+        for name, r in final.items():
+            for metric in METRICS:
+                v = np.asarray(r[metric])
+                w.writerow([name, metric, f"{v.mean():.8g}", f"{v.std():.8g}"] + [f"{x:.8g}" for x in v])
+
+
+def _plot(run_dir: Path, curves: dict[str, list[dict[str, Any]]], metric: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for name, rows in curves.items():
+        it = [r["iteration"] for r in rows]
+        sec = [r["seconds"] for r in rows]
+        mean = np.array([np.mean(r[metric]) for r in rows])
+        std = np.array([np.std(r[metric]) for r in rows])
+        for ax, xs in zip(axes, (it, sec)):
+            (line,) = ax.plot(xs, mean, label=name, marker=".")
+            ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=0.15)
+    axes[0].set_xlabel("iteration")
+    axes[1].set_xlabel("training wall-clock time (s)")
+    axes[0].set_ylabel(f"{METRICS[metric]}, mean ± std over outputs")
+    if metric == "nmse":
+        for ax in axes:
+            ax.set_yscale("log")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[1].legend()
+    fig.suptitle(f"{METRICS[metric]} on the held-out split")
+    fig.tight_layout()
+    path = run_dir / f"{metric}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def cli_report(args: argparse.Namespace) -> int:
+    """``gpdyn report RUN_DIR``: regenerate the report of a replay run."""
+    report = write_report(args.run_dir)
+    print(report.read_text())
+    print(f"gpdyn report: wrote {report}")
+    return 0
