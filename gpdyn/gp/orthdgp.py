@@ -242,7 +242,8 @@ class ORTHNAT(ORTH):
         Theta <- Theta + tau dL/dS                                            (15c)
 
     The gamma part takes Adam steps (``gamma_update="adam"``, the paper's choice) or the
-    diagonal approximate natural step of eq. (16) (``"diag"``). Hyperparameters and
+    diagonal approximate natural step of eq. (16) (``"diag"``, scaled to the per-point
+    bound so that it stays stable). Hyperparameters and
     inducing points take Adam steps. ``nat_lr`` is tau_0 of the same decay schedule.
     """
 
@@ -330,5 +331,7 @@ class ORTHNAT(ORTH):
             k_bg = self.kern_basis("beta", "gamma")
             v = tri_solve(chol(self.kern_basis("beta"), self.jitter), k_bg)
             d = (self.amplitude[:, None] - (v * v).sum(-2)).clamp_min(0.0)  # diag(K_g - K_g|b), eq. (16)
-            g = n * self.params["a_gamma"].grad[:, :mg]
+            # Per data point, not times N: the metric of (16) is the KL's alone, and the data
+            # term's curvature (N / sigma^2 larger) makes the full-N step diverge.
+            g = self.params["a_gamma"].grad[:, :mg]
             self.params["a_gamma"][:, :mg] -= tau * g / (d + self.gamma_eps)

@@ -1,0 +1,116 @@
+"""ORTH / ORTHNAT (Salimbeni et al. 2018): natural steps against Appendix D, bases, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from learner_data import F64, random_data
+
+from gpdyn.errors import InputError
+from gpdyn.gp.orthdgp import ORTH, ORTHNAT
+
+N, D, P, MB, MG = 50, 2, 2, 6, 10
+
+
+def appendix_d_optimum(model, x, y):
+    """ORTHDGP Appendix D: optimal S on beta and optimal a on alpha = {gamma, beta}."""
+    zg, _ = model.basis("gamma")
+    zb, _ = model.basis("beta")
+    za = torch.cat([zg, zb], 1)
+    noise = model.noise[:, None, None]
+    k_a, k_ax = model.kern(za, za), model.kern(za, x)
+    a = torch.linalg.solve(k_ax @ k_ax.transpose(-1, -2) / noise + k_a, (k_ax @ y.T.unsqueeze(-1)) / noise).squeeze(-1)
+    k_b, k_bx = model.kern(zb, zb), model.kern(zb, x)
+    s = k_b @ torch.linalg.solve(k_bx @ k_bx.transpose(-1, -2) / noise + k_b, k_b)
+    return a[:, :MG], a[:, MG:], s, za, a
+
+
+def _model(cls, **kw):
+    x, y = random_data(N, D, P, seed=3)
+    model = cls(D, P, m_gamma=MG, m_beta=MB, n_delta=MG, n_columns=None, n_data=N, scales="none", jitter=1e-12, **kw)
+    model.observe(x, y)  # beta takes rows 0..5, gamma rows 6..15
+    return model, x, y
+
+
+@torch.no_grad()
+def _opt_mean(model, x, y):
+    _, _, _, za, a = appendix_d_optimum(model, x, y)
+    return (model.kern(x, za) @ a.unsqueeze(-1)).squeeze(-1).T
+
+
+def test_unit_natural_step_reaches_appendix_d_optimum():
+    model, x, y = _model(ORTHNAT)
+    with torch.no_grad():
+        a_g, a_b, s_opt, _, _ = appendix_d_optimum(model, x, y)
+        k_b, k_bg = model.kern_basis("beta"), model.kern_basis("beta", "gamma")
+        # gamma at its optimum in orthogonal coordinates; beta anywhere (here: the prior)
+        model.params["a_gamma"][:, :MG] = a_g
+        m_b_opt = (k_b @ a_b.unsqueeze(-1) + k_bg @ a_g.unsqueeze(-1)).squeeze(-1)  # K_b a_b + K_bg a_g
+    model.natural_step(x, y, tau=1.0)
+    torch.testing.assert_close(model.params["S"].detach(), s_opt)  # eq. (15c): S in one step
+    torch.testing.assert_close(model.params["m_beta"].detach(), m_b_opt)  # eq. (15b)
+    torch.testing.assert_close(model.predict(x)[0], _opt_mean(model, x, y))
+
+
+def test_appendix_d_optimum_is_stationary_for_orth():
+    model, x, y = _model(ORTH)
+    with torch.no_grad():
+        a_g, a_b, s_opt, _, _ = appendix_d_optimum(model, x, y)
+        k_b, k_bg = model.kern_basis("beta"), model.kern_basis("beta", "gamma")
+        model.params["a_gamma"][:, :MG] = a_g
+        model.params["a_beta"][:, :MB] = a_b + torch.linalg.solve(k_b, k_bg @ a_g.unsqueeze(-1)).squeeze(-1)
+        model.params["L"][:, :MB, :MB] = torch.linalg.cholesky(s_opt)
+    per_output = model.loss(x, y)
+    loss = per_output.sum()
+    grads = torch.autograd.grad(loss, [model.params["a_gamma"], model.params["a_beta"], model.params["L"]])
+    for g in grads:
+        assert g.abs().max() < 1e-7, g.abs().max()
+    torch.testing.assert_close(model.predict(x)[0], _opt_mean(model, x, y))
+    # and a perturbation lowers the bound: the optimum is a maximum, not any stationary point
+    with torch.no_grad():
+        model.params["a_gamma"][:, 0] += 0.1
+    assert (model.loss(x, y) > per_output.detach()).all()
+
+
+def test_hybrid_basis_is_the_same_family_reparametrised():
+    orth, x, y = _model(ORTH)
+    hyb, _, _ = _model(ORTH, basis="hybrid")
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        a_g = torch.randn(P, MG, generator=g, dtype=F64)
+        a_h = torch.randn(P, MB, generator=g, dtype=F64)
+        lo = torch.tril(torch.randn(P, MB, MB, generator=g, dtype=F64)) + 3 * torch.eye(MB, dtype=F64)
+        k_b, k_bg = orth.kern_basis("beta"), orth.kern_basis("beta", "gamma")
+        for m in (orth, hyb):
+            m.params["a_gamma"][:] = a_g
+            m.params["L"][:] = lo
+        hyb.params["a_beta"][:] = a_h
+        # ORTHDGP eq. (11) vs (10): a_b(orth) = a_b(hybrid) + K_b^{-1} K_bg a_g gives the same mean
+        orth.params["a_beta"][:] = a_h + torch.linalg.solve(k_b, k_bg @ a_g.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(orth.predict(x)[0], hyb.predict(x)[0])
+    torch.testing.assert_close(orth.vlb(x, y), hyb.vlb(x, y))
+
+
+def test_orthnat_diag_update_and_adam_learn():
+    from learner_data import sinc_data
+
+    x, y, xt, yt = sinc_data(200)
+    for kw in ({"gamma_update": "diag"}, {}):
+        model = ORTHNAT(1, 1, m_gamma=32, m_beta=4, n_delta=16, n_columns=16, n_data=200, lr=0.05, **kw)
+        losses = []
+        for i in range(60):
+            idx = torch.arange(i * 50, i * 50 + 100) % 200
+            model.observe(x[idx], y[idx])
+            losses.append(float(model.step(x[idx], y[idx])["loss"]))
+        assert sum(losses[-10:]) < sum(losses[:10])
+
+
+def test_bad_configuration():
+    with pytest.raises(InputError, match="basis"):
+        ORTH(2, 1, basis="decoupled")
+    with pytest.raises(InputError, match="m_beta"):
+        ORTH(2, 1, m_beta=0)
+    with pytest.raises(InputError, match="gamma_update"):
+        ORTHNAT(2, 1, m_gamma=4, m_beta=2, gamma_update="exact")
+    with pytest.raises(InputError, match="nat_lr"):
+        ORTHNAT(2, 1, m_gamma=4, m_beta=2, nat_lr=2.0)
