@@ -49,6 +49,9 @@ class Learner(abc.ABC):
         self.dtype = dtype
         self.seed = int(seed)
         self.generator = torch.Generator(device="cpu").manual_seed(self.seed)
+        # Constructor arguments (device and dtype aside): subclasses add their options so
+        # that a checkpoint can rebuild the learner (gpdyn.gp.online.save_learner).
+        self.config: dict[str, Any] = {"input_dim": self.input_dim, "output_dim": self.output_dim, "seed": self.seed}
 
     # -- the contract ------------------------------------------------------------
     @abc.abstractmethod
