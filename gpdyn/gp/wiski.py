@@ -59,6 +59,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from gpdyn.gp.base import Learner, LearnerError
+from gpdyn.gp.exact import LOG_2PI
 from gpdyn.gp.hyperparams import SEHyperparameters
 from gpdyn.gp.ski import (
     Grid,
@@ -71,8 +72,12 @@ from gpdyn.gp.ski import (
     toeplitz_factors,
 )
 
-LOG_2PI = math.log(2.0 * math.pi)
 PROJECTIONS = ("auto", "none", "shared", "per-output")
+
+
+def _bn_stats(a: Tensor) -> tuple[Tensor, Tensor]:
+    """Batch-norm statistics ``(mean, std)`` ``[Q, d]`` of projected inputs ``a [Q, N, d]``."""
+    return a.mean(dim=1), (a.var(dim=1, unbiased=False) + 1e-5).sqrt()
 
 
 class _LogdetSolve(torch.autograd.Function):
@@ -256,12 +261,8 @@ class WISKI(Learner):
         if self.projection == "none":
             return x.unsqueeze(0)
         a = x @ self.proj_weight  # [Q, N, d]
-        if batch_stats:
-            mean = a.mean(dim=1, keepdim=True)
-            std = (a.var(dim=1, unbiased=False, keepdim=True) + 1e-5).sqrt()
-        else:
-            mean, std = self.bn_mean.unsqueeze(1), self.bn_std.unsqueeze(1)
-        return torch.tanh((a - mean) / std * self.bn_gamma.unsqueeze(1) + self.bn_beta.unsqueeze(1))
+        mean, std = _bn_stats(a) if batch_stats else (self.bn_mean, self.bn_std)
+        return torch.tanh((a - mean.unsqueeze(1)) / std.unsqueeze(1) * self.bn_gamma.unsqueeze(1) + self.bn_beta.unsqueeze(1))
 
     def _rows(self, x: Tensor, batch_stats: bool = False) -> tuple[Tensor, Tensor, Tensor]:
         assert self.grid is not None
@@ -274,9 +275,7 @@ class WISKI(Learner):
     def _initialize(self, x: Tensor, y: Tensor) -> None:
         """Hyperparameters, BN statistics and grid from the first data (DESIGN.md protocol)."""
         if self.projection != "none":
-            a = x @ self.proj_weight
-            self.bn_mean = a.mean(dim=1)
-            self.bn_std = (a.var(dim=1, unbiased=False) + 1e-5).sqrt()
+            self.bn_mean, self.bn_std = _bn_stats(x @ self.proj_weight)
         elif self.grid is None:
             self.grid = Grid.from_bounds(x.min(dim=0).values, x.max(dim=0).values, self.grid_sizes, self.margin)
         self.hp.init_from_data(self.features(x), y, self.generator)
@@ -443,11 +442,9 @@ class WISKI(Learner):
                 loss = -self._mll(gram, wty, yty, n).sum() / n
                 loss.backward()
                 opt.step()
-        with torch.no_grad():
-            if self.projection != "none":
-                a = x @ self.proj_weight
-                self.bn_mean = a.mean(dim=1)
-                self.bn_std = (a.var(dim=1, unbiased=False) + 1e-5).sqrt()
+        if self.projection != "none":
+            with torch.no_grad():
+                self.bn_mean, self.bn_std = _bn_stats(x @ self.proj_weight)
         self.optimizer = self._make_optimizer(self.lr, self.proj_lr)
         self.observe(x, y)
         return {"loss": float(loss.detach()), "iterations": float(iterations)}
