@@ -79,9 +79,9 @@ class _SubsetLearner(ORTHNAT):
     """A batch method on the first ``n_subset`` points observed; q is set in closed form."""
 
     def __init__(self, input_dim: int, output_dim: int, *, n_subset: int, **kwargs) -> None:
-        super().__init__(input_dim, output_dim, **kwargs)
         if n_subset < 1:
             raise LearnerError(f"{type(self).__name__}: n_subset must be >= 1, got {n_subset}")
+        super().__init__(input_dim, output_dim, **kwargs)
         self.config.update(n_subset=int(n_subset))
         self.buffers["data_x"] = torch.zeros(n_subset, self.input_dim, dtype=self.dtype, device=self.device)
         self.buffers["data_y"] = torch.zeros(n_subset, self.output_dim, dtype=self.dtype, device=self.device)
