@@ -163,10 +163,10 @@ def test_online_learning_improves_the_fit():
     xt, yt = _data(100, seed=4)
     learner.learn_stream(x[:150], y[:150], pretrain_fraction=0.05, progress=False)
     mse_mid = float(((learner.predict(xt)[0] - yt) ** 2).mean())
-    mll_mid = float(learner.mll().sum() / learner.n)
+    mll_mid = float(learner.mll().detach().sum() / learner.n)
     for i in range(150, 300):
         learner.observe(x[i : i + 1], y[i : i + 1])
         learner.step(x[i : i + 1], y[i : i + 1])
     mse_end = float(((learner.predict(xt)[0] - yt) ** 2).mean())
     assert mse_end < 0.02 and mse_end <= mse_mid  # noise variance is 0.01
-    assert float(learner.mll().sum() / learner.n) > mll_mid - 0.05
+    assert float(learner.mll().detach().sum() / learner.n) > mll_mid - 0.05
