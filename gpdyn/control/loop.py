@@ -1,0 +1,378 @@
+"""The online control loop (``gpdyn control walker|kuka``): plan -> act -> observe -> update -> replan.
+
+Walker2d (:func:`run_walker`): a learner is pretrained on stored rollouts (``walker-1``),
+then every controller runs one episode per plant condition from the same reset seed:
+
+==========  ===============================================================================
+trpo        the TRPO policy alone
+true        MPC with the true simulator as its model (copied states, ``sim_samples`` samples)
+frozen      MPC with the pretrained learned model, never updated
+online      MPC with the same learned model, updated at every step from the transition seen
+==========  ===============================================================================
+
+Conditions: ``nominal`` and ``changed`` (a plant change of
+:data:`~gpdyn.control.walker_model.PLANT_CHANGES`, from the start or at step
+``change_at``). Logs per step (reward, planning time, model prediction error, predictive
+variance, fallbacks) and per episode (return, length) go to ``metrics.jsonl``; every
+episode is also stored in ``episodes.zarr`` (the Walker2d store layout), from which the
+optional video is rendered. ``report.md`` and plots are written at the end
+(:mod:`gpdyn.control.report`).
+
+KUKA (:mod:`gpdyn.control.kuka_control`): computed-torque tracking, see there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from gpdyn.control.learning import OnlineUpdater, build_learner, pretrain_learner
+from gpdyn.control.mpc import MPCConfig, make_planner
+from gpdyn.control.walker_model import (
+    DT,
+    PLANT_CHANGES,
+    LearnedWalkerDynamics,
+    SimWalkerDynamics,
+    TorchPolicy,
+    WalkerCost,
+    apply_plant_change,
+    state_of,
+)
+from gpdyn.errors import InputError
+from gpdyn.gp import Learner
+from gpdyn.runs import RunDir
+
+CONTROLLERS = ("trpo", "true", "frozen", "online")
+CONDITIONS = ("nominal", "changed")
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+@dataclass
+class WalkerRunConfig:
+    """Settings of a Walker2d control run. The defaults run in a few minutes on 2 cores.
+
+    Paper scale: ``samples=1000, horizon=30, steps=1000, scale="paper"``.
+    """
+
+    learner: str = "svdgp"
+    scale: str = "small"  # learner sizes: "small" (SMALL_SIZES) or "paper" (the learner's defaults)
+    planner: str = "mppi"
+    steps: int = 100  # control steps per episode (Walker2d episodes end at 1000)
+    samples: int = 64  # K for the learned model
+    sim_samples: int = 32  # K for the true-simulator model (each sample is a MuJoCo rollout)
+    horizon: int = 10
+    noise_std: float = 0.2
+    temperature: float = 0.5
+    iterations: int = 2  # CEM only
+    uncertainty: str = "penalty"
+    var_weight: float = 1.0
+    proposal_fraction: float = 0.5
+    terminal_cost: float = 50.0
+    pretrain_iterations: int = 100
+    pretrain_batch: int = 128
+    online_batch: int = 64
+    updates: int = 1
+    store_episodes: int = 4  # collected into the run folder when no store is given
+    change: str = "torso_mass"
+    change_at: int = 0  # 0: the plant is changed from the start; t > 0: at control step t
+    controllers: tuple[str, ...] = CONTROLLERS
+    conditions: tuple[str, ...] = CONDITIONS
+    seed: int = 0
+    device: str = "cpu"
+    dtype: str = "float64"
+    video: bool = False
+    progress: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)  # learner option overrides
+
+    def validate(self) -> None:
+        """Raise InputError naming the first bad option."""
+        if self.steps < 1 or self.store_episodes < 1 or self.pretrain_iterations < 0:
+            raise InputError(f"control walker: steps, store_episodes >= 1 and pretrain_iterations >= 0 needed, got "
+                             f"{self.steps}, {self.store_episodes}, {self.pretrain_iterations}")
+        if self.change not in PLANT_CHANGES:
+            raise InputError(f"control walker: unknown --change '{self.change}'; choose one of {', '.join(PLANT_CHANGES)}")
+        if not 0 <= self.change_at < self.steps:
+            raise InputError(f"control walker: --change-at must be in [0, steps={self.steps}), got {self.change_at}")
+        for name, given, allowed in (("controllers", self.controllers, CONTROLLERS), ("conditions", self.conditions, CONDITIONS)):
+            bad = [c for c in given if c not in allowed]
+            if bad or not given:
+                raise InputError(f"control walker: {name} {bad or '(none)'} not in {', '.join(allowed)}")
+        if self.dtype not in DTYPES:
+            raise InputError(f"control walker: dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
+        if self.sim_samples < 2:
+            raise InputError(f"control walker: sim_samples must be >= 2, got {self.sim_samples}")
+        self.mpc(self.samples).validate()
+
+    def mpc(self, samples: int) -> MPCConfig:
+        return MPCConfig(
+            horizon=self.horizon, samples=samples, noise_std=self.noise_std, temperature=self.temperature,
+            iterations=self.iterations, terminal_cost=self.terminal_cost, uncertainty=self.uncertainty,
+            var_weight=self.var_weight, proposal_fraction=self.proposal_fraction,
+        )
+
+
+# ---------------------------------------------------------------------------- model
+def _walker_store(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None) -> Path:
+    if store is not None:
+        path = Path(store)
+        if not path.exists():
+            raise InputError(f"control walker: --store {path} does not exist")
+        return path
+    from gpdyn.sim.walker import collect_walker
+
+    path = run.path / "walker.zarr"
+    collect_walker(path, cfg.store_episodes, envs=1, seed=cfg.seed, progress=cfg.progress)
+    return path
+
+
+def pretrained_walker_model(
+    cfg: WalkerRunConfig, store: str | Path
+) -> tuple[Learner, LearnedWalkerDynamics, dict[str, float]]:
+    """Pretrain ``cfg.learner`` on the walker-1 training split; returns it, its dynamics and test errors."""
+    from gpdyn.data.problems import load_problem
+
+    problem = load_problem(store, "walker-1", protocol="iid", seed=cfg.seed)
+    dtype = DTYPES[cfg.dtype]
+    x, y = problem.tensors("train", cfg.device, dtype)
+    learner = build_learner(cfg.learner, 23, 9, scale=cfg.scale, device=cfg.device, dtype=dtype, seed=cfg.seed, **cfg.extra)
+    t0 = time.perf_counter()
+    fit = pretrain_learner(learner, x, y, iterations=cfg.pretrain_iterations, batch=cfg.pretrain_batch,
+                           seed=cfg.seed, progress=cfg.progress)
+    seconds = time.perf_counter() - t0
+    xt, yt = problem.tensors("test", cfg.device, dtype)
+    with torch.no_grad():
+        mean, _ = learner.predict(xt)
+    nmse = ((mean - yt) ** 2).mean(0) / yt.var(0).clamp_min(1e-12)
+    stats = {"pretrain_seconds": seconds, "test_nmse_mean": float(nmse.mean()), "test_nmse_max": float(nmse.max()),
+             "train_rows": int(x.shape[0]), **{f"pretrain_{k}": v for k, v in fit.items()}}
+    return learner, LearnedWalkerDynamics(learner, problem.normalizer, DT), stats
+
+
+def copy_learner(learner: Learner, cfg: WalkerRunConfig, input_dim: int, output_dim: int) -> Learner:
+    """A new learner of the same kind and sizes holding ``learner``'s state (the contract's checkpoint)."""
+    twin = build_learner(cfg.learner, input_dim, output_dim, scale=cfg.scale, device=cfg.device,
+                         dtype=DTYPES[cfg.dtype], seed=cfg.seed, **cfg.extra)
+    twin.load_state_dict(learner.state_dict())
+    return twin
+
+
+# ---------------------------------------------------------------------------- episodes
+def _walker_store_for_episodes(path: Path, cfg: WalkerRunConfig):
+    from gpdyn.data.store import EpisodeStore
+    from gpdyn.sim.policy import WALKER_ENV_ID
+    from gpdyn.sim.walker import walker_fields
+
+    return EpisodeStore.create(
+        path, walker_fields(), source="gpdyn-control", env_id=WALKER_ENV_ID, dt=DT, seed=cfg.seed,
+        episode_keys={"controller": "int64", "condition": "int64", "return": "float64"},
+        extra_attrs={"controllers": list(CONTROLLERS), "conditions": list(CONDITIONS), "change": cfg.change,
+                     "change_at": cfg.change_at},
+    )
+
+
+def run_walker_episode(
+    run: RunDir,
+    cfg: WalkerRunConfig,
+    controller: str,
+    condition: str,
+    *,
+    policy: Any,
+    dynamics: LearnedWalkerDynamics | None,
+    updater: OnlineUpdater | None,
+    reset_seed: int,
+) -> dict[str, Any]:
+    """One Walker2d episode under ``controller``; logs every step; returns the episode record and its rows."""
+    from gpdyn.sim.walker import make_env
+
+    env = make_env()
+    sim = env.unwrapped
+    obs, _ = env.reset(seed=reset_seed)
+    dtype = DTYPES[cfg.dtype]
+    cost = WalkerCost(dt=float(sim.dt))
+    planner = None
+    if controller != "trpo":
+        model = SimWalkerDynamics(sim.model) if controller == "true" else dynamics
+        samples = cfg.sim_samples if controller == "true" else cfg.samples
+        proposal = TorchPolicy(policy, cfg.device, dtype)
+        planner = make_planner(cfg.planner, model, cost, sim.action_space.low, sim.action_space.high, cfg.mpc(samples),
+                               proposal=proposal, device=cfg.device, dtype=dtype, seed=cfg.seed)
+    rows: dict[str, list[np.ndarray]] = {k: [] for k in ("qpos", "qvel", "obs", "action", "reward", "terminated",
+                                                          "truncated", "next_qpos", "next_qvel")}
+    total, fallbacks, plan_seconds = 0.0, 0, []
+    change_text = ""
+    if condition == "changed" and cfg.change_at == 0:
+        change_text = apply_plant_change(sim.model, cfg.change)
+    bar = tqdm(range(cfg.steps), desc=f"{condition}/{controller}", disable=not cfg.progress, leave=False)
+    t = 0
+    for t in bar:
+        if condition == "changed" and cfg.change_at > 0 and t == cfg.change_at:
+            change_text = apply_plant_change(sim.model, cfg.change)
+        s = state_of(sim.data)
+        record: dict[str, Any] = {}
+        if planner is None:
+            action = policy.act(obs)
+        else:
+            a, info = planner.plan(torch.as_tensor(s, device=cfg.device, dtype=dtype))
+            action = a.detach().cpu().numpy().astype(np.float64)
+            plan_seconds.append(info.seconds)
+            fallbacks += bool(info.fallback)
+            record.update(plan_seconds=info.seconds, plan_cost=info.cost, plan_variance=info.variance,
+                          finite_fraction=info.finite_fraction, fallback=info.fallback)
+        for k, v in (("qpos", sim.data.qpos), ("qvel", sim.data.qvel), ("obs", obs), ("action", action)):
+            rows[k].append(np.array(v, dtype=np.float64))
+        obs, reward, terminated, truncated, _ = env.step(action)
+        s1 = state_of(sim.data)
+        total += float(reward)
+        if dynamics is not None and controller in ("frozen", "online"):
+            st = torch.as_tensor(s, device=cfg.device, dtype=dtype)[None]
+            at = torch.as_tensor(action, device=cfg.device, dtype=dtype)[None]
+            with torch.no_grad():
+                v_pred, v_var = dynamics.predict_velocity(st, at)
+            err = v_pred[0].cpu().numpy() - s1[9:]
+            record.update(model_rmse=float(np.sqrt(np.mean(err**2))), pred_variance=float(v_var.sum()))
+            if controller == "online" and updater is not None:
+                t_up = time.perf_counter()
+                metrics = updater(*dynamics.training_pair(st, at, torch.as_tensor(s1, device=cfg.device, dtype=dtype)[None]))
+                record.update(update_seconds=time.perf_counter() - t_up, **{f"update_{k}": v for k, v in metrics.items()})
+        for k, v in (("reward", [reward]), ("terminated", [terminated]), ("truncated", [truncated]),
+                     ("next_qpos", sim.data.qpos), ("next_qvel", sim.data.qvel)):
+            rows[k].append(np.array(v))
+        run.log(kind="step", robot="walker", controller=controller, condition=condition, t=t, reward=float(reward),
+                changed=bool(change_text), **record)
+        bar.set_postfix(ret=f"{total:.0f}", refresh=False)
+        if terminated or truncated:
+            break
+    env.close()
+    episode = {
+        "kind": "episode", "robot": "walker", "controller": controller, "condition": condition, "return": total,
+        "length": t + 1, "fallbacks": fallbacks, "change": change_text,
+        "plan_seconds_mean": float(np.mean(plan_seconds)) if plan_seconds else None,
+    }
+    run.log(**episode)
+    arrays = {k: np.stack(v).reshape(len(v), -1) for k, v in rows.items()}
+    arrays["terminated"] = arrays["terminated"].astype(bool)
+    arrays["truncated"] = arrays["truncated"].astype(bool)
+    return {"record": episode, "arrays": arrays}
+
+
+def run_walker(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None = None) -> dict[str, Any]:
+    """The whole Walker2d experiment into ``run``: pretrain, every controller x condition, report."""
+    from gpdyn.control.report import write_walker_report
+    from gpdyn.sim.policy import load_policy
+
+    cfg.validate()
+    torch.manual_seed(cfg.seed)
+    store_path = _walker_store(run, cfg, store)
+    policy = load_policy()
+    needs_model = any(c in ("frozen", "online") for c in cfg.controllers)
+    learner, dynamics, fit = (None, None, {})
+    if needs_model:
+        learner, dynamics, fit = pretrained_walker_model(cfg, store_path)
+        run.log(kind="pretrain", robot="walker", learner=cfg.learner, store=str(store_path), **fit)
+        print(f"   pretrained {cfg.learner} on {fit['train_rows']} walker-1 rows in {fit['pretrain_seconds']:.1f} s, "
+              f"test nMSE {fit['test_nmse_mean']:.3f}")
+    episodes_store = _walker_store_for_episodes(run.path / "episodes.zarr", cfg)
+    reset_seed = int(np.random.default_rng([cfg.seed, 8]).integers(2**31 - 1))
+    results = []
+    for condition in cfg.conditions:
+        for controller in cfg.controllers:
+            dyn, updater = dynamics, None
+            if controller == "online":
+                assert learner is not None
+                twin = copy_learner(learner, cfg, 23, 9)
+                dyn = LearnedWalkerDynamics(twin, dynamics.normalizer, DT)
+                updater = OnlineUpdater(twin, batch=cfg.online_batch, updates=cfg.updates)
+            out = run_walker_episode(run, cfg, controller, condition, policy=policy, dynamics=dyn, updater=updater,
+                                     reset_seed=reset_seed)
+            rec = out["record"]
+            episodes_store.append_episode(out["arrays"], controller=CONTROLLERS.index(controller),
+                                          condition=CONDITIONS.index(condition), **{"return": rec["return"]})
+            results.append(rec)
+            print(f"   {condition:<8} {controller:<7} return {rec['return']:8.1f}  length {rec['length']:4d}"
+                  + (f"  plan {1e3 * rec['plan_seconds_mean']:.0f} ms/step" if rec["plan_seconds_mean"] else ""))
+    if cfg.video:
+        _video(run, episodes_store, results)
+    report = write_walker_report(run, cfg)
+    return {"episodes": results, "report": str(report), "pretrain": fit}
+
+
+def _video(run: RunDir, store: Any, results: list[dict[str, Any]]) -> None:
+    from gpdyn.sim.render import render_episode
+
+    # the online controller on the changed plant when it ran, else the last episode
+    index = next((i for i, r in enumerate(results) if r["controller"] == "online" and r["condition"] == "changed"),
+                 len(results) - 1)
+    path = render_episode(store, index, run.path / "control.mp4")
+    print(f"   video: {path}")
+
+
+# ---------------------------------------------------------------------------- entry points
+def control_demo(out: str | Path, *, seed: int = 0, store: str | Path | None = None, learner: str = "svdgp") -> dict[str, Any]:
+    """A short Walker2d control run (under a minute on 2 cores) into the run folder ``out``.
+
+    One plant condition (torso mass +30 % from step 40), the TRPO policy beside online-updated
+    MPC, 80 steps, K = 64, H = 10. ``store``: rollouts to pretrain on (default: 2 episodes
+    collected into ``out``).
+    """
+    cfg = WalkerRunConfig(learner=learner, steps=80, samples=64, horizon=10, pretrain_iterations=60,
+                          store_episodes=2, change_at=40, controllers=("trpo", "online"), conditions=("changed",),
+                          seed=seed, progress=False)
+    run = RunDir.create("control-demo", {"robot": "walker", **asdict(cfg)}, out=out)
+    return run_walker(run, cfg, store)
+
+
+def _walker_config(args: argparse.Namespace) -> WalkerRunConfig:
+    cfg = WalkerRunConfig(learner=args.learner, steps=args.steps, seed=args.seed, device=args.device)
+    for name in ("planner", "samples", "sim_samples", "horizon", "change", "change_at", "uncertainty", "var_weight",
+                 "scale", "dtype", "video", "pretrain_iterations", "store_episodes", "updates"):
+        value = getattr(args, name, None)
+        if value is not None:
+            setattr(cfg, name, value)
+    for name in ("controllers", "conditions"):
+        value = getattr(args, name, None)
+        if value:
+            setattr(cfg, name, tuple(v.strip() for v in value.split(",") if v.strip()))
+    return cfg
+
+
+def cli_control(args: argparse.Namespace) -> int:
+    """``gpdyn control walker|kuka``: the online control experiment, its run folder and report."""
+    from gpdyn.gp import LEARNERS
+
+    if args.learner not in LEARNERS:
+        raise InputError(f"--learner '{args.learner}' unknown; choose one of {', '.join(LEARNERS)}")
+    if args.robot == "walker":
+        cfg = _walker_config(args)
+        if args.steps == 1000 and getattr(args, "steps_default", True):
+            cfg.steps = WalkerRunConfig.steps  # the parser's default is for paper scale; keep runs small
+        cfg.validate()
+        run = RunDir.create("control-walker", {"robot": "walker", **asdict(cfg)}, out=args.out)
+        print(f"gpdyn control walker: run folder {run.path}")
+        result = run_walker(run, cfg, args.store)
+    else:
+        from gpdyn.control.kuka_control import KukaRunConfig, run_kuka
+
+        kcfg = KukaRunConfig(learner=args.learner, seed=args.seed, device=args.device)
+        if args.steps != 1000:
+            kcfg.steps = args.steps
+        for name in ("payload", "scale", "dtype"):
+            value = getattr(args, name, None)
+            if value is not None:
+                setattr(kcfg, name, value)
+        kcfg.validate()
+        run = RunDir.create("control-kuka", {"robot": "kuka", **asdict(kcfg)}, out=args.out)
+        print(f"gpdyn control kuka: run folder {run.path}")
+        result = run_kuka(run, kcfg, args.store)
+    print(f"gpdyn control {args.robot}: report {result['report']}")
+    return 0
+
+
+__all__ = ["CONDITIONS", "CONTROLLERS", "WalkerRunConfig", "cli_control", "control_demo", "pretrained_walker_model",
+           "run_walker", "run_walker_episode"]

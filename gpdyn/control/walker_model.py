@@ -1,0 +1,235 @@
+"""Walker2d as an MPC task: learned and true dynamics, the reward as a cost, plant changes.
+
+State for planning: ``s = [qpos (9), qvel (9)]`` (raw simulator state, x position
+included so that the forward reward can be computed). Action: the 6 normalised controls.
+
+- :class:`LearnedWalkerDynamics`: any learner trained on ``walker-1`` predicts the 9
+  velocities at t+1 from ``[qpos[1:], qvel, action]`` (normalised with the problem's
+  :class:`~gpdyn.data.problems.Normalizer`); positions follow by the trapezoid rule
+  ``q' = q + dt/2 (v + v')`` (its one-step error is measured in docs/walker.md and by
+  :func:`gpdyn.sim.walker.integration_errors`). Returns the predictive variance too, in
+  physical units, for the uncertainty-aware planners.
+- :class:`SimWalkerDynamics`: the true simulator (``mujoco.rollout`` from copied states,
+  the same ``MjModel`` as the plant, so it sees plant changes): the upper bound.
+- :class:`WalkerCost`: minus the Walker2d-v5 reward, ``x_velocity + healthy_reward -
+  1e-3 |a|^2``, with its termination (z outside (0.8, 2), torso angle outside (-1, 1)),
+  from gymnasium's ``walker2d_v5.py`` defaults.
+- :class:`TorchPolicy`: the TRPO policy as a batched torch proposal.
+- :data:`PLANT_CHANGES` / :func:`apply_plant_change`: torso mass +30 %, foot friction
+  halved, right hip motor at half strength.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import mujoco
+import numpy as np
+import torch
+from torch import Tensor
+
+from gpdyn.data.problems import Normalizer
+from gpdyn.errors import InputError
+from gpdyn.gp.base import Learner
+from gpdyn.sim.policy import WalkerPolicy
+
+NQ = NV = 9
+NU = 6
+NX = NQ + NV
+DT = 0.008  # Walker2d-v5: timestep 0.002 x frame_skip 4
+FRAME_SKIP = 4
+OBS_CLIP = 10.0  # Walker2d-v5 clips qvel to +-10 in the observation
+
+
+# ---------------------------------------------------------------------------- task
+@dataclass(frozen=True)
+class WalkerCost:
+    """Minus the Walker2d-v5 reward of one step, and its termination (gymnasium defaults)."""
+
+    dt: float = DT
+    forward_reward_weight: float = 1.0
+    ctrl_cost_weight: float = 1e-3
+    healthy_reward: float = 1.0
+    healthy_z: tuple[float, float] = (0.8, 2.0)
+    healthy_angle: tuple[float, float] = (-1.0, 1.0)
+
+    def healthy(self, state: Tensor) -> Tensor:
+        """``is_healthy`` of Walker2d-v5 on ``state [..., 18]`` (z and torso angle in range)."""
+        z, angle = state[..., 1], state[..., 2]
+        return (z > self.healthy_z[0]) & (z < self.healthy_z[1]) & (angle > self.healthy_angle[0]) & (angle < self.healthy_angle[1])
+
+    def reward(self, state: Tensor, action: Tensor, next_state: Tensor) -> tuple[Tensor, Tensor]:
+        """Reward ``[K]`` and ``terminated [K]`` of the step ``state -> next_state`` under ``action``."""
+        x_velocity = (next_state[..., 0] - state[..., 0]) / self.dt
+        ok = self.healthy(next_state)
+        reward = (
+            self.forward_reward_weight * x_velocity
+            + self.healthy_reward * ok.to(state.dtype)
+            - self.ctrl_cost_weight * (action * action).sum(-1)
+        )
+        return reward, ~ok
+
+    def __call__(self, state: Tensor, action: Tensor, next_state: Tensor) -> tuple[Tensor, Tensor]:
+        reward, done = self.reward(state, action, next_state)
+        return -reward, done
+
+
+def state_of(data: mujoco.MjData) -> np.ndarray:
+    """The planning state ``[qpos, qvel]`` (18) of a simulator."""
+    return np.concatenate([data.qpos, data.qvel])
+
+
+# ---------------------------------------------------------------------------- learned model
+class LearnedWalkerDynamics:
+    """Walker2d dynamics from a ``walker-1`` learner: velocities by GP, positions by the trapezoid rule."""
+
+    def __init__(self, learner: Learner, normalizer: Normalizer, dt: float = DT) -> None:
+        if learner.input_dim != NQ - 1 + NV + NU or learner.output_dim != NV:
+            raise InputError(
+                f"LearnedWalkerDynamics: learner maps {learner.input_dim} -> {learner.output_dim}, walker-1 needs 23 -> 9"
+            )
+        if np.asarray(normalizer.x_mean).shape != (23,) or np.asarray(normalizer.y_mean).shape != (NV,):
+            raise InputError("LearnedWalkerDynamics: the normalizer is not a walker-1 normalizer (23 inputs, 9 outputs)")
+        self.learner, self.normalizer, self.dt = learner, normalizer, float(dt)
+        kw = {"device": learner.device, "dtype": learner.dtype}
+        self._x_mean = torch.as_tensor(normalizer.x_mean, **kw)
+        self._x_std = torch.as_tensor(normalizer.x_std, **kw)
+        self._y_mean = torch.as_tensor(normalizer.y_mean, **kw)
+        self._y_std = torch.as_tensor(normalizer.y_std, **kw)
+
+    @staticmethod
+    def features(state: Tensor, action: Tensor) -> Tensor:
+        """The walker-1 input ``[qpos[1:], qvel, action]`` (23), unnormalised."""
+        return torch.cat([state[..., 1:NQ], state[..., NQ:], action], dim=-1)
+
+    def training_pair(self, state: Tensor, action: Tensor, next_state: Tensor) -> tuple[Tensor, Tensor]:
+        """One observed transition as a normalised ``(x [N, 23], y [N, 9])`` pair for the learner."""
+        kw = {"device": self.learner.device, "dtype": self.learner.dtype}
+        x = self.features(torch.as_tensor(state, **kw), torch.as_tensor(action, **kw)).reshape(-1, 23)
+        y = torch.as_tensor(next_state, **kw)[..., NQ:].reshape(-1, NV)
+        return (x - self._x_mean) / self._x_std, (y - self._y_mean) / self._y_std
+
+    def predict_velocity(self, state: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
+        """Mean and variance of qvel at t+1 in physical units, ``[K, 9]`` each."""
+        x = self.features(state, action).to(self.learner.dtype)
+        mean, var = self.learner.predict((x - self._x_mean) / self._x_std)
+        return mean * self._y_std + self._y_mean, var * self._y_std**2
+
+    def __call__(self, state: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
+        """``(next_state [K, 18], variance [K, 18])``; position variance through the same rule."""
+        v1, var_v = self.predict_velocity(state, action)
+        v1, var_v = v1.to(state.dtype), var_v.to(state.dtype)
+        q0, v0 = state[..., :NQ], state[..., NQ:]
+        q1 = q0 + 0.5 * self.dt * (v0 + v1)
+        var_q = (0.5 * self.dt) ** 2 * var_v
+        return torch.cat([q1, v1], dim=-1), torch.cat([var_q, var_v], dim=-1)
+
+
+# ---------------------------------------------------------------------------- true model
+class SimWalkerDynamics:
+    """The true Walker2d simulator as a batched model: ``mujoco.rollout`` from copied states.
+
+    Uses the plant's own ``MjModel`` (so plant changes apply) and a scratch ``MjData``
+    (``mujoco.rollout`` overwrites the data it is given). One step holds the action for
+    ``frame_skip`` simulator steps, as ``Walker2d-v5.step`` does.
+    """
+
+    def __init__(self, model: mujoco.MjModel, frame_skip: int = FRAME_SKIP) -> None:
+        from mujoco import rollout
+
+        self._rollout = rollout.rollout
+        self.model, self.frame_skip = model, int(frame_skip)
+        self.scratch = mujoco.MjData(model)
+        self.spec = mujoco.mjtState.mjSTATE_FULLPHYSICS
+        self.nstate = mujoco.mj_stateSize(model, self.spec)
+        # FULLPHYSICS layout: time, qpos, qvel, act, ...; Walker2d has no actuator state
+        self._q = slice(1, 1 + model.nq)
+        self._v = slice(1 + model.nq, 1 + model.nq + model.nv)
+
+    def __call__(self, state: Tensor, action: Tensor) -> Tensor:
+        s = state.detach().cpu().numpy().astype(np.float64)
+        init = np.zeros((s.shape[0], self.nstate))
+        init[:, self._q], init[:, self._v] = s[:, :NQ], s[:, NQ:]
+        ctrl = np.repeat(action.detach().cpu().numpy().astype(np.float64)[:, None, :], self.frame_skip, axis=1)
+        out, _ = self._rollout(self.model, self.scratch, init, ctrl)
+        last = out[:, -1]
+        nxt = np.concatenate([last[:, self._q], last[:, self._v]], axis=1)
+        return torch.as_tensor(nxt, device=state.device, dtype=state.dtype)
+
+
+# ---------------------------------------------------------------------------- policy
+class TorchPolicy:
+    """The TRPO policy, batched in torch on any device: ``state [K, 18] -> action [K, 6]``.
+
+    Same transform as :meth:`gpdyn.sim.policy.WalkerPolicy.act`: the observation is
+    ``[qpos[1:], clip(qvel, +-10)]``, normalised with the frozen VecNormalize statistics.
+    """
+
+    def __init__(self, policy: WalkerPolicy, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float64) -> None:
+        kw = {"device": torch.device(device), "dtype": dtype}
+        self.net = copy.deepcopy(policy.net).to(**kw).eval()
+        for p in self.net.parameters():
+            p.requires_grad_(False)
+        self.mean = torch.as_tensor(policy.obs_mean, **kw)
+        self.scale = torch.sqrt(torch.as_tensor(policy.obs_var, **kw) + policy.epsilon)
+        self.clip_obs = float(policy.clip_obs)
+        self.low = torch.as_tensor(policy.act_low, **kw)
+        self.high = torch.as_tensor(policy.act_high, **kw)
+        self.dtype = dtype
+
+    def __call__(self, state: Tensor) -> Tensor:
+        s = state.to(self.dtype)
+        obs = torch.cat([s[..., 1:NQ], s[..., NQ:].clamp(-OBS_CLIP, OBS_CLIP)], dim=-1)
+        z = ((obs - self.mean) / self.scale).clamp(-self.clip_obs, self.clip_obs)
+        with torch.no_grad():
+            return torch.clamp(self.net(z), self.low, self.high).to(state.dtype)
+
+
+# ---------------------------------------------------------------------------- plant changes
+def _torso_mass(model: mujoco.MjModel) -> None:
+    body = model.body("torso").id
+    model.body_mass[body] *= 1.3
+    model.body_inertia[body] *= 1.3  # same shape, denser: inertia scales with mass
+
+
+def _foot_friction(model: mujoco.MjModel) -> None:
+    # contact friction is the max over the pair; the feet (1.9) dominate the floor (0.7),
+    # so halving the feet (0.95) changes every foot contact
+    for name in ("foot_geom", "foot_left_geom"):
+        model.geom_friction[model.geom(name).id, 0] *= 0.5
+
+
+def _weak_motor(model: mujoco.MjModel) -> None:
+    model.actuator_gear[0, 0] *= 0.5  # right hip ("thigh_joint"): half the torque per unit control
+
+
+PLANT_CHANGES: dict[str, tuple[str, Callable[[mujoco.MjModel], None]]] = {
+    "torso_mass": ("torso mass +30%", _torso_mass),
+    "foot_friction": ("foot friction halved", _foot_friction),
+    "weak_motor": ("right hip motor at half strength", _weak_motor),
+}
+
+
+def apply_plant_change(model: mujoco.MjModel, name: str) -> str:
+    """Change ``model`` in place by the named change; returns its description."""
+    if name not in PLANT_CHANGES:
+        raise InputError(f"unknown plant change '{name}'; choose one of {', '.join(PLANT_CHANGES)}")
+    text, fn = PLANT_CHANGES[name]
+    fn(model)
+    return text
+
+
+__all__ = [
+    "DT",
+    "NU",
+    "NX",
+    "PLANT_CHANGES",
+    "LearnedWalkerDynamics",
+    "SimWalkerDynamics",
+    "TorchPolicy",
+    "WalkerCost",
+    "apply_plant_change",
+    "state_of",
+]
