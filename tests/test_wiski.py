@@ -170,3 +170,18 @@ def test_online_learning_improves_the_fit():
     mse_end = float(((learner.predict(xt)[0] - yt) ** 2).mean())
     assert mse_end < 0.02 and mse_end <= mse_mid  # noise variance is 0.01
     assert float(learner.mll().detach().sum() / learner.n) > mll_mid - 0.05
+
+
+@pytest.mark.gpu
+def test_cuda_float32_matches_cpu_float64():
+    x, y = _data(200, d=4)
+    results = []
+    for device, dtype in (("cpu", D64), ("cuda", torch.float32)):
+        learner = WISKI(4, 2, grid_size=12, device=device, dtype=dtype, pretrain_iters=0)
+        xd, yd = x.to(device, dtype), y.to(device, dtype)
+        learner.pretrain(xd[:100], yd[:100], progress=False)
+        learner.observe(xd[100:150], yd[100:150])
+        learner.step(xd[100:150], yd[100:150])
+        results.append([t.double().cpu() for t in learner.predict(xd[150:])])
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-2, atol=1e-4)

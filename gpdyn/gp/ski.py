@@ -73,6 +73,11 @@ class Grid:
     spacing: Tensor  # [d]
     sizes: tuple[int, ...]
 
+    def __post_init__(self) -> None:
+        # on the grid's device once: a tensor built from a list in every call would be a
+        # host-to-device copy (and a sync on CUDA) in predict's hot path
+        self.counts = torch.tensor(self.sizes, dtype=self.lower.dtype, device=self.lower.device)
+
     @classmethod
     def from_bounds(
         cls, lo: Tensor, hi: Tensor, sizes: int | Sequence[int], margin: float = 0.1
@@ -107,8 +112,7 @@ class Grid:
 
     def interior(self) -> tuple[Tensor, Tensor]:
         """Bounds ``(lo, hi)`` ``[d]`` of the region where interpolation is defined."""
-        g = torch.tensor(self.sizes, dtype=self.lower.dtype, device=self.lower.device)
-        return self.lower + self.spacing, self.lower + self.spacing * (g - 2.0)
+        return self.lower + self.spacing, self.lower + self.spacing * (self.counts - 2.0)
 
     def points(self) -> Tensor:
         """All grid points ``[m, d]`` in flat-index order."""
@@ -137,7 +141,7 @@ def interp_weights(x: Tensor, grid: Grid) -> tuple[Tensor, Tensor, Tensor]:
     """
     if x.shape[-1] != grid.dim:
         raise GridError(f"interp_weights: x has {x.shape[-1]} columns, the grid has {grid.dim} dimensions")
-    g = torch.tensor(grid.sizes, dtype=x.dtype, device=x.device)
+    g = grid.counts
     s = (x - grid.lower) / grid.spacing  # position in grid units
     outside = ((s < 1.0) | (s > g - 2.0)).any(dim=-1)
     s = torch.minimum(torch.maximum(s, torch.ones_like(s)), g - 2.0)
