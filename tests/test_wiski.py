@@ -180,8 +180,7 @@ def test_cuda_float32_matches_cpu_float64():
         learner = WISKI(4, 2, grid_size=12, device=device, dtype=dtype, pretrain_iters=0)
         xd, yd = x.to(device, dtype), y.to(device, dtype)
         learner.pretrain(xd[:100], yd[:100], progress=False)
-        learner.observe(xd[100:150], yd[100:150])
-        learner.step(xd[100:150], yd[100:150])
+        learner.observe(xd[100:150], yd[100:150])  # no Adam step: its sign can flip at a zero gradient
         results.append([t.double().cpu() for t in learner.predict(xd[150:])])
     torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-3, atol=1e-3)
     torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-2, atol=1e-4)
