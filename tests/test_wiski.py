@@ -184,3 +184,16 @@ def test_cuda_float32_matches_cpu_float64():
         results.append([t.double().cpu() for t in learner.predict(xd[150:])])
     torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-3, atol=1e-3)
     torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-2, atol=1e-4)
+
+
+def test_checkpoint_through_the_online_loop_helpers(tmp_path):
+    from gpdyn.gp.online import load_learner, save_learner
+
+    x, y = _data(60, d=4)
+    a = _projected()
+    a.pretrain(x[:20], y[:20], progress=False)
+    a.observe(x[20:40], y[20:40])
+    a.step(x[20:40], y[20:40])
+    b, _ = load_learner(save_learner(a, tmp_path / "wiski.pt"))
+    for got, want in zip(b.predict(x[40:]), a.predict(x[40:])):
+        assert torch.equal(got, want)

@@ -79,6 +79,14 @@ class ExactOnlineGP(Learner):
                 f"ExactOnlineGP: need refit_every >= 1, refit_iters >= 0, max_points >= 1, lr > 0; "
                 f"got {refit_every}, {refit_iters}, {max_points}, {lr}"
             )
+        #: constructor arguments (without device/dtype), to rebuild the learner from a checkpoint
+        self.config: dict[str, Any] = {
+            "input_dim": self.input_dim, "output_dim": self.output_dim, "seed": self.seed, "lr": float(lr),
+            "refit_every": int(refit_every), "refit_iters": int(refit_iters), "max_points": int(max_points),
+            "noise_floor": float(noise_floor), "learn_hyperparameters": bool(learn_hyperparameters),
+        }
+        if kernel is not None:
+            self.config["kernel"] = kernel
         self.kernel = kernel if kernel is not None else SEARDKernel()
         self.refit_every = int(refit_every)
         self.refit_iters = int(refit_iters)

@@ -191,6 +191,18 @@ class WISKI(Learner):
                 f"WISKI: need proj_dim >= 1, pretrain_iters >= 0, predict_chunk >= 1 and learning rates >= 0; got "
                 f"{proj_dim}, {pretrain_iters}, {predict_chunk}, {(lr, proj_lr, pretrain_lr, pretrain_proj_lr)}"
             )
+        if noise_floor is None:
+            noise_floor = 1e-6 if dtype == torch.float64 else 1e-4
+        #: constructor arguments (without device/dtype), to rebuild the learner from a checkpoint
+        self.config: dict[str, Any] = {
+            "input_dim": self.input_dim, "output_dim": self.output_dim, "seed": self.seed,
+            "grid_size": grid_size if isinstance(grid_size, int) else [int(g) for g in grid_size],
+            "projection": projection, "proj_dim": int(proj_dim), "bounds": bounds, "margin": float(margin),
+            "out_of_grid": out_of_grid, "lr": float(lr), "proj_lr": float(proj_lr), "pretrain_lr": float(pretrain_lr),
+            "pretrain_proj_lr": float(pretrain_proj_lr), "pretrain_iters": int(pretrain_iters),
+            "noise_floor": float(noise_floor), "learn_hyperparameters": bool(learn_hyperparameters),
+            "validate": bool(validate), "predict_chunk": int(predict_chunk),
+        }
         self.projection = projection
         self.feature_dim = input_dim if projection == "none" else int(proj_dim)
         sizes = (int(grid_size),) * self.feature_dim if isinstance(grid_size, int) else tuple(int(g) for g in grid_size)
@@ -213,8 +225,6 @@ class WISKI(Learner):
         self.learn_hyperparameters = bool(learn_hyperparameters)
         self.validate = bool(validate)
         self.predict_chunk = int(predict_chunk)
-        if noise_floor is None:
-            noise_floor = 1e-6 if dtype == torch.float64 else 1e-4
         kw = {"device": self.device, "dtype": dtype}
         # Q: how many distinct feature maps (1 when every output sees the same features)
         self.num_maps = output_dim if projection == "per-output" else 1
