@@ -328,18 +328,15 @@ def control_demo(out: str | Path, *, seed: int = 0, store: str | Path | None = N
     return run_walker(run, cfg, store)
 
 
-def _walker_config(args: argparse.Namespace) -> WalkerRunConfig:
-    cfg = WalkerRunConfig(learner=args.learner, steps=args.steps, seed=args.seed, device=args.device)
-    for name in ("planner", "samples", "sim_samples", "horizon", "change", "change_at", "uncertainty", "var_weight",
-                 "scale", "dtype", "video", "pretrain_iterations", "store_episodes", "updates"):
+def _options(cfg: Any, args: argparse.Namespace, names: tuple[str, ...]) -> None:
+    """Copy the command-line options that were given onto ``cfg`` (comma lists become tuples)."""
+    for name in names:
         value = getattr(args, name, None)
-        if value is not None:
-            setattr(cfg, name, value)
-    for name in ("controllers", "conditions"):
-        value = getattr(args, name, None)
-        if value:
-            setattr(cfg, name, tuple(v.strip() for v in value.split(",") if v.strip()))
-    return cfg
+        if value is None:
+            continue
+        if name in ("controllers", "conditions"):
+            value = tuple(v.strip() for v in value.split(",") if v.strip())
+        setattr(cfg, name, value)
 
 
 def cli_control(args: argparse.Namespace) -> int:
@@ -349,9 +346,9 @@ def cli_control(args: argparse.Namespace) -> int:
     if args.learner not in LEARNERS:
         raise InputError(f"--learner '{args.learner}' unknown; choose one of {', '.join(LEARNERS)}")
     if args.robot == "walker":
-        cfg = _walker_config(args)
-        if args.steps == 1000 and getattr(args, "steps_default", True):
-            cfg.steps = WalkerRunConfig.steps  # the parser's default is for paper scale; keep runs small
+        cfg = WalkerRunConfig(learner=args.learner, seed=args.seed, device=args.device)
+        _options(cfg, args, ("steps", "planner", "samples", "sim_samples", "horizon", "uncertainty", "var_weight", "change",
+                             "change_at", "controllers", "conditions", "scale", "dtype", "video"))
         cfg.validate()
         run = RunDir.create("control-walker", {"robot": "walker", **asdict(cfg)}, out=args.out)
         print(f"gpdyn control walker: run folder {run.path}")
@@ -360,12 +357,9 @@ def cli_control(args: argparse.Namespace) -> int:
         from gpdyn.control.kuka_control import KukaRunConfig, run_kuka
 
         kcfg = KukaRunConfig(learner=args.learner, seed=args.seed, device=args.device)
-        if args.steps != 1000:
-            kcfg.steps = args.steps
-        for name in ("payload", "scale", "dtype"):
-            value = getattr(args, name, None)
-            if value is not None:
-                setattr(kcfg, name, value)
+        _options(kcfg, args, ("steps", "change_at", "payload", "controllers", "scale", "dtype"))
+        if args.steps is not None and args.change_at is None:
+            kcfg.change_at = kcfg.steps // 2
         kcfg.validate()
         run = RunDir.create("control-kuka", {"robot": "kuka", **asdict(kcfg)}, out=args.out)
         print(f"gpdyn control kuka: run folder {run.path}")

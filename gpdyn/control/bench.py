@@ -1,0 +1,117 @@
+"""``gpdyn bench mpc``: MPC control steps per second with learned Walker2d models.
+
+One control step is one :meth:`~gpdyn.control.mpc.Planner.plan` call: K sampled sequences
+of H steps through the learned walker-1 dynamics (H batched ``predict`` calls on K
+points), the Walker2d cost and the TRPO proposal. Models: SVDGP with M_alpha = 128^2
+(M_beta = 128, the paper's sizes) and WISKI (its defaults: 16 x 16 grid on a learned 2-D
+projection per output), both with full bases, on random normalised inputs (the cost of
+``predict`` does not depend on the values). Walker2d real time is 125 control steps per
+second (dt = 8 ms); the table gives the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpdyn.control.mpc import MPCConfig, make_planner
+from gpdyn.control.walker_model import DT, LearnedWalkerDynamics, TorchPolicy, WalkerCost
+from gpdyn.data.problems import Normalizer
+from gpdyn.errors import InputError
+from gpdyn.gp import make_learner
+from gpdyn.runs import RunDir
+
+REAL_TIME_HZ = 1.0 / DT  # 125 control steps per second
+BENCH_MODELS: dict[str, dict[str, Any]] = {
+    "svdgp": {"m_alpha": 128**2, "m_beta": 128, "n_delta": 1024},
+    "wiski": {},
+}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def filled_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LearnedWalkerDynamics:
+    """A walker-1 model of bench size with every basis function in place (random inputs)."""
+    learner = make_learner(name, 23, 9, device=device, dtype=dtype, seed=seed, **BENCH_MODELS[name])
+    gen = torch.Generator().manual_seed(seed)
+    n = 2048
+    capacity = getattr(learner, "capacity", {})
+    rounds = max(1, -(-max(capacity.values(), default=n) // min(n, getattr(learner, "n_delta", n))))
+    for _ in range(rounds):
+        x = torch.randn(n, 23, generator=gen, dtype=dtype).to(device)
+        y = torch.randn(n, 9, generator=gen, dtype=dtype).to(device)
+        learner.observe(x, y)
+    normalizer = Normalizer(np.zeros(23), np.ones(23), np.zeros(9), np.ones(9))
+    return LearnedWalkerDynamics(learner, normalizer, DT)
+
+
+def bench_mpc(
+    models: list[str], samples: int, horizon: int, repeats: int, device: torch.device, dtype: torch.dtype, seed: int = 0
+) -> list[dict[str, Any]]:
+    """Seconds per control step and steps per second for each model."""
+    from gpdyn.sim.policy import load_policy
+
+    proposal = TorchPolicy(load_policy(), device, dtype)
+    cfg = MPCConfig(horizon=horizon, samples=samples, uncertainty="penalty", var_weight=1.0)
+    state = torch.zeros(18, device=device, dtype=dtype)
+    state[1] = 1.25  # standing height: the rollouts stay healthy
+    rows = []
+    for name in models:
+        dyn = filled_model(name, device, dtype, seed)
+        planner = make_planner("mppi", dyn, WalkerCost(), [-1.0] * 6, [1.0] * 6, cfg, proposal=proposal,
+                               device=device, dtype=dtype, seed=seed)
+        planner.plan(state)  # warm-up: caches, allocator
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            planner.plan(state)
+        _sync(device)
+        sec = (time.perf_counter() - t0) / repeats
+        rows.append({"model": name, "device": str(device), "dtype": str(dtype).replace("torch.", ""), "K": samples,
+                     "H": horizon, "seconds_per_step": sec, "steps_per_second": 1.0 / sec,
+                     "real_time_ratio": (1.0 / sec) / REAL_TIME_HZ})
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """Markdown table of :func:`bench_mpc`'s rows."""
+    lines = ["| model | device | dtype | K | H | s/step | steps/s | x real time (125/s) |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['device']} | {r['dtype']} | {r['K']} | {r['H']} | {r['seconds_per_step']:.3f} "
+                     f"| {r['steps_per_second']:.2f} | {r['real_time_ratio']:.4f} |")
+    return "\n".join(lines)
+
+
+def cli_bench(args: argparse.Namespace) -> int:
+    """``gpdyn bench mpc``: the planning-rate table into the run folder and on screen."""
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"--device {args.device}: CUDA is not available here")
+    samples, horizon = getattr(args, "samples", None) or 1000, getattr(args, "horizon", None) or 30
+    repeats = getattr(args, "repeats", None) or 1
+    models = [m.strip() for m in (getattr(args, "models", None) or ",".join(BENCH_MODELS)).split(",") if m.strip()]
+    bad = [m for m in models if m not in BENCH_MODELS]
+    if bad or samples < 2 or horizon < 1 or repeats < 1:
+        raise InputError(f"bench mpc: models from {', '.join(BENCH_MODELS)} (got {bad}), samples >= 2, horizon >= 1, repeats >= 1")
+    dtype = torch.float32  # the hot path of a controller; float64 doubles memory and time
+    run = RunDir.create("bench-mpc", {"models": models, "samples": samples, "horizon": horizon, "repeats": repeats,
+                                      "device": str(device), "dtype": "float32", "threads": torch.get_num_threads()},
+                        out=args.out)
+    print(f"gpdyn bench mpc: run folder {run.path}")
+    rows = bench_mpc(models, samples, horizon, repeats, device, dtype)
+    for r in rows:
+        run.log(**r)
+    text = table(rows)
+    (run.path / "report.md").write_text(f"# MPC planning rate\n\nWalker2d real time: {REAL_TIME_HZ:.0f} control steps/s.\n\n{text}\n")
+    print(text)
+    return 0
+
+
+__all__ = ["BENCH_MODELS", "REAL_TIME_HZ", "bench_mpc", "cli_bench", "filled_model", "table"]
