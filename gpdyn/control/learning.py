@@ -85,7 +85,7 @@ def pretrain_learner(
     if hasattr(learner, "pretrain"):
         # the SKI batch phase; WISKI pretrains on the first 5% of a stream, here on a subset
         idx = torch.randperm(n, generator=gen)[: min(n, iterations * batch // 4 or n)].to(x.device)
-        out = learner.pretrain(x[idx], y[idx], progress=progress)
+        out = learner.pretrain(x[idx], y[idx], iterations=iterations, progress=progress)
         return {k: float(v) for k, v in out.items()}
     limit = getattr(learner, "max_points", None)
     if limit is not None:

@@ -1,0 +1,110 @@
+"""The online control loops run a few steps with each learner on CPU and write their reports.
+
+Sizes are tiny (a few steps, K = 8, H = 3) and the stores are synthetic: these tests check
+the loop, the logs, the fallback and the report, not control quality.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from synthetic import make_kuka_store, make_walker_store
+
+from gpdyn.cli import main
+from gpdyn.control.kuka_control import KukaRunConfig, run_kuka
+from gpdyn.control.loop import WalkerRunConfig, pretrained_walker_model, run_walker, run_walker_episode
+from gpdyn.control.walker_model import LearnedWalkerDynamics
+from gpdyn.data.store import EpisodeStore
+from gpdyn.gp import LEARNERS
+from gpdyn.runs import RunDir
+from gpdyn.sim.policy import load_policy
+
+TINY = {"samples": 8, "sim_samples": 4, "horizon": 3, "pretrain_iterations": 3, "pretrain_batch": 32, "progress": False}
+
+
+@pytest.fixture(scope="module")
+def walker_zarr(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("ctl") / "walker.zarr"
+    make_walker_store(path, [40, 35, 50])
+    return path
+
+
+def _records(run: RunDir, kind: str) -> list[dict]:
+    return [r for r in run.metrics() if r.get("kind") == kind]
+
+
+@pytest.mark.parametrize("learner", sorted(LEARNERS))
+def test_walker_loop_runs_with_each_learner(learner: str, walker_zarr: Path, tmp_path: Path) -> None:
+    cfg = WalkerRunConfig(learner=learner, steps=3, change_at=1, controllers=("frozen", "online"), conditions=("changed",), **TINY)
+    run = RunDir.create("t", {}, out=tmp_path / "run")
+    result = run_walker(run, cfg, walker_zarr)
+    episodes = _records(run, "episode")
+    assert [e["controller"] for e in episodes] == ["frozen", "online"]
+    steps = _records(run, "step")
+    assert all(math.isfinite(s["model_rmse"]) and s["pred_variance"] >= 0 for s in steps)
+    assert [s["changed"] for s in steps if s["controller"] == "online"][:2] == [False, True]
+    assert any("update_seconds" in s for s in steps if s["controller"] == "online")
+    report = Path(result["report"]).read_text()
+    assert "| online |" in report and "walker_return.png" in report
+    assert (run.path / "walker_return.png").stat().st_size > 0
+    assert EpisodeStore.open(run.path / "episodes.zarr").n_episodes == 2
+
+
+def test_walker_baselines_both_conditions(walker_zarr: Path, tmp_path: Path) -> None:
+    cfg = WalkerRunConfig(learner="svdgp", steps=3, change="weak_motor", **TINY)
+    run = RunDir.create("t", {}, out=tmp_path / "run")
+    run_walker(run, cfg, walker_zarr)
+    got = {(e["condition"], e["controller"]) for e in _records(run, "episode")}
+    assert got == {(c, k) for c in ("nominal", "changed") for k in ("trpo", "true", "frozen", "online")}
+    changed = [e for e in _records(run, "episode") if e["condition"] == "changed"]
+    assert all(e["change"] == "right hip motor at half strength" for e in changed)
+    report = (run.path / "report.md").read_text()
+    for ctrl in ("trpo", "true", "frozen", "online"):
+        assert f"| {ctrl} |" in report
+
+
+def test_nan_model_falls_back_to_the_policy_and_logs_it(walker_zarr: Path, tmp_path: Path) -> None:
+    cfg = WalkerRunConfig(learner="svdgp", steps=3, conditions=("nominal",), **TINY)
+    _, dyn, _ = pretrained_walker_model(cfg, walker_zarr)
+
+    class Broken(LearnedWalkerDynamics):
+        def predict_velocity(self, state, action):
+            mean, var = super().predict_velocity(state, action)
+            return torch.full_like(mean, math.nan), var
+
+    broken = Broken(dyn.learner, dyn.normalizer)
+    run = RunDir.create("t", {}, out=tmp_path / "run")
+    policy = load_policy()
+    out = run_walker_episode(run, cfg, "frozen", "nominal", policy=policy, dynamics=broken, updater=None, reset_seed=3)
+    steps = _records(run, "step")
+    assert out["record"]["fallbacks"] == len(steps) == 3
+    assert all(s["fallback"] for s in steps)
+    actions = out["arrays"]["action"]
+    assert np.isfinite(actions).all()
+    np.testing.assert_allclose(actions, policy.act(out["arrays"]["obs"]), atol=1e-9)
+
+
+def test_kuka_tracking_runs_and_reports_rmse(tmp_path: Path) -> None:
+    store = make_kuka_store(tmp_path / "kuka.zarr", offline=[60], online=[40, 40]).path
+    cfg = KukaRunConfig(learner="svdgp", steps=6, change_at=3, pretrain_iterations=3, pretrain_batch=32, progress=False)
+    run = RunDir.create("t", {}, out=tmp_path / "run")
+    result = run_kuka(run, cfg, store)
+    assert set(result["rmse"]) == {"pd", "true", "frozen", "online"}
+    for phases in result["rmse"].values():
+        assert set(phases) == {"before", "after"} and all(len(v) == 7 for v in phases.values())
+    # payload after the change, none before
+    payloads = [s["payload"] for s in _records(run, "step") if s["controller"] == "pd"]
+    assert payloads == [0.0] * 3 + [3.0] * 3
+    report = (run.path / "report.md").read_text()
+    assert "| true | after |" in report and (run.path / "kuka_tracking.png").exists()
+
+
+def test_cli_control_bad_options_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["control", "walker", "--learner", "svdgp", "--steps", "5", "--change-at", "9", "--out", str(tmp_path / "a")]) == 2
+    assert "change-at" in capsys.readouterr().err
+    assert main(["control", "walker", "--learner", "nope", "--out", str(tmp_path / "b")]) == 2
+    assert main(["control", "kuka", "--learner", "svdgp", "--payload", "-1", "--out", str(tmp_path / "c")]) == 2
