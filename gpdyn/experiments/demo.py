@@ -5,7 +5,8 @@ Stages, in data-flow order (DESIGN.md "Data flow"):
 1. collect Walker2d episodes with the shipped TRPO policy (``walker.zarr``);
 2. collect a small simulated KUKA inverse-dynamics stream (``kuka.zarr``);
 3. build the regression problems ``walker-1``, ``walker-2`` and ``kuka`` from them;
-4. learn: a short online-protocol run of SVDGP on walker-1 and of WISKI on kuka.
+4. replay: SVDGP, ORTHNAT, SVI and WISKI side by side on walker-1 (SVDGP Table 2 layout,
+   small models), with its report in ``replay-walker-1/``.
 
 Each stage logs one record to ``metrics.jsonl`` and prints what it did.
 """
@@ -24,8 +25,15 @@ DEMO = {
     "walker_envs": 2,
     "kuka_offline": 1000,
     "kuka_online": 4000,
-    "learn_iterations": 60,
-    "learn_batch": 128,
+    "replay_learners": ["svdgp", "orthnat", "svi", "wiski"],
+    "replay_iterations": 60,
+    "replay_batch": 128,
+    "replay_n_delta": 32,
+    "replay_sizes": {
+        "svdgp": {"m_alpha": 1024, "m_beta": 64, "n_columns": 256},
+        "orthnat": {"m_gamma": 256, "m_beta": 64},
+        "svi": {"m": 128},
+    },
 }
 
 
@@ -74,12 +82,36 @@ def _problems(run: RunDir, seed: int) -> dict[str, Any]:
     return {"problems": sizes}
 
 
+def _replay(run: RunDir, seed: int) -> dict[str, Any]:
+    from gpdyn.experiments.replay import ReplayConfig, open_run, print_table, replay
+    from gpdyn.experiments.report import write_report
+
+    cfg = ReplayConfig(
+        store=str(run.path / "walker.zarr"),
+        problem="walker-1",
+        learners=list(DEMO["replay_learners"]),
+        iterations=DEMO["replay_iterations"],
+        batch_size=DEMO["replay_batch"],
+        n_delta=DEMO["replay_n_delta"],
+        eval_every=DEMO["replay_iterations"] // 3,
+        seed=seed,
+        sizes=DEMO["replay_sizes"],
+    )
+    replay_run = open_run(cfg, run.path / "replay-walker-1")
+    finals = replay(cfg, replay_run)
+    report = write_report(replay_run.path)
+    print_table(finals)
+    print(f"   report: {report}")
+    return {"replay": {name: {"nmse_mean": r["nmse_mean"], "vlb_mean": r["vlb_mean"]} for name, r in finals.items()}}
+
+
 def cli_demo(args: argparse.Namespace) -> int:
     run = RunDir.create("demo", {"seed": args.seed, **DEMO}, out=args.out)
     print(f"gpdyn demo: run folder {run.path}")
     _stage(run, "collect walker", _collect_walker, run, args.seed)
     _stage(run, "collect kuka", _collect_kuka, run, args.seed)
     _stage(run, "problems", _problems, run, args.seed)
+    _stage(run, "replay walker-1", _replay, run, args.seed)
     print(f"\ngpdyn demo: done; everything is in {run.path}")
     return 0
 

@@ -208,8 +208,11 @@ def _make(name: str, cfg: ReplayConfig, problem: Problem, dtype: torch.dtype) ->
         raise InputError(f"--size for learner '{name}': {err}") from err
 
 
-def open_run(cfg: ReplayConfig, out: Path | None, problem: Problem) -> RunDir:
-    """A new run folder, or the interrupted one at ``out`` when its config matches."""
+def open_run(cfg: ReplayConfig, out: Path | None, problem: Problem | None = None) -> RunDir:
+    """A new run folder, or the interrupted one at ``out`` when its config matches.
+
+    ``problem`` (loaded from ``cfg`` if not given) names the outputs in the config.
+    """
     if out is not None and is_run_dir(out):
         run = RunDir(out)
         saved = {k: v for k, v in run.config().items() if k in asdict(cfg)}
@@ -219,6 +222,8 @@ def open_run(cfg: ReplayConfig, out: Path | None, problem: Problem) -> RunDir:
             raise InputError(f"{out}: holds a replay with other settings ({', '.join(diff)}); use another --out")
         print(f"gpdyn replay: resuming {out}")
         return run
+    if problem is None:
+        problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed)
     return RunDir.create("replay", {**asdict(cfg), "outputs": list(problem.output_names)}, out)
 
 
