@@ -32,10 +32,10 @@ from tqdm import tqdm
 from gpdyn.control.learning import OnlineUpdater, build_learner, pretrain_learner
 from gpdyn.errors import InputError
 from gpdyn.gp import Learner
+from gpdyn.gp.online import DTYPES
 from gpdyn.runs import RunDir
 
 KUKA_CONTROLLERS = ("pd", "true", "frozen", "online")
-DTYPES = {"float64": torch.float64, "float32": torch.float32}
 N_JOINTS = 7
 
 

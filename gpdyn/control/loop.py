@@ -47,11 +47,11 @@ from gpdyn.control.walker_model import (
 )
 from gpdyn.errors import InputError
 from gpdyn.gp import Learner
+from gpdyn.gp.online import DTYPES, nmse
 from gpdyn.runs import RunDir
 
 CONTROLLERS = ("trpo", "true", "frozen", "online")
 CONDITIONS = ("nominal", "changed")
-DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
 @dataclass
@@ -149,8 +149,8 @@ def pretrained_walker_model(
     xt, yt = problem.tensors("test", cfg.device, dtype)
     with torch.no_grad():
         mean, _ = learner.predict(xt)
-    nmse = ((mean - yt) ** 2).mean(0) / yt.var(0).clamp_min(1e-12)
-    stats = {"pretrain_seconds": seconds, "test_nmse_mean": float(nmse.mean()), "test_nmse_max": float(nmse.max()),
+    err = nmse(mean, yt)
+    stats = {"pretrain_seconds": seconds, "test_nmse_mean": float(err.mean()), "test_nmse_max": float(err.max()),
              "train_rows": int(x.shape[0]), **{f"pretrain_{k}": v for k, v in fit.items()}}
     return learner, LearnedWalkerDynamics(learner, problem.normalizer, DT), stats
 
