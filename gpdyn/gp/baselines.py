@@ -69,7 +69,7 @@ class IVSGPR(ORTHNAT):
         k = self.kern_basis("beta")
         k_zx = self.kern_data(x, "beta").transpose(-1, -2)
         a_hat, s_hat = coupled_optimum(k, k_zx, y.transpose(0, 1), self.noise, self.data_size(x.shape[0]) / x.shape[0], self.jitter)
-        ls_hat = torch.linalg.cholesky(s_hat)
+        ls_hat = chol(s_hat, self.jitter)
         s_inv_hat = torch.cholesky_inverse(ls_hat)
         j_hat = torch.cholesky_solve(k @ a_hat.unsqueeze(-1), ls_hat).squeeze(-1)  # S^-1 m
         self.set_natural_params((1.0 - tau) * j + tau * j_hat, (1.0 - tau) * s_inv + tau * s_inv_hat)

@@ -1,0 +1,107 @@
+"""The online protocol, the sinc problem of SVDGP Fig. 1, checkpoints and ``gpdyn learn``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from learner_data import sinc_data
+
+from gpdyn.cli import main
+from gpdyn.data.streams import IIDStream
+from gpdyn.errors import InputError
+from gpdyn.gp import make_learner
+from gpdyn.gp.online import load_learner, run_online, save_learner
+
+# small bases that emulate the large-data regime of SVDGP Fig. 1; nMSE targets on the noise-free grid
+SINC = {
+    "svdgp": ({"m_alpha": 128, "m_beta": 4, "n_columns": 64}, 0.03),
+    "orth": ({"m_gamma": 128, "m_beta": 4, "n_columns": 64}, 0.05),  # Adam on a_beta: 600 iterations
+    "orthnat": ({"m_gamma": 128, "m_beta": 4, "n_columns": 64}, 0.05),
+    "svi": ({"m": 16}, 0.05),
+    "ivsgpr": ({"m": 16}, 0.05),
+    "vsgpr": ({"m": 8, "n_subset": 256}, 0.05),
+    "gpr": ({"n_subset": 64}, 0.05),
+}
+
+
+def _run(name: str, sizes: dict, iterations: int = 250):
+    x, y, xt, yt = sinc_data()
+    learner = make_learner(name, 1, 1, seed=0, lr=0.05, **sizes)
+    stream = IIDStream(x, y, batch_size=128, seed=0)
+    records = run_online(learner, stream, xt, yt, iterations=iterations, n_delta=32, eval_every=iterations, n_data=500, progress=False)
+    return learner, records
+
+
+IVSGPR_XFAIL = pytest.mark.xfail(
+    strict=True,
+    reason="known: iVSGPR's closed-form mirror step goes through S^-1 and K_beta^-1, which the "
+    "ill-conditioned K_beta of this problem (cond ~1e16) ruins; SVI's gradient form of the same step works",
+)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=IVSGPR_XFAIL) if n == "ivsgpr" else n for n in SINC])
+def test_each_learner_fits_sinc(name):
+    sizes, target = SINC[name]
+    iterations = 600 if name == "orth" else 250
+    _, records = _run(name, sizes, iterations)
+    assert records[-1]["iteration"] == iterations
+    assert records[-1]["nmse_mean"] < target, records[-1]
+
+
+def test_decoupled_beats_coupled_with_the_same_covariance_basis():
+    _, dec = _run("svdgp", {"m_alpha": 128, "m_beta": 4, "n_columns": 64})
+    _, cpl = _run("svi", {"m": 4})
+    assert dec[-1]["nmse_mean"] < 0.5 * cpl[-1]["nmse_mean"], (dec[-1]["nmse_mean"], cpl[-1]["nmse_mean"])
+
+
+@pytest.mark.parametrize("name", list(SINC))
+def test_checkpoint_round_trip_is_exact(name, tmp_path):
+    x, y, xt, _ = sinc_data(100)
+    learner = make_learner(name, 1, 1, seed=3, **SINC[name][0])
+    for i in range(3):
+        learner.observe(x[i * 30 : i * 30 + 40], y[i * 30 : i * 30 + 40])
+        learner.step(x[i * 30 : i * 30 + 40], y[i * 30 : i * 30 + 40])
+    save_learner(learner, tmp_path / "ck.pt", note="kept")
+    restored, extra = load_learner(tmp_path / "ck.pt")
+    assert extra == {"note": "kept"}
+    for a, b in zip(learner.predict(xt), restored.predict(xt)):
+        assert torch.equal(a, b)
+    # resuming continues exactly as the original would (Adam state, generator, counters)
+    for model in (learner, restored):
+        model.observe(x[60:], y[60:])
+        model.step(x[60:], y[60:])
+    for a, b in zip(learner.predict(xt), restored.predict(xt)):
+        assert torch.equal(a, b)
+
+
+def test_run_online_records_and_errors():
+    x, y, xt, yt = sinc_data(100)
+    learner = make_learner("svdgp", 1, 1, m_alpha=32, m_beta=4)
+    seen = []
+    records = run_online(learner, IIDStream(x, y, 20), xt, yt, iterations=5, n_delta=8, eval_every=2, callback=seen.append, n_data=100, progress=False)
+    assert [r["iteration"] for r in records] == [2, 4, 5] and seen == records
+    assert learner.counts == {"alpha": 32, "beta": 4} and learner.n_data == 100
+    assert len(records[-1]["nmse"]) == len(records[-1]["vlb"]) == 1
+    with pytest.raises(InputError, match="iterations"):
+        run_online(learner, IIDStream(x, y, 20), xt, yt, iterations=0)
+    with pytest.raises(InputError, match="stream ended"):
+        run_online(learner, [(x[:10], y[:10])], xt, yt, iterations=3, progress=False)
+    with pytest.raises(InputError, match="checkpoint"):
+        load_learner("/nonexistent/ck.pt")
+
+
+def test_gpdyn_learn_writes_a_run_that_load_restores(walker_store, tmp_path, capsys):
+    from gpdyn.experiments.learn import load
+
+    out = tmp_path / "run"
+    argv = ["learn", "--store", str(walker_store.path), "--problem", "walker-1", "--learner", "svdgp", "--iterations", "4",
+            "--batch-size", "32", "--n-delta", "8", "--eval-every", "2", "--size", "m_alpha=16", "--size", "m_beta=4", "--out", str(out)]
+    assert main(argv) == 0
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["iteration"] for m in metrics] == [2, 4] and len(metrics[-1]["nmse"]) == 9
+    learner, normalizer = load(out)
+    assert learner.t == 4 and normalizer.y_mean.shape == (9,)
+    assert main(argv[:-2] + ["--size", "m_alpha=oops=1", "--out", str(tmp_path / "bad")]) == 2
+    assert main(argv[:-2] + ["--size", "bogus=1", "--out", str(tmp_path / "bad2")]) == 2
