@@ -317,12 +317,12 @@ def _video(run: RunDir, store: Any, results: list[dict[str, Any]]) -> None:
 def control_demo(out: str | Path, *, seed: int = 0, store: str | Path | None = None, learner: str = "svdgp") -> dict[str, Any]:
     """A short Walker2d control run (under a minute on 2 cores) into the run folder ``out``.
 
-    One plant condition (torso mass +30 % from step 40), the TRPO policy beside online-updated
-    MPC, 80 steps, K = 64, H = 10. ``store``: rollouts to pretrain on (default: 2 episodes
+    One plant condition (torso mass +30 % from step 30), the TRPO policy beside online-updated
+    MPC, 60 steps, K = 64, H = 10. ``store``: rollouts to pretrain on (default: 2 episodes
     collected into ``out``).
     """
-    cfg = WalkerRunConfig(learner=learner, steps=80, samples=64, horizon=10, pretrain_iterations=60,
-                          store_episodes=2, change_at=40, controllers=("trpo", "online"), conditions=("changed",),
+    cfg = WalkerRunConfig(learner=learner, steps=60, samples=64, horizon=10, pretrain_iterations=40,
+                          store_episodes=2, change_at=30, controllers=("trpo", "online"), conditions=("changed",),
                           seed=seed, progress=False)
     run = RunDir.create("control-demo", {"robot": "walker", **asdict(cfg)}, out=out)
     return run_walker(run, cfg, store)
