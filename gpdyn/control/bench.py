@@ -85,7 +85,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| model | device | dtype | K | H | s/step | steps/s | x real time (125/s) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['device']} | {r['dtype']} | {r['K']} | {r['H']} | {r['seconds_per_step']:.3f} "
-                     f"| {r['steps_per_second']:.2f} | {r['real_time_ratio']:.4f} |")
+                     f"| {r['steps_per_second']:.3g} | {r['real_time_ratio']:.3g} |")
     return "\n".join(lines)
 
 
