@@ -6,7 +6,9 @@ Stages, in data-flow order (DESIGN.md "Data flow"):
 2. collect a small simulated KUKA inverse-dynamics stream (``kuka.zarr``);
 3. build the regression problems ``walker-1``, ``walker-2`` and ``kuka`` from them;
 4. replay: SVDGP, ORTHNAT, SVI and WISKI side by side on walker-1 (SVDGP Table 2 layout,
-   small models), with its report in ``replay-walker-1/``.
+   small models), with its report in ``replay-walker-1/``;
+5. control: a short Walker2d run of online-updated MPC beside the TRPO policy, with the
+   torso mass raised mid-episode (``control/``).
 
 Each stage logs one record to ``metrics.jsonl`` and prints what it did.
 """
@@ -105,6 +107,14 @@ def _replay(run: RunDir, seed: int) -> dict[str, Any]:
     return {"replay": {name: {"nmse_mean": r["nmse_mean"], "vlb_mean": r["vlb_mean"]} for name, r in finals.items()}}
 
 
+def _control(run: RunDir, seed: int) -> dict[str, Any]:
+    from gpdyn.control.loop import control_demo
+
+    result = control_demo(run.path / "control", seed=seed, store=run.path / "walker.zarr")
+    print(f"   report: {result['report']}")
+    return {"returns": {f"{e['controller']}/{e['condition']}": e["return"] for e in result["episodes"]}}
+
+
 def cli_demo(args: argparse.Namespace) -> int:
     run = RunDir.create("demo", {"seed": args.seed, **DEMO}, out=args.out)
     print(f"gpdyn demo: run folder {run.path}")
@@ -112,6 +122,7 @@ def cli_demo(args: argparse.Namespace) -> int:
     _stage(run, "collect kuka", _collect_kuka, run, args.seed)
     _stage(run, "problems", _problems, run, args.seed)
     _stage(run, "replay walker-1", _replay, run, args.seed)
+    _stage(run, "control walker", _control, run, args.seed)
     print(f"\ngpdyn demo: done; everything is in {run.path}")
     return 0
 
