@@ -9,9 +9,18 @@ with ``f`` one of: nothing (``pd``), MuJoCo's inverse dynamics of the actual pla
 (``true``, payload included), the pretrained learner (``frozen``), or the same learner
 updated online (``online``) from the measured torques: after each step the applied
 torque is the target for the state at the middle of the step and the finite-difference
-acceleration, ``x = [(q + q')/2, (qd + qd')/2, (qd' - qd)/dt]``, ``y = tau``. The PD gains
-are critically damped per joint on the diagonal of the joint-space inertia at the start
-(``Kp = w^2 M_jj``, ``Kd = 2 w M_jj``), so no joint is stiffer than the 100 Hz loop allows.
+acceleration, ``x = [(q + q')/2, (qd + qd')/2, (qd' - qd)/dt]``, ``y = tau``. The torque is
+held for the whole 10 ms step, so ``f`` is evaluated at the reference of the middle of
+the step (``t + dt/2``), the same point its training pairs describe.
+
+PD gains (:func:`pd_gains`): critically damped per joint, ``Kp = w^2 m_j``, ``Kd = 2 w m_j``,
+on the *effective* inertia ``m_j = 1 / (M^-1)_jj`` (the inertia joint j feels with the
+other joints free), its minimum over the reference poses. The diagonal ``M_jj`` is what
+a joint feels with the others locked; it is up to 2.4x larger on the iiwa's coupled
+joints 2 and 4, and gains built on it made the sampled 100 Hz loop unstable (spectral
+radius up to 1.78, :func:`sampled_loop_radius`): the arm chattered at the Nyquist rate
+against the torque limits from about t = 1.1 s, which was the 0.04-0.05 rad "true model"
+error on joints 2 and 4.
 
 A payload is added at the flange at step ``change_at``. Tracking RMSE per joint is
 reported before and after the change for each controller.
@@ -29,13 +38,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from gpdyn.control.learning import OnlineUpdater, build_learner, pretrain_learner
+from gpdyn.control.learning import OnlineUpdater, ResidualGP, build_learner, pretrain_learner
 from gpdyn.errors import InputError
 from gpdyn.gp import Learner
 from gpdyn.gp.online import DTYPES
 from gpdyn.runs import RunDir
 
 KUKA_CONTROLLERS = ("pd", "true", "frozen", "online")
+ADAPT = ("residual", "steps")
 N_JOINTS = 7
 
 
@@ -55,6 +65,8 @@ class KukaRunConfig:
     pretrain_batch: int = 128
     online_batch: int = 64
     updates: int = 1
+    adapt: str = "residual"  # online model: "residual" (ResidualGP on the frozen one) or "steps" (the learner's own steps)
+    window: int = 400  # ResidualGP: most recent samples it conditions on
     omega: float = 20.0  # PD bandwidth, rad/s
     controllers: tuple[str, ...] = KUKA_CONTROLLERS
     seed: int = 0
@@ -77,6 +89,10 @@ class KukaRunConfig:
         bad = [c for c in self.controllers if c not in KUKA_CONTROLLERS]
         if bad or not self.controllers:
             raise InputError(f"control kuka: controllers {bad or '(none)'} not in {', '.join(KUKA_CONTROLLERS)}")
+        if self.adapt not in ADAPT:
+            raise InputError(f"control kuka: adapt must be one of {', '.join(ADAPT)}, got '{self.adapt}'")
+        if self.window < 4 or self.updates < 0:
+            raise InputError(f"control kuka: need window >= 4 and updates >= 0, got {self.window}, {self.updates}")
         if self.dtype not in DTYPES:
             raise InputError(f"control kuka: dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
 
@@ -103,15 +119,48 @@ class LearnedInverseDynamics:
         return self._x(q, qd, qdd), self.normalizer.normalize_y(y)
 
 
-def pd_gains(model: mujoco.MjModel, q0: np.ndarray, omega: float) -> tuple[np.ndarray, np.ndarray]:
-    """Critically damped gains per joint from the diagonal of the inertia at ``q0``."""
-    data = mujoco.MjData(model)
-    data.qpos[:] = q0
+def inertia_matrix(model: mujoco.MjModel, q: np.ndarray, data: mujoco.MjData | None = None) -> np.ndarray:
+    """Joint-space inertia ``M(q)`` [nv, nv] (armature included)."""
+    data = data if data is not None else mujoco.MjData(model)
+    data.qpos[:] = q
     mujoco.mj_forward(model, data)
     full = np.zeros((model.nv, model.nv))
     mujoco.mj_fullM(model, data, full)
-    m = np.diag(full).copy()
-    return omega**2 * m, 2.0 * omega * m
+    return full
+
+
+def _poses(model: mujoco.MjModel, poses: np.ndarray) -> np.ndarray:
+    poses = np.atleast_2d(np.asarray(poses, dtype=np.float64))
+    if poses.shape[-1] != model.nq or poses.shape[0] < 1 or not np.isfinite(poses).all():
+        raise InputError(f"pd gains: poses must be finite [N, {model.nq}] joint positions, got shape {poses.shape}")
+    return poses
+
+
+def pd_gains(model: mujoco.MjModel, poses: np.ndarray, omega: float) -> tuple[np.ndarray, np.ndarray]:
+    """Critically damped gains ``(Kp, Kd)`` [nv] on the smallest effective inertia over ``poses`` [N, nq]."""
+    if not omega > 0:
+        raise InputError(f"pd gains: omega must be > 0 rad/s, got {omega}")
+    data = mujoco.MjData(model)
+    eff = np.min([1.0 / np.diag(np.linalg.inv(inertia_matrix(model, q, data))) for q in _poses(model, poses)], axis=0)
+    return omega**2 * eff, 2.0 * omega * eff
+
+
+def sampled_loop_radius(model: mujoco.MjModel, poses: np.ndarray, kp: np.ndarray, kd: np.ndarray, dt: float) -> float:
+    """Largest spectral radius over ``poses`` of the linearised PD loop sampled at ``dt`` (< 1: stable).
+
+    Error dynamics ``M e'' = -Kp e - Kd e'`` with the torque held for ``dt`` and the
+    semi-implicit Euler update ``v+ = v + dt a``, ``e+ = e + dt v+``.
+    """
+    data = mujoco.MjData(model)
+    eye = np.eye(model.nv)
+    worst = 0.0
+    for q in _poses(model, poses):
+        mi = np.linalg.inv(inertia_matrix(model, q, data))
+        a_p, a_d = dt * mi @ np.diag(kp), dt * mi @ np.diag(kd)
+        vel = np.hstack([-a_p, eye - a_d])
+        pos = np.hstack([eye, dt * eye]) + dt * vel
+        worst = max(worst, float(np.abs(np.linalg.eigvals(np.vstack([pos, vel]))).max()))
+    return worst
 
 
 def _kuka_problem(run: RunDir, cfg: KukaRunConfig, store: str | Path | None):
@@ -141,20 +190,21 @@ def run_kuka(run: RunDir, cfg: KukaRunConfig, store: str | Path | None = None) -
     if learned:
         problem = _kuka_problem(run, cfg, store)
         xs = [problem.tensors(s, cfg.device, dtype) for s in ("init", "train") if len(problem.split(s)[0])]
-        x, y = torch.cat([a for a, _ in xs]), torch.cat([b for _, b in xs])
+        x_train, y_train = torch.cat([a for a, _ in xs]), torch.cat([b for _, b in xs])
         base = build_learner(cfg.learner, 21, 7, scale=cfg.scale, device=cfg.device, dtype=dtype, seed=cfg.seed)
         t0 = time.perf_counter()
-        fit = pretrain_learner(base, x, y, iterations=cfg.pretrain_iterations, batch=cfg.pretrain_batch,
+        fit = pretrain_learner(base, x_train, y_train, iterations=cfg.pretrain_iterations, batch=cfg.pretrain_batch,
                                seed=cfg.seed, progress=cfg.progress)
-        run.log(kind="pretrain", robot="kuka", learner=cfg.learner, rows=int(x.shape[0]),
+        run.log(kind="pretrain", robot="kuka", learner=cfg.learner, rows=int(x_train.shape[0]),
                 seconds=time.perf_counter() - t0, **fit)
-        print(f"   pretrained {cfg.learner} on {x.shape[0]} kuka rows in {time.perf_counter() - t0:.1f} s")
+        print(f"   pretrained {cfg.learner} on {x_train.shape[0]} kuka rows in {time.perf_counter() - t0:.1f} s")
     joint_rmse: dict[str, dict[str, list[float]]] = {}
     for ctrl in cfg.controllers:
         env = KukaIiwaEnv(family=cfg.family, speed=cfg.speed, pattern_seed=cfg.seed)
         obs, info = env.reset(seed=cfg.seed)
         limits = np.abs(env.model.actuator_ctrlrange[:, 1])
-        kp, kd = pd_gains(env.model, info["q_ref"], cfg.omega)
+        poses = env.pattern.evaluate(np.arange(0.0, cfg.steps * cfg.dt, 0.05), cfg.speed)[0]
+        kp, kd = pd_gains(env.model, poses, cfg.omega)
         scratch = mujoco.MjData(env.model)
         model = updater = None
         if ctrl in ("frozen", "online"):
@@ -163,6 +213,8 @@ def run_kuka(run: RunDir, cfg: KukaRunConfig, store: str | Path | None = None) -
             if ctrl == "online":
                 learner = build_learner(cfg.learner, 21, 7, scale=cfg.scale, device=cfg.device, dtype=dtype, seed=cfg.seed)
                 learner.load_state_dict(base.state_dict())
+                if cfg.adapt == "residual":
+                    learner = ResidualGP(learner, x_train, window=cfg.window)
                 updater = OnlineUpdater(learner, batch=cfg.online_batch, updates=cfg.updates)
             model = LearnedInverseDynamics(learner, problem.normalizer)
         errors = np.zeros((cfg.steps, N_JOINTS))
@@ -170,13 +222,14 @@ def run_kuka(run: RunDir, cfg: KukaRunConfig, store: str | Path | None = None) -
             if t == cfg.change_at:
                 env.set_payload(cfg.payload)
             q, qd = obs[:N_JOINTS].copy(), obs[N_JOINTS:].copy()
-            ref = (info["q_ref"], info["qd_ref"], info["qdd_ref"])
+            ref = (info["q_ref"], info["qd_ref"])
+            mid = env.reference(info["t"] + 0.5 * cfg.dt)  # the torque is held over the whole step
             if ctrl == "pd":
                 ff = np.zeros(N_JOINTS)
             elif ctrl == "true":
-                ff = inverse_dynamics(env.model, scratch, *(r[None] for r in ref))[0]
+                ff = inverse_dynamics(env.model, scratch, *(r[None] for r in mid))[0]
             else:
-                ff = model(*ref)
+                ff = model(*mid)
             ff_ok = bool(np.isfinite(ff).all())
             if not ff_ok:  # a non-finite model output never reaches the motors: PD alone this step
                 ff = np.zeros(N_JOINTS)
@@ -201,4 +254,5 @@ def run_kuka(run: RunDir, cfg: KukaRunConfig, store: str | Path | None = None) -
     return {"rmse": joint_rmse, "report": str(report)}
 
 
-__all__ = ["KUKA_CONTROLLERS", "KukaRunConfig", "LearnedInverseDynamics", "pd_gains", "run_kuka"]
+__all__ = ["KUKA_CONTROLLERS", "KukaRunConfig", "LearnedInverseDynamics", "inertia_matrix", "pd_gains", "run_kuka",
+           "sampled_loop_radius"]
