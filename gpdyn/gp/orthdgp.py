@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from gpdyn.gp.base import LearnerError
-from gpdyn.gp.kernels import gen_se_ard
+from gpdyn.gp.kernels import gen_se_ard, kernel_matvec
 from gpdyn.gp.variational import VariationalLearner, chol, tri_solve
 
 BASES = ("orth", "hybrid")
@@ -160,7 +160,8 @@ class ORTH(VariationalLearner):
         if self.counts.get("gamma", 0) > 0:
             a_g = self.params["a_gamma"][:, : self.counts["gamma"]]
             terms["a_gamma"] = a_g
-            u = (self.kern_basis("beta", "gamma") @ a_g.unsqueeze(-1)).squeeze(-1)  # K_{b,g} a_g
+            zb, cb = self.basis("beta")
+            u = self.kern_matvec(zb, "gamma", a_g, cb)  # K_{b,g} a_g
             terms["u"] = u
             terms["Lk_u"] = tri_solve(terms["Lk"], u.unsqueeze(-1)).squeeze(-1)
         return terms
@@ -177,7 +178,7 @@ class ORTH(VariationalLearner):
         k_xb = self.kern_data(x, "beta")
         mean = (k_xb @ self._beta_weights(terms).unsqueeze(-1)).squeeze(-1)
         if "a_gamma" in terms:
-            mean = mean + (self.kern_data(x, "gamma") @ terms["a_gamma"].unsqueeze(-1)).squeeze(-1)
+            mean = mean + self.kern_matvec(x, "gamma", terms["a_gamma"])
         a = tri_solve(terms["Lk"], k_xb.transpose(-1, -2))  # L_k^{-1} K_{b,x}
         b = terms["F"].transpose(-1, -2) @ tri_solve(terms["Lk"], a, transpose=True)  # F^T K_b^{-1} k_{b,x}
         var = self.amplitude[:, None] - (a * a).sum(-2) + (b * b).sum(-2)
@@ -224,8 +225,7 @@ class ORTH(VariationalLearner):
         k_xb = gen_se_ard(x, cache["zb"], ls, amp, None, cache.get("cb"))
         mean = (k_xb @ cache["wb"].unsqueeze(-1)).squeeze(-1)
         if "zg" in cache:
-            k_xg = gen_se_ard(x, cache["zg"], ls, amp, None, cache.get("cg"))
-            mean = mean + (k_xg @ cache["a_gamma"].unsqueeze(-1)).squeeze(-1)
+            mean = mean + kernel_matvec(x, cache["zg"], ls, amp, cache["a_gamma"], None, cache.get("cg"))
         v1 = k_xb @ cache["W1"]
         v2 = k_xb @ cache["W2"]
         var = amp[:, None] - (v2 * v2).sum(-1) + (v1 * v1).sum(-1)

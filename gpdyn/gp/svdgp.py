@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from gpdyn.gp.base import LearnerError
-from gpdyn.gp.kernels import gen_se_ard
+from gpdyn.gp.kernels import gen_se_ard, kernel_matvec
 from gpdyn.gp.variational import VariationalLearner, tri_solve
 
 
@@ -96,7 +96,7 @@ class SVDGP(VariationalLearner):
 
     def marginals(self, x: Tensor, terms: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
         """SVDGP eq. (8) at the inputs (Appendix A.2.1)."""
-        mean = (self.kern_data(x, "alpha") @ terms["a"].unsqueeze(-1)).squeeze(-1)
+        mean = self.kern_matvec(x, "alpha", terms["a"])
         var = self.amplitude[:, None].expand_as(mean)
         if "R" in terms:
             v = tri_solve(terms["R"], terms["L"].transpose(-1, -2) @ self.kern_data(x, "beta").transpose(-1, -2))
@@ -134,8 +134,7 @@ class SVDGP(VariationalLearner):
 
     def predict_cached(self, cache: Mapping[str, Tensor], x: Tensor) -> tuple[Tensor, Tensor]:
         ls, amp = cache["ls"], cache["amp"]
-        k_xa = gen_se_ard(x, cache["za"], ls, amp, None, cache.get("ca"))
-        mean = (k_xa @ cache["a"].unsqueeze(-1)).squeeze(-1)
+        mean = kernel_matvec(x, cache["za"], ls, amp, cache["a"], None, cache.get("ca"))
         var = amp[:, None].expand_as(mean)
         if "W" in cache:
             v = gen_se_ard(x, cache["zb"], ls, amp, None, cache.get("cb")) @ cache["W"]

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from gpdyn.gp.base import Learner, LearnerError
-from gpdyn.gp.kernels import gen_se_ard, median_lengthscale
+from gpdyn.gp.kernels import gen_se_ard, kernel_matvec, kernel_quadratic, median_lengthscale
 
 SCALES = ("basis", "dim", "none")
 LOG_2PI = math.log(2.0 * math.pi)
@@ -204,15 +204,16 @@ class VariationalLearner(Learner):
         m = z.shape[1]
         if n_columns is not None and n_columns < m:
             idx = torch.randperm(m, generator=self.generator)[:n_columns].to(self.device)
-            kc = self.kern(z, z[:, idx], c, None if c is None else c[:, idx])  # [P, m, nc]
-            ka = (kc * a.unsqueeze(-1)).sum(-2)  # (K_{:,J}^T a)_j
-            return (m / n_columns) * (a[:, idx] * ka).sum(-1)
-        total = torch.zeros(self.output_dim, dtype=self.dtype, device=self.device)
-        for lo in range(0, m, self.eval_chunk):
-            hi = min(m, lo + self.eval_chunk)
-            k = self.kern(z[:, lo:hi], z, None if c is None else c[:, lo:hi], c)
-            total = total + (a[:, lo:hi] * (k @ a.unsqueeze(-1)).squeeze(-1)).sum(-1)
-        return total
+            cj = None if c is None else c[:, idx]
+            return (m / n_columns) * kernel_quadratic(z, z[:, idx], self.lengthscale, self.amplitude, a, a[:, idx], c, cj)
+        return kernel_quadratic(z, z, self.lengthscale, self.amplitude, a, a, c, c)
+
+    def kern_matvec(self, x: Tensor, name: str, v: Tensor, c: Tensor | None = None) -> Tensor:
+        """``K_{x, basis} v`` for inputs ``x`` (factors ``c``, None for data) and ``v [P, m]``:
+        ``[P, N]``, chunked with a hand-written backward (:func:`~gpdyn.gp.kernels.kernel_matvec`),
+        so that memory stays linear in the basis size."""
+        z, cz = self.basis(name)
+        return kernel_matvec(x, z, self.lengthscale, self.amplitude, v, c, cz)
 
     # -- the contract ---------------------------------------------------------------
     def observe(self, x: Tensor, y: Tensor) -> None:
