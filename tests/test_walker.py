@@ -160,6 +160,7 @@ def test_render_writes_a_video_of_the_stored_states(short_store, tmp_path):
     n_states = short_store.episode_lengths[0] + 1
     assert len(frames) == len(range(0, n_states, 50))
     assert frames[0].shape == (48, 64, 3) and frames[0].std() > 0  # not a blank image
+    assert np.abs(frames[0].astype(float) - frames[-1]).mean() > 1  # the robot moved in the frame
     with pytest.raises(InputError, match="mp4"):
         render_episode(short_store, 0, tmp_path / "ep0.avi")
     with pytest.raises(InputError, match="out of range"):

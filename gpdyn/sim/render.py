@@ -16,6 +16,8 @@ import numpy as np
 # Headless: read by gymnasium's offscreen renderer when it creates its GL context.
 os.environ.setdefault("MUJOCO_GL", "egl")
 
+import mujoco  # noqa: E402
+
 from gpdyn.data.store import EpisodeStore  # noqa: E402
 from gpdyn.errors import InputError  # noqa: E402
 
@@ -50,16 +52,28 @@ def render_episode(
     qpos, qvel = episode_states(store, index)
     fps = 1.0 / (float(store.attrs["dt"]) * every)
     out.parent.mkdir(parents=True, exist_ok=True)
-    env = make_env(store.attrs["env_id"], render_mode="rgb_array", width=width, height=height)
+    env = make_env(store.attrs["env_id"])
+    sim = env.unwrapped
+    vis = sim.model.vis.global_
+    if width > vis.offwidth or height > vis.offheight:
+        raise InputError(f"render: {width}x{height} exceeds the model's offscreen buffer {vis.offwidth}x{vis.offheight}")
+    renderer = mujoco.Renderer(sim.model, height=height, width=width)
+    # gymnasium's rgb_array camera is a free camera that stays at the origin; a
+    # tracking camera on the torso keeps a walking robot in the frame
+    camera = mujoco.MjvCamera()
+    camera.type = mujoco.mjtCamera.mjCAMERA_TRACKING
+    camera.trackbodyid = max(mujoco.mj_name2id(sim.model, mujoco.mjtObj.mjOBJ_BODY, "torso"), 0)
+    camera.distance, camera.elevation, camera.azimuth = 4.0, -20.0, 90.0
     try:
         env.reset(seed=0)
-        sim = env.unwrapped
         kwargs = {"fps": fps, "macro_block_size": 8} if out.suffix.lower() == ".mp4" else {"duration": 1000.0 / fps, "loop": 0}
         with imageio.get_writer(out, **kwargs) as writer:
             for t in range(0, qpos.shape[0], every):
                 sim.set_state(qpos[t], qvel[t])
-                writer.append_data(np.asarray(env.render()))
+                renderer.update_scene(sim.data, camera=camera)
+                writer.append_data(renderer.render())
     finally:
+        renderer.close()
         env.close()
     return out
 
