@@ -75,6 +75,33 @@ def _basis_weights(c: Tensor) -> tuple[Tensor, Tensor]:
     return w, logpre
 
 
+def input_features(x: Tensor, lengthscale: Tensor, per_dim: bool = False) -> Tensor:
+    """The input side ``U [P, N, R]`` of :func:`point_features` (``per_dim``: the basis has
+    one factor per dimension). It depends on the data and the length scales only."""
+    u = x / lengthscale.unsqueeze(-2)
+    u = u.expand(lengthscale.shape[0], *u.shape[-2:])
+    ones = torch.ones_like(u[..., :1])
+    if per_dim:
+        return torch.cat([u * u, u, ones], -1)
+    return torch.cat([u, (u * u).sum(-1, keepdim=True), ones], -1)
+
+
+def basis_features(z: Tensor, c: Tensor | None, lengthscale: Tensor, amplitude: Tensor) -> Tensor:
+    """The basis side ``V [P, M, R]`` of :func:`point_features` (``c`` None: c = 1)."""
+    v = z / lengthscale.unsqueeze(-2)
+    v = v.expand(lengthscale.shape[0], *v.shape[-2:])
+    log_amp = torch.log(amplitude)[:, None]  # [P, 1]
+    if c is None:  # w = 1/2 and no prefactor: plain SE-ARD
+        const = log_amp - 0.5 * (v * v).sum(-1)
+        return torch.cat([v, torch.full_like(v[..., :1], -0.5), const.unsqueeze(-1)], -1)
+    w, logpre = _basis_weights(c)
+    if c.shape[-1] == 1:
+        const = log_amp + z.shape[-1] * logpre[..., 0] - w[..., 0] * (v * v).sum(-1)
+        return torch.cat([2.0 * w * v, -w, const.unsqueeze(-1)], -1)
+    const = log_amp + logpre.sum(-1) - (w * v * v).sum(-1)
+    return torch.cat([-w, 2.0 * w * v, const.unsqueeze(-1)], -1)
+
+
 def point_features(x: Tensor, z: Tensor, c: Tensor | None, lengthscale: Tensor, amplitude: Tensor) -> tuple[Tensor, Tensor]:
     """Features ``U [P, N, R]`` of inputs ``x`` (c = 1) and ``V [P, M, R]`` of a basis ``z``
     with factors ``c`` (``None``: c = 1) such that ``k(x_n, z_m) = exp(U_n . V_m)`` for the
@@ -89,28 +116,15 @@ def point_features(x: Tensor, z: Tensor, c: Tensor | None, lengthscale: Tensor, 
     :func:`scaled_sqdist`: at coincident points the kernel may exceed its maximum by a
     rounding error, which nothing downstream relies on.
     """
-    ls = lengthscale.unsqueeze(-2)  # [P, 1, D]
-    u = x / ls
-    v = z / ls
-    p = lengthscale.shape[0]
-    u = u.expand(p, *u.shape[-2:])
-    log_amp = torch.log(amplitude)[:, None]  # [P, 1]
-    ones = torch.ones_like(u[..., :1])
-    if c is None or c.shape[-1] == 1:
-        if c is None:  # w = 1/2 and no prefactor: plain SE-ARD
-            w = torch.full_like(v[..., :1], 0.5)
-            const = log_amp - 0.5 * (v * v).sum(-1)
-        else:
-            w, logpre = _basis_weights(c)  # [P, M, 1]
-            const = log_amp + x.shape[-1] * logpre[..., 0] - w[..., 0] * (v * v).sum(-1)
-        feat_x = torch.cat([u, (u * u).sum(-1, keepdim=True), ones], -1)
-        feat_z = torch.cat([2.0 * w * v, -w, const.unsqueeze(-1)], -1)
-    else:
-        w, logpre = _basis_weights(c)  # [P, M, D]
-        const = log_amp + logpre.sum(-1) - (w * v * v).sum(-1)
-        feat_x = torch.cat([u * u, u, ones], -1)
-        feat_z = torch.cat([-w, 2.0 * w * v, const.unsqueeze(-1)], -1)
-    return feat_x, feat_z
+    per_dim = c is not None and c.shape[-1] > 1
+    return input_features(x, lengthscale, per_dim), basis_features(z, c, lengthscale, amplitude)
+
+
+def exp_matvec(u: Tensor, v: Tensor, vec: Tensor, chunk_elements: int = CHUNK_ELEMENTS) -> Tensor:
+    """``exp(U V^T) vec`` for features of :func:`point_features`, chunked (see :class:`_ExpMatvec`)."""
+    p = v.shape[0]
+    chunk = _columns_per_chunk(p, u.shape[-2], v.shape[-2], chunk_elements)
+    return _ExpMatvec.apply(u.expand(p, *u.shape[-2:]), v, vec.expand(p, v.shape[-2]), chunk)
 
 
 def gen_se_ard(

@@ -39,11 +39,17 @@ import torch
 from torch import Tensor
 
 from gpdyn.gp.base import LearnerError
-from gpdyn.gp.kernels import gen_se_ard, kernel_matvec
+from gpdyn.gp.kernels import basis_features, exp_matvec, input_features
 from gpdyn.gp.variational import VariationalLearner, chol, tri_solve
 
 BASES = ("orth", "hybrid")
 GAMMA_UPDATES = ("adam", "diag")
+
+
+def _mv_rows(w: Tensor, k_bx: Tensor) -> Tensor:
+    """``K_{x,b} w`` from ``k_bx [P, M, N]`` and ``w [P, M]`` as a row vector times a
+    matrix (MKL's batched gemv on the transposed layout is several times slower)."""
+    return (w.unsqueeze(-2) @ k_bx).squeeze(-2)
 
 
 def _sym(a: Tensor) -> Tensor:
@@ -174,12 +180,15 @@ class ORTH(VariationalLearner):
         return w
 
     def marginals(self, x: Tensor, terms: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
-        """ORTHDGP Appendix A.2 (eq. (10) for the hybrid basis)."""
-        k_xb = self.kern_data(x, "beta")
-        mean = (k_xb @ self._beta_weights(terms).unsqueeze(-1)).squeeze(-1)
+        """ORTHDGP Appendix A.2 (eq. (10) for the hybrid basis); both kernels from one set of input features."""
+        u = input_features(x, self.lengthscale, self.scales == "dim")
+        zb, cb = self.basis("beta")
+        k_bx = torch.exp(basis_features(zb, cb, self.lengthscale, self.amplitude) @ u.transpose(-1, -2))
+        mean = _mv_rows(self._beta_weights(terms), k_bx)
         if "a_gamma" in terms:
-            mean = mean + self.kern_matvec(x, "gamma", terms["a_gamma"])
-        a = tri_solve(terms["Lk"], k_xb.transpose(-1, -2))  # L_k^{-1} K_{b,x}
+            zg, cg = self.basis("gamma")
+            mean = mean + exp_matvec(u, basis_features(zg, cg, self.lengthscale, self.amplitude), terms["a_gamma"])
+        a = tri_solve(terms["Lk"], k_bx)  # L_k^{-1} K_{b,x}
         b = terms["F"].transpose(-1, -2) @ tri_solve(terms["Lk"], a, transpose=True)  # F^T K_b^{-1} k_{b,x}
         var = self.amplitude[:, None] - (a * a).sum(-2) + (b * b).sum(-2)
         return mean, var.clamp_min(1e-10)
@@ -204,31 +213,29 @@ class ORTH(VariationalLearner):
 
     # -- prediction -------------------------------------------------------------
     def prepare(self) -> dict[str, Tensor]:
+        """Basis features and the variance factors: a prediction costs one feature matmul per basis."""
         terms = self.shared_terms()
         zb, cb = self.basis("beta")
         lk = terms["Lk"]
         # k_{x,b} K_b^{-1} S K_b^{-1} k_{b,x} - k_{x,b} K_b^{-1} k_{b,x} = ||k W1||^2 - ||k W2||^2
         w1 = tri_solve(lk, tri_solve(lk, terms["F"]), transpose=True)  # K^{-1} F
         w2 = tri_solve(lk, torch.eye(lk.shape[-1], dtype=self.dtype, device=self.device)).transpose(-1, -2)  # L_k^{-T}
-        cache = {"ls": self.lengthscale, "amp": self.amplitude, "zb": zb, "wb": self._beta_weights(terms), "W1": w1, "W2": w2}
-        if cb is not None:
-            cache["cb"] = cb
+        cache = {"ls": self.lengthscale, "amp": self.amplitude, "fb": basis_features(zb, cb, self.lengthscale, self.amplitude),
+                 "wb": self._beta_weights(terms), "W1": w1, "W2": w2}
         if "a_gamma" in terms:
             zg, cg = self.basis("gamma")
-            cache.update(zg=zg, a_gamma=terms["a_gamma"])
-            if cg is not None:
-                cache["cg"] = cg
+            cache.update(fg=basis_features(zg, cg, self.lengthscale, self.amplitude), a_gamma=terms["a_gamma"])
         return {k: v.detach() for k, v in cache.items()}
 
     def predict_cached(self, cache: Mapping[str, Tensor], x: Tensor) -> tuple[Tensor, Tensor]:
-        ls, amp = cache["ls"], cache["amp"]
-        k_xb = gen_se_ard(x, cache["zb"], ls, amp, None, cache.get("cb"))
-        mean = (k_xb @ cache["wb"].unsqueeze(-1)).squeeze(-1)
-        if "zg" in cache:
-            mean = mean + kernel_matvec(x, cache["zg"], ls, amp, cache["a_gamma"], None, cache.get("cg"))
+        u = input_features(x, cache["ls"], self.scales == "dim")
+        k_xb = torch.exp(u @ cache["fb"].transpose(-1, -2))
+        mean = _mv_rows(cache["wb"], k_xb.transpose(-1, -2))
+        if "fg" in cache:
+            mean = mean + exp_matvec(u, cache["fg"], cache["a_gamma"])
         v1 = k_xb @ cache["W1"]
         v2 = k_xb @ cache["W2"]
-        var = amp[:, None] - (v2 * v2).sum(-1) + (v1 * v1).sum(-1)
+        var = cache["amp"][:, None] - (v2 * v2).sum(-1) + (v1 * v1).sum(-1)
         return mean, var.clamp_min(1e-10)
 
 

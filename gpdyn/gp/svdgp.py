@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from gpdyn.gp.base import LearnerError
-from gpdyn.gp.kernels import gen_se_ard, kernel_matvec
+from gpdyn.gp.kernels import basis_features, exp_matvec, input_features
 from gpdyn.gp.variational import VariationalLearner, tri_solve
 
 
@@ -95,11 +95,15 @@ class SVDGP(VariationalLearner):
         return terms
 
     def marginals(self, x: Tensor, terms: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
-        """SVDGP eq. (8) at the inputs (Appendix A.2.1)."""
-        mean = self.kern_matvec(x, "alpha", terms["a"])
+        """SVDGP eq. (8) at the inputs (Appendix A.2.1); both kernels from one set of input features."""
+        u = input_features(x, self.lengthscale, self.scales == "dim")
+        za, ca = self.basis("alpha")
+        mean = exp_matvec(u, basis_features(za, ca, self.lengthscale, self.amplitude), terms["a"])
         var = self.amplitude[:, None].expand_as(mean)
         if "R" in terms:
-            v = tri_solve(terms["R"], terms["L"].transpose(-1, -2) @ self.kern_data(x, "beta").transpose(-1, -2))
+            zb, cb = self.basis("beta")
+            k_bx = torch.exp(basis_features(zb, cb, self.lengthscale, self.amplitude) @ u.transpose(-1, -2))
+            v = tri_solve(terms["R"], terms["L"].transpose(-1, -2) @ k_bx)
             var = var - (v * v).sum(-2)
         return mean, var.clamp_min(1e-10)
 
@@ -118,25 +122,23 @@ class SVDGP(VariationalLearner):
 
     # -- prediction -------------------------------------------------------------
     def prepare(self) -> dict[str, Tensor]:
+        """Basis features of both bases and ``W = L R^{-T}``: a prediction then costs one
+        feature matmul per basis (no per-call work over the basis parameters)."""
         terms = self.shared_terms()
         za, ca = self.basis("alpha")
-        cache = {"ls": self.lengthscale, "amp": self.amplitude, "a": terms["a"], "za": za}
-        if ca is not None:
-            cache["ca"] = ca
+        cache = {"ls": self.lengthscale, "amp": self.amplitude, "a": terms["a"], "fa": basis_features(za, ca, self.lengthscale, self.amplitude)}
         if "R" in terms:
             zb, cb = self.basis("beta")
             # k_{x,beta} L R^{-T}: the variance needs only W = L R^{-T}
             w = tri_solve(terms["R"], terms["L"].transpose(-1, -2)).transpose(-1, -2)
-            cache.update(zb=zb, W=w)
-            if cb is not None:
-                cache["cb"] = cb
+            cache.update(fb=basis_features(zb, cb, self.lengthscale, self.amplitude), W=w)
         return {k: v.detach() for k, v in cache.items()}
 
     def predict_cached(self, cache: Mapping[str, Tensor], x: Tensor) -> tuple[Tensor, Tensor]:
-        ls, amp = cache["ls"], cache["amp"]
-        mean = kernel_matvec(x, cache["za"], ls, amp, cache["a"], None, cache.get("ca"))
-        var = amp[:, None].expand_as(mean)
+        u = input_features(x, cache["ls"], self.scales == "dim")
+        mean = exp_matvec(u, cache["fa"], cache["a"])
+        var = cache["amp"][:, None].expand_as(mean)
         if "W" in cache:
-            v = gen_se_ard(x, cache["zb"], ls, amp, None, cache.get("cb")) @ cache["W"]
+            v = torch.exp(u @ cache["fb"].transpose(-1, -2)) @ cache["W"]
             var = var - (v * v).sum(-1)
         return mean, var.clamp_min(1e-10)
