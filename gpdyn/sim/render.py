@@ -34,6 +34,46 @@ def episode_states(store: EpisodeStore, index: int) -> tuple[np.ndarray, np.ndar
     return qpos, qvel
 
 
+class _Offscreen:
+    """An offscreen MuJoCo frame buffer on the backend named by ``MUJOCO_GL`` now.
+
+    ``mujoco.Renderer`` fixes its GL backend when ``mujoco`` is first imported, which
+    may be before this module set ``MUJOCO_GL``; this context reads it when created.
+    """
+
+    def __init__(self, model: mujoco.MjModel, width: int, height: int) -> None:
+        backend = os.environ.get("MUJOCO_GL", "egl").lower()
+        if backend == "egl":
+            from mujoco.egl import GLContext
+        elif backend == "osmesa":
+            from mujoco.osmesa import GLContext
+        elif backend == "glfw":
+            from mujoco.glfw import GLContext
+        else:
+            raise InputError(f"render: MUJOCO_GL={backend!r}; use egl, osmesa or glfw")
+        self.model = model
+        self.viewport = mujoco.MjrRect(0, 0, width, height)
+        self.gl = GLContext(width, height)
+        self.gl.make_current()
+        self.context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150)
+        mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self.context)
+        self.scene = mujoco.MjvScene(model, maxgeom=1000)
+        self.option = mujoco.MjvOption()
+        self.rgb = np.empty((height, width, 3), dtype=np.uint8)
+
+    def render(self, data: mujoco.MjData, camera: mujoco.MjvCamera) -> np.ndarray:
+        """One RGB frame of ``data`` seen from ``camera`` (top row first)."""
+        self.gl.make_current()
+        mujoco.mjv_updateScene(self.model, data, self.option, None, camera, mujoco.mjtCatBit.mjCAT_ALL, self.scene)
+        mujoco.mjr_render(self.viewport, self.scene, self.context)
+        mujoco.mjr_readPixels(self.rgb, None, self.viewport, self.context)
+        return np.flipud(self.rgb).copy()
+
+    def close(self) -> None:
+        self.context.free()
+        self.gl.free()
+
+
 def render_episode(
     store: EpisodeStore, index: int, out: str | Path, *, width: int = 480, height: int = 360, every: int = 1
 ) -> Path:
@@ -57,23 +97,22 @@ def render_episode(
     vis = sim.model.vis.global_
     if width > vis.offwidth or height > vis.offheight:
         raise InputError(f"render: {width}x{height} exceeds the model's offscreen buffer {vis.offwidth}x{vis.offheight}")
-    renderer = mujoco.Renderer(sim.model, height=height, width=width)
     # gymnasium's rgb_array camera is a free camera that stays at the origin; a
     # tracking camera on the torso keeps a walking robot in the frame
     camera = mujoco.MjvCamera()
     camera.type = mujoco.mjtCamera.mjCAMERA_TRACKING
     camera.trackbodyid = max(mujoco.mj_name2id(sim.model, mujoco.mjtObj.mjOBJ_BODY, "torso"), 0)
     camera.distance, camera.elevation, camera.azimuth = 4.0, -20.0, 90.0
+    kwargs = {"fps": fps, "macro_block_size": 8} if out.suffix.lower() == ".mp4" else {"duration": 1000.0 / fps, "loop": 0}
+    frames = _Offscreen(sim.model, width, height)
     try:
         env.reset(seed=0)
-        kwargs = {"fps": fps, "macro_block_size": 8} if out.suffix.lower() == ".mp4" else {"duration": 1000.0 / fps, "loop": 0}
         with imageio.get_writer(out, **kwargs) as writer:
             for t in range(0, qpos.shape[0], every):
                 sim.set_state(qpos[t], qvel[t])
-                renderer.update_scene(sim.data, camera=camera)
-                writer.append_data(renderer.render())
+                writer.append_data(frames.render(sim.data, camera))
     finally:
-        renderer.close()
+        frames.close()
         env.close()
     return out
 
