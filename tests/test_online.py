@@ -34,14 +34,7 @@ def _run(name: str, sizes: dict, iterations: int = 250):
     return learner, records
 
 
-IVSGPR_XFAIL = pytest.mark.xfail(
-    strict=True,
-    reason="known: iVSGPR's closed-form mirror step goes through S^-1 and K_beta^-1, which the "
-    "ill-conditioned K_beta of this problem (cond ~1e16) ruins; SVI's gradient form of the same step works",
-)
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=IVSGPR_XFAIL) if n == "ivsgpr" else n for n in SINC])
+@pytest.mark.parametrize("name", list(SINC))
 def test_each_learner_fits_sinc(name):
     sizes, target = SINC[name]
     iterations = 600 if name == "orth" else 250

@@ -298,19 +298,33 @@ class ORTHNAT(ORTH):
     # -- natural-parameter algebra (shared with the coupled baselines) ------------------
     @torch.no_grad()
     def natural_params(self) -> tuple[Tensor, Tensor, Tensor]:
-        """``(j_b, S^{-1}, m_b)`` of the active beta block (eq. (12): j_b = S^{-1} K_b a_b = S^{-1} m_b)."""
+        """``(j_b, S^{-1}, m_b)`` of the active beta block (eq. (12): j_b = S^{-1} K_b a_b = S^{-1} m_b).
+
+        For inspection: the updates (:meth:`_apply_move`) never form ``S^{-1}``."""
         m = self.counts["beta"]
         ls = chol(_sym(self.params["S"][:, :m, :m]), self.jitter)
         m_b = self.params["m_beta"][:, :m]
         return torch.cholesky_solve(m_b.unsqueeze(-1), ls).squeeze(-1), torch.cholesky_inverse(ls), m_b
 
     @torch.no_grad()
-    def set_natural_params(self, j: Tensor, s_inv: Tensor) -> None:
-        """Back to model parameters: ``S = (S^{-1})^{-1}``, ``m_b = S j_b``."""
-        m = self.counts["beta"]
-        s = _sym(torch.cholesky_inverse(chol(_sym(s_inv), 0.0)))
-        self.params["S"][:, :m, :m] = s
-        self.params["m_beta"][:, :m] = (s @ j.unsqueeze(-1)).squeeze(-1)
+    def _apply_move(self, lo: Tensor, b: Tensor, alpha: float, m_b: Tensor, delta_j: Tensor) -> None:
+        """Set the natural parameters (eq. (12)) to ``S'^{-1} = L^{-T} B L^{-1}`` and
+        ``j' = alpha j + delta_j`` (``S = L L^T``) without inverting S, K_b or S'^{-1}::
+
+            S' = L B^{-1} L^T,      m' = S' j' = L B^{-1} (alpha L^{-1} m + L^T delta_j)
+
+        A step ``S'^{-1} = alpha S^{-1} + Delta`` has ``B = alpha I + L^T Delta L``: close to
+        the identity for a natural-gradient step and ``alpha I`` plus a positive
+        semidefinite term for the mirror step, so B stays well conditioned where S and
+        K_b are not (an explicit ``S^{-1}`` loses every digit when ``cond(K_b) ~ 1e16``, as
+        on the sinc problem of SVDGP Fig. 1). S' is formed as ``F F^T``, ``F = L R_B^{-T}``.
+        """
+        m = lo.shape[-1]
+        rb = chol(_sym(b), self.jitter)
+        f = tri_solve(rb, lo.transpose(-1, -2)).transpose(-1, -2)  # L R_B^{-T}: S' = f f^T
+        rhs = alpha * tri_solve(lo, m_b.unsqueeze(-1)) + lo.transpose(-1, -2) @ delta_j.unsqueeze(-1)
+        self.params["S"][:, :m, :m] = _sym(f @ f.transpose(-1, -2))
+        self.params["m_beta"][:, :m] = (lo @ torch.cholesky_solve(rhs, rb)).squeeze(-1)
 
     @torch.no_grad()
     def set_coupled(self, a: Tensor, s: Tensor) -> None:
@@ -329,10 +343,13 @@ class ORTHNAT(ORTH):
         if g_s is not None and g_m is not None and m > 0:
             g_s = n * _sym(g_s[:, :m, :m])
             g_m = n * g_m[:, :m]  # dL/dm_b = K_b^{-1} dL/da_b, the first term of (15b)
-            j, s_inv, m_b = self.natural_params()
-            j = j - tau * (g_m - 2.0 * (g_s @ m_b.unsqueeze(-1)).squeeze(-1))
-            s_inv = s_inv + 2.0 * tau * g_s  # Theta = S^{-1}/2
-            self.set_natural_params(j, s_inv)
+            # (15c): S'^{-1} = S^{-1} + 2 tau g_S; (15b): j' = j - tau (g_m - 2 g_S m_b)
+            lo = chol(_sym(self.params["S"][:, :m, :m]), self.jitter)
+            m_b = self.params["m_beta"][:, :m]
+            eye = torch.eye(m, dtype=self.dtype, device=self.device)
+            b = eye + 2.0 * tau * (lo.transpose(-1, -2) @ g_s @ lo)
+            delta_j = -tau * (g_m - 2.0 * (g_s @ m_b.unsqueeze(-1)).squeeze(-1))
+            self._apply_move(lo, b, 1.0, m_b, delta_j)
         if self.gamma_update == "diag" and "a_gamma" in self.params and self.params["a_gamma"].grad is not None:
             mg = self.counts["gamma"]
             k_bg = self.kern_basis("beta", "gamma")
