@@ -140,8 +140,13 @@ _WORKER: dict[str, Any] = {}
 
 
 def _init_worker(config: CollectConfig) -> None:
+    import signal
+
     import torch
 
+    # Ctrl-C is the parent's to handle (it keeps the finished episodes and terminates
+    # the pool); a worker killed by it while holding the task queue lock would hang the pool
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)  # one process per core; more threads only contend
     _WORKER["env"] = make_env(config.env_id)
     _WORKER["policies"] = [load_policy(p) for p in config.policies]
