@@ -114,3 +114,23 @@ def test_bad_configuration():
         ORTHNAT(2, 1, m_gamma=4, m_beta=2, gamma_update="exact")
     with pytest.raises(InputError, match="nat_lr"):
         ORTHNAT(2, 1, m_gamma=4, m_beta=2, nat_lr=2.0)
+
+
+@pytest.mark.parametrize("basis", ["orth", "hybrid"])
+def test_closed_form_natural_step_equals_autograd_natural_step(basis):
+    """step() uses the closed-form gradients of eqs. (15b)-(15c); natural_step() takes them from autograd."""
+    ref, x, y = _model(ORTHNAT, basis=basis)
+    fast, _, _ = _model(ORTHNAT, basis=basis)
+    g = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        a_g, m_b = torch.randn(P, MG, generator=g, dtype=F64), torch.randn(P, MB, generator=g, dtype=F64)
+        for m in (ref, fast):  # away from the prior, so that every term of the step is active
+            m.params["a_gamma"][:] = a_g
+            m.params["m_beta"][:] = m_b
+            m.params["log_ls"].add_(0.2)
+    batch = slice(0, 20)  # a minibatch of 20 from N = 50: the data term is weighted by 2.5
+    ref.natural_step(x[batch], y[batch], tau=0.4)
+    fast.closed_form_step(x[batch], y[batch], tau=0.4)
+    torch.testing.assert_close(fast.params["S"], ref.params["S"])
+    torch.testing.assert_close(fast.params["m_beta"], ref.params["m_beta"])
+    assert not ref.params["S"].requires_grad  # natural_step leaves S out of autograd again

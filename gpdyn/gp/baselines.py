@@ -65,26 +65,11 @@ class IVSGPR(ORTHNAT):
         """``theta <- (1 - tau) theta + tau theta_hat(minibatch)`` in natural parameters (eq. (12)).
 
         The minibatch optimum (Titsias 2009, weighted by ``w = N / (N_m sigma^2)``) has
-        ``S_hat^{-1} = K^{-1} + w A A^T`` and ``j_hat = w A y``, ``A = K^{-1} K_zx``, with K
-        factored (``K = L_K L_K^T``) with the same relative jitter as the bound. With
-        ``S = L L^T`` the move needs only ``B = (1 - tau) I + tau (L_K^{-1} L)^T (L_K^{-1} L)
-        + tau w (L^T A)(L^T A)^T`` (:meth:`~gpdyn.gp.orthdgp.ORTHNAT._apply_move`): neither
-        S, S_hat nor K is inverted. It is the step SVI takes by gradients, in closed form.
+        ``S_hat^{-1} = K^{-1} + w A A^T`` and ``j_hat = w A y``, ``A = K^{-1} K_zx``: the
+        convex combination is :meth:`~gpdyn.gp.orthdgp.ORTHNAT.closed_form_step` with an
+        empty gamma, made without inverting S, S_hat or K.
         """
-        m = self.counts["beta"]
-        if m == 0:
-            return
-        lk = chol(self.kern_basis("beta"), self.jitter)
-        a = torch.cholesky_solve(self.kern_data(x, "beta").transpose(-1, -2), lk)  # K^{-1} K_zx
-        w = (self.data_size(x.shape[0]) / x.shape[0]) / self.noise  # [P]
-        lo = chol(0.5 * (self.params["S"][:, :m, :m] + self.params["S"][:, :m, :m].transpose(-1, -2)), self.jitter)
-        c = tri_solve(lk, lo)  # L_K^{-1} L: c^T c = L^T K^{-1} L
-        t = lo.transpose(-1, -2) @ a  # L^T A
-        b = (1.0 - tau) * torch.eye(m, dtype=self.dtype, device=self.device) + tau * (
-            c.transpose(-1, -2) @ c + w[:, None, None] * (t @ t.transpose(-1, -2))
-        )
-        delta_j = tau * w[:, None] * (a @ y.transpose(0, 1).unsqueeze(-1)).squeeze(-1)
-        self._apply_move(lo, b, 1.0 - tau, self.params["m_beta"][:, :m], delta_j)
+        self.closed_form_step(x, y, tau)
 
 
 class _SubsetLearner(ORTHNAT):

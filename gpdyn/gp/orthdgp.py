@@ -120,8 +120,9 @@ class ORTH(VariationalLearner):
             # natural steps act on the expectation-side parameters m_b = K_b a_b and S itself
             # (Fig. 1); keeping m_b rather than a_b avoids K_b^{-1} outside the bound, which
             # an ill-conditioned K_b would amplify at every step
-            self.params["m_beta"] = self._zeros(self.output_dim, m_beta)
-            self.params["S"] = self._zeros(self.output_dim, m_beta, m_beta)
+            # no autograd on them in step(): closed_form_step has their gradients in closed form
+            self.params["m_beta"] = self._zeros(self.output_dim, m_beta, grad=False)
+            self.params["S"] = self._zeros(self.output_dim, m_beta, m_beta, grad=False)
             self.adam_exclude.update({"S", "m_beta"})
         else:
             self.params["a_beta"] = self._zeros(self.output_dim, m_beta)
@@ -284,16 +285,71 @@ class ORTHNAT(ORTH):
         return self.nat_lr / (1.0 + 0.1 * (self.t**0.5))
 
     def _before_adam(self, x: Tensor, y: Tensor, lr: float) -> None:
-        self.natural_update(self.nat_step_size(), x.shape[0])
+        tau = self.nat_step_size()
+        self.closed_form_step(x, y, tau)
+        self._gamma_diag_update(tau)
 
     def natural_step(self, x: Tensor, y: Tensor, tau: float) -> None:
-        """One natural step of size ``tau`` on the minibatch alone (no Adam, no schedule)."""
+        """One natural step of size ``tau`` on the minibatch alone (no Adam, no schedule),
+        from autograd's ``dL/dS`` and ``dL/dm_b`` (eqs. (15b)-(15c) as printed).
+
+        :meth:`step` takes the same step through :meth:`closed_form_step`, which needs
+        no gradient with respect to S (whose Cholesky backward dominates a step at
+        |beta| = 1024); this form is kept as its reference."""
         self.check_xy(x, y, "natural_step")
         for v in self.params.values():
             v.grad = None
-        self.loss(x, y).sum().backward()
+        for key in ("S", "m_beta"):
+            self.params[key].requires_grad_(True)
+        try:
+            self.loss(x, y).sum().backward()
+        finally:
+            for key in ("S", "m_beta"):
+                self.params[key].requires_grad_(False)
         self.natural_update(tau, x.shape[0])
         self._cache = None
+
+    @torch.no_grad()
+    def closed_form_step(self, x: Tensor, y: Tensor, tau: float) -> None:
+        """Eqs. (15b)-(15c) on the minibatch ``(x, y)`` with the gradients in closed form.
+
+        For a Gaussian likelihood, with ``A = K_b^{-1} K_{b,X}``, ``w = N / (N_m sigma^2)`` and
+        ``r_g = y - m_gamma(X)`` (the data minus the gamma part of the mean, ``K_{X,g} a_g
+        - A^T K_{b,g} a_g`` for the orthogonal basis, ``K_{X,g} a_g`` for the hybrid one),
+        the gradients of the negative bound over N points are
+        ``dL/dS = (K_b^{-1} - S^{-1} + w A A^T) / 2`` and ``dL/dm_b = a_b - w A (y - mean)``
+        (plus ``K_b^{-1} K_{b,g} a_g`` for the hybrid basis), so the step is
+
+            S'^{-1} = (1 - tau) S^{-1} + tau (K_b^{-1} + w A A^T)
+            j'      = (1 - tau) j + tau (w A r_g - [hybrid] K_b^{-1} K_{b,g} a_g)
+
+        (the mirror step of :class:`~gpdyn.gp.baselines.IVSGPR` when gamma is empty). It is
+        made by :meth:`_apply_move` with ``B = (1 - tau) I + tau (C^T C + w T T^T)``,
+        ``C = L_K^{-1} L``, ``T = L^T A``, ``S = L L^T``: nothing is inverted.
+        """
+        m = self.counts["beta"]
+        if m == 0:
+            return
+        terms = self.shared_terms()
+        lk, lo = terms["Lk"], terms["F"]
+        a = torch.cholesky_solve(self.kern_data(x, "beta").transpose(-1, -2), lk)  # K_b^{-1} K_{b,X}
+        resid = y.transpose(0, 1)
+        delta_j = torch.zeros_like(terms["a_beta"])
+        if "a_gamma" in terms:
+            mean_g = self.kern_matvec(x, "gamma", terms["a_gamma"])
+            if self.basis_kind == "orth":
+                mean_g = mean_g - (terms["u"].unsqueeze(-2) @ a).squeeze(-2)
+            else:
+                delta_j = -tau * torch.cholesky_solve(terms["u"].unsqueeze(-1), lk).squeeze(-1)
+            resid = resid - mean_g
+        w = (self.data_size(x.shape[0]) / x.shape[0]) / self.noise  # [P]
+        c = tri_solve(lk, lo)  # C^T C = L^T K_b^{-1} L
+        t = lo.transpose(-1, -2) @ a
+        b = (1.0 - tau) * torch.eye(m, dtype=self.dtype, device=self.device) + tau * (
+            c.transpose(-1, -2) @ c + w[:, None, None] * (t @ t.transpose(-1, -2))
+        )
+        delta_j = delta_j + tau * w[:, None] * (a @ resid.unsqueeze(-1)).squeeze(-1)
+        self._apply_move(lo, b, 1.0 - tau, self.params["m_beta"][:, :m], delta_j)
 
     # -- natural-parameter algebra (shared with the coupled baselines) ------------------
     @torch.no_grad()
@@ -350,6 +406,11 @@ class ORTHNAT(ORTH):
             b = eye + 2.0 * tau * (lo.transpose(-1, -2) @ g_s @ lo)
             delta_j = -tau * (g_m - 2.0 * (g_s @ m_b.unsqueeze(-1)).squeeze(-1))
             self._apply_move(lo, b, 1.0, m_b, delta_j)
+        self._gamma_diag_update(tau)
+
+    @torch.no_grad()
+    def _gamma_diag_update(self, tau: float) -> None:
+        """The approximate natural step of eq. (16) on gamma (``gamma_update="diag"``)."""
         if self.gamma_update == "diag" and "a_gamma" in self.params and self.params["a_gamma"].grad is not None:
             mg = self.counts["gamma"]
             k_bg = self.kern_basis("beta", "gamma")
