@@ -16,10 +16,12 @@ from synthetic import make_kuka_store, make_walker_store
 
 from gpdyn.cli import main
 from gpdyn.control.kuka_control import KukaRunConfig, run_kuka
+from gpdyn.control.learning import ResidualGP
 from gpdyn.control.loop import WalkerRunConfig, pretrained_walker_model, run_walker, run_walker_episode
 from gpdyn.control.walker_model import LearnedWalkerDynamics
 from gpdyn.data.store import EpisodeStore
-from gpdyn.gp import LEARNERS
+from gpdyn.errors import InputError
+from gpdyn.gp import LEARNERS, make_learner
 from gpdyn.runs import RunDir
 from gpdyn.sim.policy import load_policy
 
@@ -108,3 +110,75 @@ def test_cli_control_bad_options_exit_2(tmp_path: Path, capsys: pytest.CaptureFi
     assert "change-at" in capsys.readouterr().err
     assert main(["control", "walker", "--learner", "nope", "--out", str(tmp_path / "b")]) == 2
     assert main(["control", "kuka", "--learner", "svdgp", "--payload", "-1", "--out", str(tmp_path / "c")]) == 2
+
+
+def test_kuka_pd_gains_keep_the_sampled_loop_stable() -> None:
+    """Gains on the diagonal of M made the 100 Hz loop unstable (the old 0.05 rad 'true model' error)."""
+    from envs.kuka import KukaIiwaEnv
+    from gpdyn.control.kuka_control import inertia_matrix, pd_gains, sampled_loop_radius
+
+    env = KukaIiwaEnv(family="kuka1", pattern_seed=0)
+    poses = env.pattern.evaluate(np.arange(0.0, 4.0, 0.05), 1.0)[0]
+    kp, kd = pd_gains(env.model, poses, 20.0)
+    assert sampled_loop_radius(env.model, poses, kp, kd, 0.01) < 1.0
+    m_diag = np.diag(inertia_matrix(env.model, poses[0]))
+    assert sampled_loop_radius(env.model, poses, 400.0 * m_diag, 40.0 * m_diag, 0.01) > 1.2
+    with pytest.raises(InputError, match="poses"):
+        pd_gains(env.model, np.zeros((3, 6)), 20.0)
+    env.close()
+
+
+def test_kuka_true_model_tracks_to_a_millirad(tmp_path: Path) -> None:
+    """Past t = 1.1 s, where the unstable gains used to chatter against the torque limits."""
+    cfg = KukaRunConfig(steps=160, change_at=80, controllers=("pd", "true"), progress=False)
+    result = run_kuka(RunDir.create("t", {}, out=tmp_path / "run"), cfg)
+    true = result["rmse"]["true"]
+    assert max(true["before"]) < 5e-3 and max(true["after"]) < 1e-3
+    assert np.mean(result["rmse"]["pd"]["after"]) > 10 * np.mean(true["after"])
+
+
+def test_residual_gp_adapts_to_a_changed_function_at_once() -> None:
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 3, generator=gen, dtype=torch.float64)
+
+    def f(z: torch.Tensor) -> torch.Tensor:
+        return torch.stack([z.sin().sum(-1), z.cos().sum(-1)], -1)
+
+    prior = make_learner("exact", 3, 2, max_points=500)
+    prior.observe(x, f(x))
+    t = torch.linspace(0, 3, 60, dtype=torch.float64)
+    path = torch.stack([t.sin(), t.cos(), 0.3 * t], -1)
+
+    def changed(z: torch.Tensor) -> torch.Tensor:  # the plant change: an offset and a slope
+        return f(z) + 1.0 + 0.5 * z[:, :1]
+
+    res = ResidualGP(prior, x, window=20, amplitude=1.0)
+    errors = []
+    for i in range(len(t) - 1):
+        xi = path[i : i + 1]
+        res.observe(xi, changed(xi))
+        res.step(xi, changed(xi))
+        nxt = path[i + 1 : i + 2]
+        errors.append(float((res.predict(nxt)[0] - changed(nxt)).abs().max()))
+    prior_error = float((prior.predict(path)[0] - changed(path)).abs().max(-1).values.mean())
+    assert prior_error > 0.5 and max(errors[5:]) < 0.05 * prior_error
+    assert res.residual.n <= 20 and res.observed == len(t) - 1  # the window rebuilt itself
+    twin = ResidualGP(make_learner("exact", 3, 2, max_points=500), x, window=20, amplitude=1.0)
+    twin.load_state_dict(res.state_dict())
+    torch.testing.assert_close(twin.predict(path)[0], res.predict(path)[0])
+    for bad in ({"window": 2}, {"noise": 0.0}, {"lengthscale_factor": [1.0, 2.0]}):
+        with pytest.raises(InputError, match="ResidualGP"):
+            ResidualGP(prior, x, **bad)
+
+
+def test_walker_loop_with_residual_adaptation(walker_zarr: Path, tmp_path: Path) -> None:
+    cfg = WalkerRunConfig(learner="svdgp", steps=4, change_at=1, adapt="residual", window=8,
+                          controllers=("online",), conditions=("changed",), **TINY)
+    run = RunDir.create("t", {}, out=tmp_path / "run")
+    run_walker(run, cfg, walker_zarr)
+    steps = _records(run, "step")
+    assert len(steps) == 4 and all(math.isfinite(s["model_rmse"]) for s in steps)
+    assert all("update_seconds" in s for s in steps)
+    with pytest.raises(InputError, match="adapt"):
+        WalkerRunConfig(adapt="nope").validate()

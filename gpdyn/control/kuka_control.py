@@ -67,6 +67,7 @@ class KukaRunConfig:
     updates: int = 1
     adapt: str = "residual"  # online model: "residual" (ResidualGP on the frozen one) or "steps" (the learner's own steps)
     window: int = 400  # ResidualGP: most recent samples it conditions on
+    qdd_lengthscale: float = 10.0  # ResidualGP: factor on the median-trick lengthscales of the 7 accelerations
     omega: float = 20.0  # PD bandwidth, rad/s
     controllers: tuple[str, ...] = KUKA_CONTROLLERS
     seed: int = 0
@@ -91,8 +92,9 @@ class KukaRunConfig:
             raise InputError(f"control kuka: controllers {bad or '(none)'} not in {', '.join(KUKA_CONTROLLERS)}")
         if self.adapt not in ADAPT:
             raise InputError(f"control kuka: adapt must be one of {', '.join(ADAPT)}, got '{self.adapt}'")
-        if self.window < 4 or self.updates < 0:
-            raise InputError(f"control kuka: need window >= 4 and updates >= 0, got {self.window}, {self.updates}")
+        if self.window < 4 or self.updates < 0 or not self.qdd_lengthscale > 0:
+            raise InputError(f"control kuka: need window >= 4, updates >= 0 and qdd_lengthscale > 0, got "
+                             f"{self.window}, {self.updates}, {self.qdd_lengthscale}")
         if self.dtype not in DTYPES:
             raise InputError(f"control kuka: dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
 
@@ -214,7 +216,8 @@ def run_kuka(run: RunDir, cfg: KukaRunConfig, store: str | Path | None = None) -
                 learner = build_learner(cfg.learner, 21, 7, scale=cfg.scale, device=cfg.device, dtype=dtype, seed=cfg.seed)
                 learner.load_state_dict(base.state_dict())
                 if cfg.adapt == "residual":
-                    learner = ResidualGP(learner, x_train, window=cfg.window)
+                    factors = [1.0] * (2 * N_JOINTS) + [cfg.qdd_lengthscale] * N_JOINTS
+                    learner = ResidualGP(learner, x_train, window=cfg.window, amplitude=1.0, lengthscale_factor=factors)
                 updater = OnlineUpdater(learner, batch=cfg.online_batch, updates=cfg.updates)
             model = LearnedInverseDynamics(learner, problem.normalizer)
         errors = np.zeros((cfg.steps, N_JOINTS))
@@ -230,6 +233,10 @@ def run_kuka(run: RunDir, cfg: KukaRunConfig, store: str | Path | None = None) -
                 ff = inverse_dynamics(env.model, scratch, *(r[None] for r in mid))[0]
             else:
                 ff = model(*mid)
+            record: dict[str, Any] = {}
+            if ctrl in ("frozen", "online"):  # the learned feed-forward against the plant's own, N m
+                exact = inverse_dynamics(env.model, scratch, *(r[None] for r in mid))[0]
+                record["ff_error"] = (ff - exact).tolist()
             ff_ok = bool(np.isfinite(ff).all())
             if not ff_ok:  # a non-finite model output never reaches the motors: PD alone this step
                 ff = np.zeros(N_JOINTS)
@@ -237,7 +244,6 @@ def run_kuka(run: RunDir, cfg: KukaRunConfig, store: str | Path | None = None) -
             obs, _, _, _, info = env.step(tau)
             q1, qd1 = obs[:N_JOINTS], obs[N_JOINTS:]
             errors[t] = q1 - info["q_ref"]
-            record: dict[str, Any] = {}
             if updater is not None:
                 t_up = time.perf_counter()
                 updater(*model.training_pair(0.5 * (q + q1), 0.5 * (qd + qd1), (qd1 - qd) / cfg.dt, tau))

@@ -14,11 +14,20 @@ where the robot goes after a plant change (``observe`` only adds while there is 
 Online (:class:`OnlineUpdater`): each new transition is observed, then ``updates`` steps
 are taken on the most recent ``batch`` transitions (WISKI: on the newest batch itself,
 as its eq. (18) requires).
+
+Fast adaptation (:class:`ResidualGP`): the pretrained learner stays frozen as a prior
+mean and an exact GP conditions on the residual ``y - prior(x)`` of every new sample
+(a rank-q Cholesky update, no optimiser step), over a sliding window of the most
+recent samples. One Adam step per control step barely moves a variational model
+(measured in docs/control.md); exact conditioning changes the prediction at the very
+next step, and the window lets it forget the plant before a change.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -26,7 +35,9 @@ from torch import Tensor
 from tqdm import tqdm
 
 from gpdyn.errors import InputError
-from gpdyn.gp import Learner, make_learner
+from gpdyn.gp import Learner, LearnerError, make_learner
+from gpdyn.gp.exact import ExactOnlineGP
+from gpdyn.gp.kernels import median_lengthscale
 
 # Learner sizes for the small default control runs (a few minutes on 2 cores); the
 # paper-scale sizes are each learner's own defaults (``scale="paper"``).
@@ -131,4 +142,121 @@ class OnlineUpdater:
         return metrics
 
 
-__all__ = ["SMALL_SIZES", "OnlineUpdater", "build_learner", "pretrain_learner"]
+class ResidualGP(Learner):
+    """A frozen ``prior`` learner plus an exact GP on its residuals over the last ``window`` samples.
+
+    ``predict`` = prior mean + residual mean, prior variance + residual variance. The
+    residual GP's SE-ARD hyperparameters are set, not fitted to the first sample: median-
+    trick lengthscales from ``reference_x`` (the pretraining inputs) times
+    ``lengthscale_factor`` (one value or one per input), amplitude ``amplitude`` and noise ``noise`` (normalised output
+    units). Every ``refit_every`` observed samples, ``refit_iters`` Adam steps on the
+    residual log marginal likelihood refine them (``refit_iters=0``: never). When the
+    window is full, the GP is rebuilt from its newest ``window // 2`` samples.
+    """
+
+    name = "residual"
+
+    def __init__(
+        self,
+        prior: Learner,
+        reference_x: Tensor,
+        *,
+        window: int = 400,
+        lengthscale_factor: float | list[float] | Tensor = 1.0,
+        amplitude: float = 0.1,
+        noise: float = 1e-4,
+        refit_every: int = 100,
+        refit_iters: int = 10,
+        lr: float = 0.05,
+    ) -> None:
+        super().__init__(prior.input_dim, prior.output_dim, device=prior.device, dtype=prior.dtype, seed=prior.seed)
+        factor = torch.as_tensor(lengthscale_factor, dtype=prior.dtype).reshape(-1)
+        if factor.numel() not in (1, prior.input_dim) or not bool(torch.isfinite(factor).all() and (factor > 0).all()):
+            raise LearnerError(f"ResidualGP: lengthscale_factor must be one or {prior.input_dim} finite values > 0, "
+                               f"got {lengthscale_factor!r}")
+        options = {"window": (window, window >= 4),
+                   "amplitude": (amplitude, amplitude > 0), "noise": (noise, noise > 0),
+                   "refit_every": (refit_every, refit_every >= 1), "refit_iters": (refit_iters, refit_iters >= 0),
+                   "lr": (lr, lr > 0)}
+        for name, (value, ok) in options.items():
+            if not (ok and math.isfinite(float(value))):
+                raise LearnerError(f"ResidualGP: option {name}={value!r} is out of range")
+        if reference_x.ndim != 2 or reference_x.shape[1] != prior.input_dim or reference_x.shape[0] < 2:
+            raise LearnerError(f"ResidualGP: reference_x must be [N >= 2, {prior.input_dim}], got {tuple(reference_x.shape)}")
+        self.prior = prior
+        self.window = int(window)
+        self.hyper = {
+            "lengthscale": (factor.to(prior.device) * median_lengthscale(reference_x.to(prior.device, prior.dtype),
+                                                                         generator=self.generator)).expand(prior.output_dim, -1).clone(),
+            "amplitude": float(amplitude),
+            "noise": float(noise),
+        }
+        self.config.update(window=self.window, lengthscale_factor=factor.tolist(), amplitude=float(amplitude),
+                           noise=float(noise), refit_every=int(refit_every), refit_iters=int(refit_iters), lr=float(lr))
+        self.residual = self._fresh()
+        self.observed = 0
+
+    def _fresh(self) -> ExactOnlineGP:
+        gp = ExactOnlineGP(self.input_dim, self.output_dim, device=self.device, dtype=self.dtype, seed=self.seed,
+                           lr=self.config["lr"], refit_every=self.config["refit_every"],
+                           refit_iters=self.config["refit_iters"], max_points=self.window,
+                           learn_hyperparameters=self.config["refit_iters"] > 0)
+        gp.set_hyperparameters(**self.hyper)
+        return gp
+
+    def _prior_mean(self, x: Tensor) -> Tensor:
+        with torch.no_grad():
+            return self.prior.predict(x)[0]
+
+    def observe(self, x: Tensor, y: Tensor) -> None:
+        """Condition the residual GP on ``y - prior(x)`` (rebuilding from the newest half when full)."""
+        self.check_xy(x, y, "observe")
+        self.check_finite("observe", x=x, y=y)
+        r = y - self._prior_mean(x)
+        gp = self.residual
+        if gp.n + x.shape[0] > self.window:
+            keep = max(0, self.window // 2 - x.shape[0])
+            state = gp.state_dict()
+            old_x, old_r = state["X"][gp.n - keep :], state["Y"][gp.n - keep :]
+            self.hyper = {k: v.detach().clone() for k, v in gp.hp.as_dict().items()}
+            gp = self.residual = self._fresh()
+            if keep:
+                gp.observe(old_x, old_r)
+        gp.observe(x, r)
+        self.observed += x.shape[0]
+
+    def step(self, x: Tensor, y: Tensor) -> dict[str, float]:
+        """Count a step; the residual GP refits its hyperparameters every ``refit_every`` steps."""
+        self.check_xy(x, y, "step")
+        if self.residual.n == 0:
+            return {"refit": 0.0}
+        return self.residual.step(x, y - self._prior_mean(x))
+
+    def predict(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        mean, var = self.prior.predict(x)
+        if self.residual.n == 0:
+            return mean, var
+        r_mean, r_var = self.residual.predict(x)
+        return mean + r_mean, var + r_var
+
+    def vlb(self, x: Tensor, y: Tensor) -> Tensor:
+        """Held-out log likelihood per point of the residual GP on ``y - prior(x)``."""
+        self.check_xy(x, y, "vlb")
+        return self.residual.vlb(x, y - self._prior_mean(x))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "prior": self.prior.state_dict(), "residual": self.residual.state_dict(),
+                "hyper": {k: (v.clone() if isinstance(v, Tensor) else v) for k, v in self.hyper.items()},
+                "observed": self.observed}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("name") != self.name:
+            raise LearnerError(f"ResidualGP.load_state_dict: a '{state.get('name')}' checkpoint, not '{self.name}'")
+        self.prior.load_state_dict(state["prior"])
+        self.hyper = dict(state["hyper"])
+        self.residual = self._fresh()
+        self.residual.load_state_dict(state["residual"])
+        self.observed = int(state["observed"])
+
+
+__all__ = ["SMALL_SIZES", "OnlineUpdater", "ResidualGP", "build_learner", "pretrain_learner"]

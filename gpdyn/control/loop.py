@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from gpdyn.control.learning import OnlineUpdater, build_learner, pretrain_learner
+from gpdyn.control.learning import OnlineUpdater, ResidualGP, build_learner, pretrain_learner
 from gpdyn.control.mpc import MPCConfig, make_planner
 from gpdyn.control.walker_model import (
     DT,
@@ -52,6 +52,7 @@ from gpdyn.runs import RunDir
 
 CONTROLLERS = ("trpo", "true", "frozen", "online")
 CONDITIONS = ("nominal", "changed")
+ADAPT = ("steps", "residual")
 
 
 @dataclass
@@ -79,6 +80,8 @@ class WalkerRunConfig:
     pretrain_batch: int = 128
     online_batch: int = 64
     updates: int = 1
+    adapt: str = "steps"  # online model: "steps" (the learner's own observe/step) or "residual" (ResidualGP on the frozen one)
+    window: int = 400  # ResidualGP: most recent transitions it conditions on
     store_episodes: int = 4  # collected into the run folder when no store is given
     change: str = "torso_mass"
     change_at: int = 0  # 0: the plant is changed from the start; t > 0: at control step t
@@ -104,6 +107,10 @@ class WalkerRunConfig:
             bad = [c for c in given if c not in allowed]
             if bad or not given:
                 raise InputError(f"control walker: {name} {bad or '(none)'} not in {', '.join(allowed)}")
+        if self.adapt not in ADAPT:
+            raise InputError(f"control walker: adapt must be one of {', '.join(ADAPT)}, got '{self.adapt}'")
+        if self.window < 4 or self.updates < 0:
+            raise InputError(f"control walker: need window >= 4 and updates >= 0, got {self.window}, {self.updates}")
         if self.dtype not in DTYPES:
             raise InputError(f"control walker: dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
         if self.sim_samples < 2:
@@ -153,6 +160,13 @@ def pretrained_walker_model(
     stats = {"pretrain_seconds": seconds, "test_nmse_mean": float(err.mean()), "test_nmse_max": float(err.max()),
              "train_rows": int(x.shape[0]), **{f"pretrain_{k}": v for k, v in fit.items()}}
     return learner, LearnedWalkerDynamics(learner, problem.normalizer, DT), stats
+
+
+def _train_inputs(cfg: WalkerRunConfig, store: str | Path) -> torch.Tensor:
+    """The normalised walker-1 training inputs (the residual GP's lengthscale reference)."""
+    from gpdyn.data.problems import load_problem
+
+    return load_problem(store, "walker-1", protocol="iid", seed=cfg.seed).tensors("train", cfg.device, DTYPES[cfg.dtype])[0]
 
 
 def copy_learner(learner: Learner, cfg: WalkerRunConfig, input_dim: int, output_dim: int) -> Learner:
@@ -287,6 +301,8 @@ def run_walker(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None = Non
             if controller == "online":
                 assert learner is not None
                 twin = copy_learner(learner, cfg, 23, 9)
+                if cfg.adapt == "residual":
+                    twin = ResidualGP(twin, _train_inputs(cfg, store_path), window=cfg.window, amplitude=1.0, noise=1e-3)
                 dyn = LearnedWalkerDynamics(twin, dynamics.normalizer, DT)
                 updater = OnlineUpdater(twin, batch=cfg.online_batch, updates=cfg.updates)
             out = run_walker_episode(run, cfg, controller, condition, policy=policy, dynamics=dyn, updater=updater,
