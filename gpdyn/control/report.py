@@ -150,7 +150,12 @@ def write_kuka_report(run: RunDir, cfg: Any, joint_rmse: dict[str, dict[str, lis
         f"Learner `{cfg.learner}` ({cfg.scale} sizes), {cfg.steps} control steps at {1 / cfg.dt:.0f} Hz, "
         f"trajectory family `{cfg.family}` at speed {cfg.speed}; payload {cfg.payload} kg added at step {cfg.change_at}.",
         "Control law: tau = f(q_ref, qd_ref, qdd_ref) + Kp (q_ref - q) + Kd (qd_ref - qd); "
-        "`pd` has no feed-forward, `true` uses MuJoCo's inverse dynamics of the actual plant.",
+        "`pd` has no feed-forward, `true` uses MuJoCo's inverse dynamics of the actual plant; f is evaluated "
+        "at the reference of the middle of the step. PD gains: critically damped at "
+        f"{cfg.omega:g} rad/s on the effective joint inertia.",
+        f"Online model: `{cfg.adapt}`"
+        + (f" (ResidualGP: exact GP on the frozen model's residuals, window {cfg.window})." if cfg.adapt == "residual"
+           else f" ({cfg.updates} learner step(s) per control step on the latest {cfg.online_batch} samples)."),
         "",
         "## Tracking RMSE per joint [rad]",
         "",
@@ -160,6 +165,15 @@ def write_kuka_report(run: RunDir, cfg: Any, joint_rmse: dict[str, dict[str, lis
     for ctrl, phases in joint_rmse.items():
         for phase, values in phases.items():
             lines.append(f"| {ctrl} | {phase} | " + " | ".join(f"{v:.4f}" for v in values) + f" | {np.mean(values):.4f} |")
+    ff = [r for r in steps if "ff_error" in r]
+    if ff:
+        lines += ["", "## Feed-forward error against the plant's inverse dynamics, RMS per joint [N m]", "",
+                  "| controller | phase | " + " | ".join(f"j{j + 1}" for j in range(7)) + " |", "|---|---|" + "---|" * 7]
+        for ctrl in dict.fromkeys(r["controller"] for r in ff):
+            for phase, keep in (("before", lambda t: t < cfg.change_at), ("after", lambda t: t >= cfg.change_at)):
+                e = np.array([r["ff_error"] for r in ff if r["controller"] == ctrl and keep(r["t"])])
+                if len(e):
+                    lines.append(f"| {ctrl} | {phase} | " + " | ".join(f"{v:.2f}" for v in np.sqrt((e**2).mean(0))) + " |")
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 3.8))
     by_ctrl: dict[str, list[dict[str, Any]]] = defaultdict(list)
