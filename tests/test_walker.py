@@ -93,18 +93,25 @@ def test_other_seed_other_data_and_mixed_settings_refused(short_store, tmp_path)
         _collect(path, 2, envs=1, seed=4, noise=0.3)
 
 
+def _toy_policy(path, obs_dim: int, act_dim: int):
+    net = torch.nn.Sequential(torch.nn.Linear(obs_dim, 8), torch.nn.Tanh(), torch.nn.Linear(8, act_dim))
+    return save_policy(
+        path, net.state_dict(), hidden=[8], activation="tanh", obs_mean=np.zeros(obs_dim), obs_var=np.ones(obs_dim),
+        clip_obs=10.0, epsilon=1e-8, act_low=-np.ones(act_dim), act_high=np.ones(act_dim),
+    )
+
+
 def test_mismatched_policy_fails_clearly(tmp_path):
     shipped = load_policy()
     # a policy for a Hopper-sized observation (11) on Walker2d (17)
-    net = torch.nn.Sequential(torch.nn.Linear(11, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
-    path = save_policy(
-        tmp_path / "hopper.pt", net.state_dict(), hidden=[8], activation="tanh",
-        obs_mean=np.zeros(11), obs_var=np.ones(11), clip_obs=10.0, epsilon=1e-8,
-        act_low=-np.ones(3), act_high=np.ones(3),
-    )
+    path = _toy_policy(tmp_path / "hopper.pt", 11, 3)
     env = make_env()
     with pytest.raises(PolicyError, match=r"observations of shape \(11,\).*\(17,\)"):
-        load_policy(path).check_env(env)
+        load_policy(path, env=env)
+    # right observation, wrong action size
+    path3 = _toy_policy(tmp_path / "three.pt", 17, 3)
+    with pytest.raises(PolicyError, match=r"three.pt: outputs actions of shape \(3,\).*\(6,\)"):
+        load_policy(path3, env=env)
     env.close()
     with pytest.raises(PolicyError, match="hopper.pt"):
         collect_walker(tmp_path / "s.zarr", 1, policies=[path], progress=False)

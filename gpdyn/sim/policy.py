@@ -161,10 +161,12 @@ def save_policy(
     return path
 
 
-def load_policy(path: str | Path | None = None) -> WalkerPolicy:
+def load_policy(path: str | Path | None = None, env: Any | None = None) -> WalkerPolicy:
     """Load a policy file (default: the shipped policy), never unpickling objects.
 
-    Raises :class:`PolicyError` naming the file for a missing, foreign or malformed file.
+    Raises :class:`PolicyError` naming the file for a missing, foreign or malformed
+    file, and, when ``env`` is given, for observation or action spaces that differ
+    from the environment's (:meth:`WalkerPolicy.check_env`).
     """
     path = Path(path) if path is not None else SHIPPED_POLICY
     if not path.is_file():
@@ -191,7 +193,7 @@ def load_policy(path: str | Path | None = None) -> WalkerPolicy:
     except (KeyError, RuntimeError, AttributeError) as err:
         raise PolicyError(f"{path}: malformed policy file ({type(err).__name__}: {err})") from err
     net.eval()
-    return WalkerPolicy(
+    policy = WalkerPolicy(
         net=net,
         obs_mean=obs_mean,
         obs_var=payload["obs_var"].numpy().astype(np.float64),
@@ -202,6 +204,9 @@ def load_policy(path: str | Path | None = None) -> WalkerPolicy:
         meta={"env_id": payload.get("env_id"), **dict(payload.get("meta", {}))},
         path=path,
     )
+    if env is not None:
+        policy.check_env(env)
+    return policy
 
 
 def shipped_checkpoints() -> list[Path]:

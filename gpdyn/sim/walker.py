@@ -19,7 +19,7 @@ import argparse
 import hashlib
 import multiprocessing as mp
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -255,12 +255,12 @@ def collect_walker(
     if not np.isfinite(noise) or noise < 0:
         raise InputError(f"--noise must be a finite std >= 0, got {noise}")
     config = CollectConfig(policies=resolve_policies(policies, mix), seed=int(seed), noise=float(noise))
-    for p in config.policies:  # fail in the parent, with the file named, before any worker starts
-        probe = make_env(config.env_id)
-        try:
-            load_policy(p).check_env(probe)
-        finally:
-            probe.close()
+    probe = make_env(config.env_id)
+    try:  # fail in the parent, with the file named, before any worker starts
+        for p in config.policies:
+            load_policy(p, env=probe)
+    finally:
+        probe.close()
     store = _open_or_create(Path(store_path), config)
     start = store.n_episodes
     todo = range(start, episodes)
