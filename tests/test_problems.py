@@ -35,6 +35,36 @@ def test_walker_shapes_and_sample_construction(walker_store, name, d_in, per_epi
     np.testing.assert_array_equal(y_all[hit[0]], ep["qvel"][t + 1])
 
 
+def test_next_state_field_keeps_the_last_transition(tmp_path):
+    """A store with next_qvel (as collected) gives one sample per step, target next_qvel."""
+    from synthetic import WALKER_FIELDS, random_walker_episode
+
+    from gpdyn.data.store import FieldSpec, numbered_columns
+
+    fields = {**WALKER_FIELDS, "next_qvel": FieldSpec(numbered_columns("qvel", 9))}
+    store = EpisodeStore.create(tmp_path / "n.zarr", fields, source="t", env_id="w", dt=0.008, seed=0)
+    rng = np.random.default_rng(0)
+    episodes = []
+    for n in (20, 15):
+        ep = random_walker_episode(rng, n)
+        ep["next_qvel"] = np.concatenate([ep["qvel"][1:], rng.normal(size=(1, 9))])
+        episodes.append(ep)
+    store.append_episodes(episodes)
+    one = load_problem(store, "walker-1", seed=0)
+    two = load_problem(store, "walker-2", seed=0)
+    assert len(one.x_train) + len(one.x_test) == 35 and len(two.x_train) + len(two.x_test) == 33
+    last = episodes[1]
+    x_last = np.concatenate([last["qpos"][-1, 1:], last["qvel"][-1], last["action"][-1].astype(np.float64)])
+    xs, ys = np.concatenate([one.x_train, one.x_test]), np.concatenate([one.y_train, one.y_test])
+    hit = np.flatnonzero((xs == x_last).all(axis=1))
+    np.testing.assert_array_equal(ys[hit[0]], last["next_qvel"][-1])
+    assert one.output_names[0] == "qvel0[t+1]"
+    bad = {**WALKER_FIELDS, "next_qvel": FieldSpec(numbered_columns("qvel", 8))}
+    wrong = EpisodeStore.create(tmp_path / "w.zarr", bad, source="t", env_id="w", dt=0.008, seed=0)
+    with pytest.raises(StoreError, match="next_qvel"):
+        load_problem(wrong, "walker-1")
+
+
 def test_split_disjoint_covering_and_reproducible(walker_store):
     a = load_problem(walker_store, "walker-1", seed=0)
     b = load_problem(walker_store, "walker-1", seed=0)

@@ -26,7 +26,7 @@ arrays, so building a problem needs little beyond the arrays it returns.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,15 @@ class ProblemSpec:
     history: int
     target_shift: int
     widths: tuple[tuple[str, int], ...]  # every field read, with the width the store must have
+    # A field holding the target's value one step later in the same row (Walker2d stores
+    # keep ``next_qvel``), so that an episode's last transition is a sample too.
+    next_field: str | None = None
+
+    def for_store(self, store: EpisodeStore) -> ProblemSpec:
+        """This spec, reading ``next_field`` at shift 0 when the store has it."""
+        if self.next_field and self.next_field in store.fields and self.target_shift == 1:
+            return replace(self, field_out=self.next_field, target_shift=0, next_field=None)
+        return self
 
     def samples_in_episode(self, length: int) -> int:
         return max(0, length - (self.history - 1) - self.target_shift)
@@ -63,8 +72,12 @@ class ProblemSpec:
 _WALKER_IN = (("qpos", 1), ("qvel", 0), ("action", 0))
 _WALKER_WIDTHS = (("qpos", 9), ("qvel", 9), ("action", 6))
 PROBLEMS: dict[str, ProblemSpec] = {
-    "walker-1": ProblemSpec("walker-1", _WALKER_IN, "qvel", history=1, target_shift=1, widths=_WALKER_WIDTHS),
-    "walker-2": ProblemSpec("walker-2", _WALKER_IN, "qvel", history=2, target_shift=1, widths=_WALKER_WIDTHS),
+    "walker-1": ProblemSpec(
+        "walker-1", _WALKER_IN, "qvel", history=1, target_shift=1, widths=_WALKER_WIDTHS, next_field="next_qvel"
+    ),
+    "walker-2": ProblemSpec(
+        "walker-2", _WALKER_IN, "qvel", history=2, target_shift=1, widths=_WALKER_WIDTHS, next_field="next_qvel"
+    ),
     "kuka": ProblemSpec(
         "kuka",
         (("q", 0), ("qd", 0), ("qdd", 0)),
@@ -186,10 +199,13 @@ def load_problem(
         raise InputError(f"unknown problem '{name}'; choose one of {', '.join(PROBLEMS)}")
     if protocol not in PROTOCOLS:
         raise InputError(f"unknown protocol '{protocol}'; choose one of {', '.join(PROTOCOLS)}")
-    spec = PROBLEMS[name]
     if not isinstance(store, EpisodeStore):
         store = EpisodeStore.open(store)
-    _check_fields(store, spec)
+    base = PROBLEMS[name]
+    _check_fields(store, base)
+    shift = f"t+{base.target_shift}" if base.target_shift else "t"
+    output_names = tuple(f"{c}[{shift}]" for c in store.columns(base.field_out))
+    spec = base.for_store(store)
 
     lengths = store.episode_lengths
     counts = np.array([spec.samples_in_episode(int(n)) for n in lengths], dtype=np.int64)
@@ -244,7 +260,7 @@ def load_problem(
         seed=seed,
         source=str(store.path),
         input_names=_input_names(store, spec),
-        output_names=tuple(f"{c}[t+{spec.target_shift}]" if spec.target_shift else f"{c}[t]" for c in store.columns(spec.field_out)),
+        output_names=output_names,
         x_train=x_train,
         y_train=y_train,
         x_test=arrays["test"][0],
@@ -256,7 +272,10 @@ def load_problem(
 
 
 def _check_fields(store: EpisodeStore, spec: ProblemSpec) -> None:
-    for field, width in spec.widths:
+    widths = dict(spec.widths)
+    if spec.next_field and spec.next_field in store.fields:
+        widths[spec.next_field] = widths[spec.field_out]
+    for field, width in widths.items():
         if field not in store.fields:
             raise StoreError(f"{store.path}: problem {spec.name} needs field '{field}', the store has {sorted(store.fields)}")
         if store.fields[field].width != width:
