@@ -62,9 +62,6 @@ class ExactOnlineGP(Learner):
         input_dim: int,
         output_dim: int,
         *,
-        device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float64,
-        seed: int = 0,
         kernel: Callable[..., Tensor] | None = None,
         lr: float = 1e-2,
         refit_every: int = 100,
@@ -72,19 +69,18 @@ class ExactOnlineGP(Learner):
         max_points: int = 2000,
         noise_floor: float = 1e-6,
         learn_hyperparameters: bool = True,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(input_dim, output_dim, device=device, dtype=dtype, seed=seed)
+        super().__init__(input_dim, output_dim, **kwargs)  # device, dtype, seed
         if refit_every < 1 or refit_iters < 0 or max_points < 1 or not lr > 0:
             raise LearnerError(
                 f"ExactOnlineGP: need refit_every >= 1, refit_iters >= 0, max_points >= 1, lr > 0; "
                 f"got {refit_every}, {refit_iters}, {max_points}, {lr}"
             )
-        #: constructor arguments (without device/dtype), to rebuild the learner from a checkpoint
-        self.config: dict[str, Any] = {
-            "input_dim": self.input_dim, "output_dim": self.output_dim, "seed": self.seed, "lr": float(lr),
-            "refit_every": int(refit_every), "refit_iters": int(refit_iters), "max_points": int(max_points),
+        self.config.update({
+            "lr": float(lr), "refit_every": int(refit_every), "refit_iters": int(refit_iters), "max_points": int(max_points),
             "noise_floor": float(noise_floor), "learn_hyperparameters": bool(learn_hyperparameters),
-        }
+        })
         if kernel is not None:
             self.config["kernel"] = kernel
         self.kernel = kernel if kernel is not None else SEARDKernel()
@@ -92,12 +88,12 @@ class ExactOnlineGP(Learner):
         self.refit_iters = int(refit_iters)
         self.max_points = int(max_points)
         self.learn_hyperparameters = bool(learn_hyperparameters)
-        self.hp = SEHyperparameters(output_dim, input_dim, device=self.device, dtype=dtype, noise_floor=noise_floor)
+        self.hp = SEHyperparameters(output_dim, input_dim, device=self.device, dtype=self.dtype, noise_floor=noise_floor)
         self.optimizer = torch.optim.Adam(self.hp.parameters(), lr=lr)
         self.initialized = False
         self.n = 0
         self.steps = 0
-        kw = {"device": self.device, "dtype": dtype}
+        kw = {"device": self.device, "dtype": self.dtype}
         self._X = torch.zeros(0, input_dim, **kw)
         self._Y = torch.zeros(0, output_dim, **kw)
         self._L = torch.zeros(output_dim, 0, 0, **kw)  # lower Cholesky of K + sigma^2 I, [P, cap, cap]

@@ -158,9 +158,6 @@ class WISKI(Learner):
         input_dim: int,
         output_dim: int,
         *,
-        device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float64,
-        seed: int = 0,
         grid_size: int | Sequence[int] = 16,
         projection: str = "auto",
         proj_dim: int = 2,
@@ -176,8 +173,9 @@ class WISKI(Learner):
         learn_hyperparameters: bool = True,
         validate: bool = True,
         predict_chunk: int = 4096,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(input_dim, output_dim, device=device, dtype=dtype, seed=seed)
+        super().__init__(input_dim, output_dim, **kwargs)  # device, dtype, seed
         if projection not in PROJECTIONS:
             raise LearnerError(f"WISKI: projection must be one of {', '.join(PROJECTIONS)}, got '{projection}'")
         if projection == "auto":
@@ -192,17 +190,15 @@ class WISKI(Learner):
                 f"{proj_dim}, {pretrain_iters}, {predict_chunk}, {(lr, proj_lr, pretrain_lr, pretrain_proj_lr)}"
             )
         if noise_floor is None:
-            noise_floor = 1e-6 if dtype == torch.float64 else 1e-4
-        #: constructor arguments (without device/dtype), to rebuild the learner from a checkpoint
-        self.config: dict[str, Any] = {
-            "input_dim": self.input_dim, "output_dim": self.output_dim, "seed": self.seed,
+            noise_floor = 1e-6 if self.dtype == torch.float64 else 1e-4
+        self.config.update({
             "grid_size": grid_size if isinstance(grid_size, int) else [int(g) for g in grid_size],
             "projection": projection, "proj_dim": int(proj_dim), "bounds": bounds, "margin": float(margin),
             "out_of_grid": out_of_grid, "lr": float(lr), "proj_lr": float(proj_lr), "pretrain_lr": float(pretrain_lr),
             "pretrain_proj_lr": float(pretrain_proj_lr), "pretrain_iters": int(pretrain_iters),
             "noise_floor": float(noise_floor), "learn_hyperparameters": bool(learn_hyperparameters),
             "validate": bool(validate), "predict_chunk": int(predict_chunk),
-        }
+        })
         self.projection = projection
         self.feature_dim = input_dim if projection == "none" else int(proj_dim)
         sizes = (int(grid_size),) * self.feature_dim if isinstance(grid_size, int) else tuple(int(g) for g in grid_size)
@@ -225,13 +221,13 @@ class WISKI(Learner):
         self.learn_hyperparameters = bool(learn_hyperparameters)
         self.validate = bool(validate)
         self.predict_chunk = int(predict_chunk)
-        kw = {"device": self.device, "dtype": dtype}
+        kw = {"device": self.device, "dtype": self.dtype}
         # Q: how many distinct feature maps (1 when every output sees the same features)
         self.num_maps = output_dim if projection == "per-output" else 1
-        self.hp = SEHyperparameters(output_dim, self.feature_dim, device=self.device, dtype=dtype, noise_floor=noise_floor)
+        self.hp = SEHyperparameters(output_dim, self.feature_dim, device=self.device, dtype=self.dtype, noise_floor=noise_floor)
         self.proj_params: list[Tensor] = []
         if projection != "none":
-            weight = torch.randn(self.num_maps, input_dim, self.feature_dim, generator=self.generator, dtype=dtype)
+            weight = torch.randn(self.num_maps, input_dim, self.feature_dim, generator=self.generator, dtype=self.dtype)
             self.proj_weight = (weight / math.sqrt(input_dim)).to(self.device).requires_grad_(True)
             self.bn_gamma = torch.ones(self.num_maps, self.feature_dim, **kw, requires_grad=True)
             self.bn_beta = torch.zeros(self.num_maps, self.feature_dim, **kw, requires_grad=True)
