@@ -41,7 +41,8 @@ def _records(run: RunDir, kind: str) -> list[dict]:
 
 @pytest.mark.parametrize("learner", sorted(LEARNERS))
 def test_walker_loop_runs_with_each_learner(learner: str, walker_zarr: Path, tmp_path: Path) -> None:
-    cfg = WalkerRunConfig(learner=learner, steps=3, change_at=1, controllers=("frozen", "online"), conditions=("changed",), **TINY)
+    cfg = WalkerRunConfig(learner=learner, steps=3, change_at=1, controllers=("frozen", "online"), conditions=("changed",),
+                          adapt="steps", **TINY)  # each learner's own observe/step
     run = RunDir.create("t", {}, out=tmp_path / "run")
     result = run_walker(run, cfg, walker_zarr)
     episodes = _records(run, "episode")

@@ -7,7 +7,9 @@ then every controller runs one episode per plant condition from the same reset s
 trpo        the TRPO policy alone
 true        MPC with the true simulator as its model (copied states, ``sim_samples`` samples)
 frozen      MPC with the pretrained learned model, never updated
-online      MPC with the same learned model, updated at every step from the transition seen
+online      MPC with the same learned model, updated at every step from the transition seen:
+            ``adapt="residual"`` (default) conditions a ResidualGP on the frozen model's
+            residuals, ``adapt="steps"`` uses the learner's own ``observe``/``step``
 ==========  ===============================================================================
 
 Conditions: ``nominal`` and ``changed`` (a plant change of
@@ -80,7 +82,7 @@ class WalkerRunConfig:
     pretrain_batch: int = 128
     online_batch: int = 64
     updates: int = 1
-    adapt: str = "steps"  # online model: "steps" (the learner's own observe/step) or "residual" (ResidualGP on the frozen one)
+    adapt: str = "residual"  # online model: "residual" (ResidualGP on the frozen one) or "steps" (the learner's own observe/step)
     window: int = 400  # ResidualGP: most recent transitions it conditions on
     store_episodes: int = 4  # collected into the run folder when no store is given
     change: str = "torso_mass"
