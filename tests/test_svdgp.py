@@ -167,3 +167,82 @@ def test_bad_input_is_reported():
         SVDGP(2, 2, scales="per-point")
     with pytest.raises(InputError, match="observe"):
         SVDGP(2, 2, m_alpha=4).step(x, y)
+
+
+# -- chunked kernel products with hand-written backward (gpdyn.gp.kernels) ------------------
+def _kernel_inputs(case, n, m, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    p, d = 2, 3
+    k = d if "dim" in case else 1
+    x1 = torch.randn(p, n, d, generator=g, dtype=F64).requires_grad_()
+    x2 = torch.randn(p, m, d, generator=g, dtype=F64).requires_grad_()
+    ls = (torch.rand(p, d, generator=g, dtype=F64) + 0.5).requires_grad_()
+    amp = (torch.rand(p, generator=g, dtype=F64) + 0.5).requires_grad_()
+    c1 = (torch.rand(p, n, k, generator=g, dtype=F64) + 0.3).requires_grad_() if case.startswith("both") else None
+    c2 = (torch.rand(p, m, k, generator=g, dtype=F64) + 0.3).requires_grad_() if case != "none" else None
+    return x1, x2, ls, amp, c1, c2
+
+
+@pytest.mark.parametrize("case", ["none", "point-basis", "point-dim", "both-basis", "both-dim"])
+def test_kernel_matvec_and_quadratic_match_autograd_of_the_dense_kernel(case):
+    from gpdyn.gp.kernels import kernel_matvec, kernel_quadratic
+
+    for n, m in ((5, 7), (9, 4)):  # both orders: the quadratic swaps to chunk over the larger set
+        x1, x2, ls, amp, c1, c2 = _kernel_inputs(case, n, m)
+        g = torch.Generator().manual_seed(1)
+        v = torch.randn(2, m, generator=g, dtype=F64).requires_grad_()
+        w = torch.randn(2, n, generator=g, dtype=F64).requires_grad_()
+        out_g = torch.randn(2, n, generator=g, dtype=F64)
+        inputs = [t for t in (x1, x2, ls, amp, v, w, c1, c2) if t is not None]
+        for chunk in (2 * n * 2, 10**9):  # several column blocks, and one
+            mv = kernel_matvec(x1, x2, ls, amp, v, c1, c2, chunk_elements=chunk)
+            ref = (gen_se_ard(x1, x2, ls, amp, c1, c2) @ v.unsqueeze(-1)).squeeze(-1)
+            torch.testing.assert_close(mv, ref)
+            got = torch.autograd.grad((mv * out_g).sum(), inputs, allow_unused=True)
+            want = torch.autograd.grad((ref * out_g).sum(), inputs, allow_unused=True)
+            for a, b in zip(got, want):
+                if b is not None:
+                    torch.testing.assert_close(a, b)
+            quad = kernel_quadratic(x1, x2, ls, amp, w, v, c1, c2, chunk_elements=chunk)
+            ref = (gen_se_ard(x1, x2, ls, amp, c1, c2) @ v.unsqueeze(-1)).squeeze(-1)
+            torch.testing.assert_close(quad, (w * ref).sum(-1))
+            got = torch.autograd.grad((quad * torch.tensor([0.7, -1.3], dtype=F64)).sum(), inputs)
+            want = torch.autograd.grad(((w * ref).sum(-1) * torch.tensor([0.7, -1.3], dtype=F64)).sum(), inputs)
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b)
+
+
+def test_hand_written_backwards_pass_gradcheck():
+    from gpdyn.gp.kernels import _ExpMatvec, _PairMatvec, _PairQuadratic
+
+    g = torch.Generator().manual_seed(2)
+    a = torch.randn(2, 4, 3, generator=g, dtype=F64).requires_grad_()
+    b = (0.3 * torch.randn(2, 6, 3, generator=g, dtype=F64)).requires_grad_()
+    v = torch.randn(2, 6, generator=g, dtype=F64).requires_grad_()
+    w = torch.randn(2, 4, generator=g, dtype=F64).requires_grad_()
+    t1 = (torch.rand(2, 4, generator=g, dtype=F64) + 0.2).requires_grad_()
+    t2 = (torch.rand(2, 6, generator=g, dtype=F64) + 0.2).requires_grad_()
+    e1 = torch.randn(2, 4, generator=g, dtype=F64).requires_grad_()
+    e2 = torch.randn(2, 6, generator=g, dtype=F64).requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b, v: _ExpMatvec.apply(a, b, v, 4), (a, b, v))
+    assert torch.autograd.gradcheck(lambda *t: _PairMatvec.apply(*t, 1.5, 4), (a, b, t1, t2, e1, e2, v))
+    assert torch.autograd.gradcheck(lambda *t: _PairQuadratic.apply(*t, 1.5, 4), (a, b, t1, t2, e1, e2, v, w))
+
+
+def test_svdgp_step_is_the_same_with_any_chunk_size(monkeypatch):
+    import gpdyn.gp.kernels as kernels
+
+    losses, params = [], []
+    for chunk in (64, kernels.CHUNK_ELEMENTS):
+        defaults = {f: (*kernels.__dict__[f].__defaults__[:-1], chunk) for f in ("kernel_matvec", "kernel_quadratic", "exp_matvec")}
+        for f, dflt in defaults.items():
+            monkeypatch.setattr(kernels.__dict__[f], "__defaults__", dflt)
+        model, x, y = _fitted_svdgp(24, 4, n_columns=8)
+        with torch.no_grad():
+            model.params["alpha_logc"].uniform_(-0.3, 0.3, generator=torch.Generator().manual_seed(6))
+        losses.append(model.step(x, y)["loss"])
+        params.append({k: v.detach().clone() for k, v in model.params.items()})
+        params[-1]["pred"] = model.predict(x)[0]
+    torch.testing.assert_close(losses[0], losses[1])
+    for key in params[0]:
+        torch.testing.assert_close(params[0][key], params[1][key])

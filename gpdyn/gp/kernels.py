@@ -374,6 +374,10 @@ def kernel_quadratic(
     Two bases with one factor each go through :class:`_PairQuadratic` (value and
     gradients in one sweep); anything else is ``w . kernel_matvec(...)``.
     """
+    if x1.shape[-2] > x2.shape[-2]:
+        # K(x1, x2) = K(x2, x1)^T: chunk over the larger set so that blocks keep many
+        # columns (the sampled a^T K_{:,J} a_J has M_alpha rows and only N_c columns)
+        x1, x2, w, v, c1, c2 = x2, x1, v, w, c2, c1
     if c1 is not None and c2 is not None and c1.shape[-1] == 1 and c2.shape[-1] == 1:
         p = lengthscale.shape[0]
         chunk = _columns_per_chunk(p, x1.shape[-2], x2.shape[-2], chunk_elements)
