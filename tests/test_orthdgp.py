@@ -129,8 +129,16 @@ def test_closed_form_natural_step_equals_autograd_natural_step(basis):
             m.params["m_beta"][:] = m_b
             m.params["log_ls"].add_(0.2)
     batch = slice(0, 20)  # a minibatch of 20 from N = 50: the data term is weighted by 2.5
+    state = ref.state_dict()
     ref.natural_step(x[batch], y[batch], tau=0.4)
     fast.closed_form_step(x[batch], y[batch], tau=0.4)
     torch.testing.assert_close(fast.params["S"], ref.params["S"])
     torch.testing.assert_close(fast.params["m_beta"], ref.params["m_beta"])
     assert not ref.params["S"].requires_grad  # natural_step leaves S out of autograd again
+    # inside step() the closed form reuses the bound's factorisations (before Adam moves anything)
+    ref.load_state_dict(state)
+    fast.load_state_dict(state)
+    fast.step(x[batch], y[batch])
+    ref.natural_step(x[batch], y[batch], tau=fast.nat_step_size())
+    torch.testing.assert_close(fast.params["S"], ref.params["S"])
+    torch.testing.assert_close(fast.params["m_beta"], ref.params["m_beta"])

@@ -110,6 +110,7 @@ class ORTH(VariationalLearner):
             raise LearnerError(f"{type(self).__name__}: n_columns must be >= 1 or None, got {n_columns}")
         self.n_columns = n_columns
         self.basis_kind = basis
+        self._record: dict[str, Tensor] | None = None  # set by ORTHNAT.loss for its closed-form step
         self.config.update(m_gamma=int(m_gamma), m_beta=int(m_beta), n_columns=n_columns, basis=basis)
         # beta first: with the partition alpha = {beta, gamma} the two take different points
         self.add_basis_set("beta", m_beta, learn_points=self._learn_beta_points())
@@ -164,6 +165,9 @@ class ORTH(VariationalLearner):
         else:
             terms["a_beta"] = self.params["a_beta"][:, :mb]
         terms["S"], terms["F"] = self.s_factor()
+        # L_k^{-1} F, shared: the KL's tr(S K_b^{-1}) = ||W||^2 and the variance's
+        # F^T K_b^{-1} k_{b,x} = W^T (L_k^{-1} k_{b,x}) (one triangular solve fewer per step)
+        terms["W"] = tri_solve(lk, terms["F"])
         if self.counts.get("gamma", 0) > 0:
             a_g = self.params["a_gamma"][:, : self.counts["gamma"]]
             terms["a_gamma"] = a_g
@@ -186,12 +190,16 @@ class ORTH(VariationalLearner):
         zb, cb = self.basis("beta")
         k_bx = torch.exp(basis_features(zb, cb, self.lengthscale, self.amplitude) @ u.transpose(-1, -2))
         mean = _mv_rows(self._beta_weights(terms), k_bx)
+        mean_g = None
         if "a_gamma" in terms:
             zg, cg = self.basis("gamma")
-            mean = mean + exp_matvec(u, basis_features(zg, cg, self.lengthscale, self.amplitude), terms["a_gamma"])
+            mean_g = exp_matvec(u, basis_features(zg, cg, self.lengthscale, self.amplitude), terms["a_gamma"])
+            mean = mean + mean_g
         a = tri_solve(terms["Lk"], k_bx)  # L_k^{-1} K_{b,x}
-        b = terms["F"].transpose(-1, -2) @ tri_solve(terms["Lk"], a, transpose=True)  # F^T K_b^{-1} k_{b,x}
+        b = terms["W"].transpose(-1, -2) @ a  # F^T K_b^{-1} k_{b,x}
         var = self.amplitude[:, None] - (a * a).sum(-2) + (b * b).sum(-2)
+        if self._record is not None:  # ORTHNAT's closed-form step reuses them (same minibatch)
+            self._record.update(a=a.detach(), b=b.detach(), **({} if mean_g is None else {"k_g_a": mean_g.detach()}))
         return mean, var.clamp_min(1e-10)
 
     def kl(self, sampled: bool, terms: Mapping[str, Tensor] | None = None) -> Tensor:
@@ -206,8 +214,7 @@ class ORTH(VariationalLearner):
                 quad = quad - (terms["Lk_u"] ** 2).sum(-1)
             else:  # hybrid: a^T K_alpha a with alpha = {gamma, beta}
                 quad = quad + 2.0 * (terms["u"] * a_b).sum(-1)
-        lkf = tri_solve(lk, f)
-        trace = (lkf * lkf).sum((-2, -1))  # tr(S K_b^{-1})
+        trace = (terms["W"] * terms["W"]).sum((-2, -1))  # tr(S K_b^{-1}) = ||L_k^{-1} F||^2
         logdet_s = 2.0 * torch.log(f.diagonal(dim1=-2, dim2=-1).abs()).sum(-1)
         logdet_k = 2.0 * torch.log(lk.diagonal(dim1=-2, dim2=-1)).sum(-1)
         return 0.5 * (quad + trace - logdet_s + logdet_k - m)
@@ -284,9 +291,19 @@ class ORTHNAT(ORTH):
     def nat_step_size(self) -> float:
         return self.nat_lr / (1.0 + 0.1 * (self.t**0.5))
 
+    def loss(self, x: Tensor, y: Tensor) -> Tensor:
+        """The bound of :class:`ORTH`; keeps its factorisations and projections of the
+        minibatch (detached) for :meth:`closed_form_step` in the same :meth:`step`."""
+        self._record = {}
+        terms = self.shared_terms()
+        self._record.update({k: v.detach() for k, v in terms.items()})
+        ell = self.expected_loglik(x, y, terms)
+        return -ell.mean(-1) + self.kl(True, terms) / self.data_size(x.shape[0])
+
     def _before_adam(self, x: Tensor, y: Tensor, lr: float) -> None:
         tau = self.nat_step_size()
-        self.closed_form_step(x, y, tau)
+        record, self._record = self._record, None
+        self.closed_form_step(x, y, tau, record)
         self._gamma_diag_update(tau)
 
     def natural_step(self, x: Tensor, y: Tensor, tau: float) -> None:
@@ -304,13 +321,14 @@ class ORTHNAT(ORTH):
         try:
             self.loss(x, y).sum().backward()
         finally:
+            self._record = None  # the closed-form step's record: not used here
             for key in ("S", "m_beta"):
                 self.params[key].requires_grad_(False)
         self.natural_update(tau, x.shape[0])
         self._cache = None
 
     @torch.no_grad()
-    def closed_form_step(self, x: Tensor, y: Tensor, tau: float) -> None:
+    def closed_form_step(self, x: Tensor, y: Tensor, tau: float, record: Mapping[str, Tensor] | None = None) -> None:
         """Eqs. (15b)-(15c) on the minibatch ``(x, y)`` with the gradients in closed form.
 
         For a Gaussian likelihood, with ``A = K_b^{-1} K_{b,X}``, ``w = N / (N_m sigma^2)`` and
@@ -325,30 +343,38 @@ class ORTHNAT(ORTH):
 
         (the mirror step of :class:`~gpdyn.gp.baselines.IVSGPR` when gamma is empty). It is
         made by :meth:`_apply_move` with ``B = (1 - tau) I + tau (C^T C + w T T^T)``,
-        ``C = L_K^{-1} L``, ``T = L^T A``, ``S = L L^T``: nothing is inverted.
+        ``C = L_K^{-1} L``, ``T = L^T A``, ``S = L L^T``: nothing is inverted. ``record``
+        holds the bound's factorisations and projections of the same minibatch (from
+        :meth:`loss`); without it they are computed here.
         """
         m = self.counts["beta"]
         if m == 0:
             return
-        terms = self.shared_terms()
-        lk, lo = terms["Lk"], terms["F"]
-        a = torch.cholesky_solve(self.kern_data(x, "beta").transpose(-1, -2), lk)  # K_b^{-1} K_{b,X}
+        if record is None:  # not within step(): factor and project afresh
+            self._record = {}
+            try:
+                terms = self.shared_terms()
+                self._record.update(terms)
+                self.marginals(x, terms)
+            finally:
+                record, self._record = self._record, None
+        lk, lo, wf, a, t = record["Lk"], record["F"], record["W"], record["a"], record["b"]
         resid = y.transpose(0, 1)
-        delta_j = torch.zeros_like(terms["a_beta"])
-        if "a_gamma" in terms:
-            mean_g = self.kern_matvec(x, "gamma", terms["a_gamma"])
+        proj = lambda v: tri_solve(lk, (a @ v.unsqueeze(-1)), transpose=True).squeeze(-1)  # noqa: E731  A v, A = K_b^{-1} K_{b,X}
+        delta_j = torch.zeros_like(record["a_beta"])
+        if "k_g_a" in record:
+            mean_g = record["k_g_a"]
             if self.basis_kind == "orth":
-                mean_g = mean_g - (terms["u"].unsqueeze(-2) @ a).squeeze(-2)
+                mean_g = mean_g - (record["Lk_u"].unsqueeze(-2) @ a).squeeze(-2)  # - A^T K_{b,g} a_g
             else:
-                delta_j = -tau * torch.cholesky_solve(terms["u"].unsqueeze(-1), lk).squeeze(-1)
+                delta_j = -tau * torch.cholesky_solve(record["u"].unsqueeze(-1), lk).squeeze(-1)
             resid = resid - mean_g
         w = (self.data_size(x.shape[0]) / x.shape[0]) / self.noise  # [P]
-        c = tri_solve(lk, lo)  # C^T C = L^T K_b^{-1} L
-        t = lo.transpose(-1, -2) @ a
+        # C = L_k^{-1} L = W and T = L^T A = W^T L_k^{-1} K_{b,X} = b: both from the bound
         b = (1.0 - tau) * torch.eye(m, dtype=self.dtype, device=self.device) + tau * (
-            c.transpose(-1, -2) @ c + w[:, None, None] * (t @ t.transpose(-1, -2))
+            wf.transpose(-1, -2) @ wf + w[:, None, None] * (t @ t.transpose(-1, -2))
         )
-        delta_j = delta_j + tau * w[:, None] * (a @ resid.unsqueeze(-1)).squeeze(-1)
+        delta_j = delta_j + tau * w[:, None] * proj(resid)
         self._apply_move(lo, b, 1.0 - tau, self.params["m_beta"][:, :m], delta_j)
 
     # -- natural-parameter algebra (shared with the coupled baselines) ------------------
