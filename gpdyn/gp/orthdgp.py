@@ -226,7 +226,7 @@ class ORTH(VariationalLearner):
         zb, cb = self.basis("beta")
         lk = terms["Lk"]
         # k_{x,b} K_b^{-1} S K_b^{-1} k_{b,x} - k_{x,b} K_b^{-1} k_{b,x} = ||k W1||^2 - ||k W2||^2
-        w1 = tri_solve(lk, tri_solve(lk, terms["F"]), transpose=True)  # K^{-1} F
+        w1 = tri_solve(lk, terms["W"], transpose=True)  # K^{-1} F = L_k^{-T} W
         w2 = tri_solve(lk, torch.eye(lk.shape[-1], dtype=self.dtype, device=self.device)).transpose(-1, -2)  # L_k^{-T}
         cache = {"ls": self.lengthscale, "amp": self.amplitude, "fb": basis_features(zb, cb, self.lengthscale, self.amplitude),
                  "wb": self._beta_weights(terms), "W1": w1, "W2": w2}
