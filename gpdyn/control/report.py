@@ -51,7 +51,8 @@ def write_walker_report(run: RunDir, cfg: Any) -> Path:
         "",
         f"Learner `{cfg.learner}` ({cfg.scale} sizes), planner `{cfg.planner}`, K = {cfg.samples} "
         f"(true model: K = {cfg.sim_samples}), H = {cfg.horizon}, uncertainty `{cfg.uncertainty}` "
-        f"(weight {cfg.var_weight}), {cfg.steps} control steps per episode, device `{cfg.device}`.",
+        f"(weight {cfg.var_weight}), {cfg.steps} control steps per episode, device `{cfg.device}`; "
+        f"online model `{getattr(cfg, 'adapt', 'steps')}`.",
         f"Plant change in the `changed` condition: {change_label}, "
         + ("from the start." if cfg.change_at == 0 else f"at step {cfg.change_at}."),
         "",
