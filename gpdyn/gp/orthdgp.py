@@ -379,16 +379,6 @@ class ORTHNAT(ORTH):
 
     # -- natural-parameter algebra (shared with the coupled baselines) ------------------
     @torch.no_grad()
-    def natural_params(self) -> tuple[Tensor, Tensor, Tensor]:
-        """``(j_b, S^{-1}, m_b)`` of the active beta block (eq. (12): j_b = S^{-1} K_b a_b = S^{-1} m_b).
-
-        For inspection: the updates (:meth:`_apply_move`) never form ``S^{-1}``."""
-        m = self.counts["beta"]
-        ls = chol(_sym(self.params["S"][:, :m, :m]), self.jitter)
-        m_b = self.params["m_beta"][:, :m]
-        return torch.cholesky_solve(m_b.unsqueeze(-1), ls).squeeze(-1), torch.cholesky_inverse(ls), m_b
-
-    @torch.no_grad()
     def _apply_move(self, lo: Tensor, b: Tensor, alpha: float, m_b: Tensor, delta_j: Tensor) -> None:
         """Set the natural parameters (eq. (12)) to ``S'^{-1} = L^{-T} B L^{-1}`` and
         ``j' = alpha j + delta_j`` (``S = L L^T``) without inverting S, K_b or S'^{-1}::
