@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--envs", type=int, default=2, help="environments in parallel")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--video", type=Path, default=None, help="also write an MP4 of the first episode")
+    _add_out(p)
     p.set_defaults(handler="gpdyn.sim.walker:cli_collect")
 
     p = collect.add_parser("kuka", help="simulated KUKA iiwa inverse-dynamics stream")
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--derivatives", choices=("exact", "fd"), default="exact", help="exact qd, qdd or finite differences of measured q"
     )
+    _add_out(p)
     p.set_defaults(handler="gpdyn.sim.kuka:cli_collect")
 
     imp = sub.add_parser("import", help="import a real dataset into a store").add_subparsers(
@@ -88,10 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = imp.add_parser("kuka-ilgr", help="KUKA1/KUKA2 text files (28 columns)")
     p.add_argument("files", nargs="+", type=Path)
     p.add_argument("--store", type=Path, required=True)
+    _add_out(p)
     p.set_defaults(handler="gpdyn.data.importers:cli_import")
     p = imp.add_parser("sarcos", help="SARCOS .mat files (sarcos_inv.mat)")
     p.add_argument("files", nargs="+", type=Path)
     p.add_argument("--store", type=Path, required=True)
+    _add_out(p)
     p.set_defaults(handler="gpdyn.data.importers:cli_import")
 
     p = sub.add_parser("inspect", help="summary of a store or a run folder")

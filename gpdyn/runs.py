@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from gpdyn.errors import InputError
+
 
 def _jsonable(value: Any) -> Any:
     if isinstance(value, Mapping):
@@ -45,6 +47,9 @@ class RunDir:
                 path = Path(logs) / f"{job}-{stamp}-{suffix}"
         else:
             path = Path(out)
+            if path.exists() and (not path.is_dir() or any(path.iterdir())):
+                # appending to another run's metrics.jsonl would mix two runs under one config
+                raise InputError(f"{path}: already exists and is not empty; choose another --out")
         path.mkdir(parents=True, exist_ok=True)
         run = cls(path)
         run.write_json("config.json", {"job": job, **config})
@@ -68,6 +73,18 @@ class RunDir:
 
     def config(self) -> dict[str, Any]:
         return json.loads((self.path / "config.json").read_text())
+
+
+def run_for_args(job: str, args: Any) -> RunDir:
+    """The run folder of a command-line job, its config the parsed arguments (``args.out`` or default).
+
+    Jobs whose output is a store (collect, import) call this once the work has succeeded,
+    so that bad input leaves no empty run folder behind.
+    """
+    config = {k: v for k, v in vars(args).items() if k not in ("handler", "out")}
+    run = RunDir.create(job, config, out=getattr(args, "out", None))
+    print(f"run folder: {run.path}")
+    return run
 
 
 def is_run_dir(path: str | Path) -> bool:

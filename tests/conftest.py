@@ -13,6 +13,12 @@ from gpdyn.data.store import EpisodeStore
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _run_folders_in_tmp(tmp_path, monkeypatch):
+    """Jobs run without --out write logs/<job>-<time>/ under the working directory: keep it in tmp."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture
 def walker_store(tmp_path: Path) -> EpisodeStore:
     return make_walker_store(tmp_path / "walker.zarr", [30, 25, 40, 12, 33])

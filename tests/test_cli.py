@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpdyn.cli import build_parser, main
+from gpdyn.errors import InputError
 from gpdyn.runs import RunDir
 
 DESIGN_COMMANDS = [
@@ -83,3 +84,6 @@ def test_run_folder_layout(tmp_path):
     assert [m["iteration"] for m in run.metrics()] == [1, 2]
     other = RunDir.create("job", {}, logs=tmp_path / "logs")
     assert other.path != run.path
+    with pytest.raises(InputError, match="choose another --out"):
+        RunDir.create("job", {}, out=run.path)  # would mix two runs' metrics
+    assert [m["iteration"] for m in run.metrics()] == [1, 2]

@@ -88,6 +88,30 @@ def test_crash_between_rows_and_episode_ends_keeps_committed_episodes(tmp_path, 
     np.testing.assert_array_equal(final.episode(2)["qvel"], nxt["qvel"])
 
 
+def test_crash_inside_the_commit_of_episode_ends(tmp_path):
+    """Killed after episode_ends was resized but before its new values were written."""
+    store = make_walker_store(tmp_path / "s.zarr", [5, 6])
+    rng = np.random.default_rng(4)
+    group = zarr.open_group(str(tmp_path / "s.zarr"), mode="r+")
+    for name, spec in WALKER_FIELDS.items():  # the rows of a third episode landed
+        group[f"data/{name}"].resize((14, spec.width))
+    group["meta/seed"].resize((3,))
+    group["meta/episode_ends"].resize((3,))  # zero-filled: the torn commit
+    assert list(group["meta/episode_ends"][:]) == [5, 11, 0]
+
+    reader = EpisodeStore.open(tmp_path / "s.zarr")
+    assert reader.n_episodes == 2 and reader.n_rows == 11
+    appender = EpisodeStore.open(tmp_path / "s.zarr", mode="a")
+    appender.append_episode(random_walker_episode(rng, 4), seed=9)
+    final = EpisodeStore.open(tmp_path / "s.zarr")
+    np.testing.assert_array_equal(final.episode_ends, [5, 11, 15])
+    np.testing.assert_array_equal(final.episode_values("seed"), [0, 1, 9])
+    # a break that is not a torn commit is still corruption
+    zarr.open_group(str(tmp_path / "s.zarr"), mode="r+")["meta/episode_ends"][1] = 3
+    with pytest.raises(StoreError, match="entry 1"):
+        EpisodeStore.open(tmp_path / "s.zarr")
+
+
 @pytest.mark.parametrize(
     "damage, field",
     [

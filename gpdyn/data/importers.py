@@ -31,6 +31,7 @@ import numpy as np
 from gpdyn.data.kuka_schema import KUKA_FIELD_NAMES, N_JOINTS, OFFLINE, ONLINE, kuka_episode_keys, kuka_fields
 from gpdyn.data.store import EpisodeStore
 from gpdyn.errors import InputError
+from gpdyn.runs import run_for_args
 
 N_COLUMNS = 4 * N_JOINTS
 KUKA_TAU_SCALE = (40.0, 40.0, 20.0, 20.0, 4.0, 4.0, 2.0)
@@ -204,6 +205,8 @@ def cli_import(args: argparse.Namespace) -> int:
         raise ImportFormatError(f"unknown import format {args.format!r}; choose from {sorted(importers)}")
     store = importers[args.format](args.files, args.store)
     parts = store.episode_values("online")
+    run_for_args(f"import-{args.format}", args).log(store=str(store.path), episodes=store.n_episodes, rows=store.n_rows,
+            offline_episodes=int((parts == 0).sum()), files=store.attrs["imported_files"])
     for entry, ends in zip(store.attrs["imported_files"], store.episode_ends):
         part = "online" if entry["online"] else "offline"
         print(f"  {entry['file']}: {entry['rows']} rows -> {part} part (rows to {int(ends)})")

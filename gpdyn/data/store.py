@@ -94,7 +94,7 @@ class EpisodeStore:
         self.attrs: dict[str, Any] = attrs
         self.fields: dict[str, FieldSpec] = {k: FieldSpec.from_json(v) for k, v in attrs["fields"].items()}
         self.episode_keys: dict[str, str] = dict(attrs.get("episode_keys", {}))
-        self._ends = np.asarray(group["meta/episode_ends"][:], dtype=np.int64)
+        self._ends = committed_ends(path, np.asarray(group["meta/episode_ends"][:]))
 
     # ------------------------------------------------------------------ creation
     @classmethod
@@ -325,7 +325,10 @@ class EpisodeStore:
         return int(length)
 
     def _trim_uncommitted(self) -> None:
-        """Drop rows and per-episode values written after the last commit (a crash)."""
+        """Drop rows, per-episode values and torn episode ends written after the last commit (a crash)."""
+        ends = self._group["meta/episode_ends"]
+        if ends.shape[0] > self.n_episodes:
+            ends.resize((self.n_episodes,))
         for name, spec in self.fields.items():
             arr = self._group[f"data/{name}"]
             if arr.shape[0] > self.n_rows:
@@ -340,6 +343,25 @@ class EpisodeStore:
             return self.fields[field]
         except KeyError:
             raise StoreError(f"{self.path}: no field '{field}' (has {sorted(self.fields)})") from None
+
+
+def committed_ends(path: Path, ends: np.ndarray) -> np.ndarray:
+    """The committed prefix of ``meta/episode_ends``.
+
+    The commit resizes ``episode_ends`` and then writes the new values; a crash in
+    between leaves trailing fill-value zeros, which mark uncommitted episodes. Any other
+    break in the strictly increasing sequence is corruption.
+    """
+    ends = ends.astype(np.int64)
+    bad = np.flatnonzero(np.diff(np.concatenate([[0], ends])) <= 0)
+    if bad.size == 0:
+        return ends
+    first = int(bad[0])
+    if np.all(ends[first:] == 0):
+        return ends[:first]
+    raise StoreError(
+        f"{path}: 'meta/episode_ends' is not strictly increasing from a positive value (entry {first}: {ends[first]})"
+    )
 
 
 def _validate(path: Path, group: zarr.Group) -> None:
@@ -361,9 +383,7 @@ def _validate(path: Path, group: zarr.Group) -> None:
     ends_arr = group["meta/episode_ends"]
     if ends_arr.ndim != 1 or np.dtype(ends_arr.dtype) != np.int64:
         raise StoreError(f"{path}: 'meta/episode_ends' must be 1-D int64, is {ends_arr.ndim}-D {ends_arr.dtype}")
-    ends = np.asarray(ends_arr[:])
-    if ends.size and (ends[0] <= 0 or np.any(np.diff(ends) <= 0)):
-        raise StoreError(f"{path}: 'meta/episode_ends' is not strictly increasing from a positive value")
+    ends = committed_ends(path, np.asarray(ends_arr[:]))
     committed = int(ends[-1]) if ends.size else 0
     for name, spec_json in attrs["fields"].items():
         key = f"data/{name}"

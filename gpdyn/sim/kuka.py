@@ -33,6 +33,7 @@ from envs import KUKA_ENV_ID
 from gpdyn.data.kuka_schema import N_JOINTS, OFFLINE, ONLINE, kuka_episode_keys, kuka_fields
 from gpdyn.data.store import EpisodeStore
 from gpdyn.errors import InputError
+from gpdyn.runs import run_for_args
 
 MODEL_PATH = Path(__file__).resolve().parents[2] / "envs" / "kuka_iiwa.xml"
 ENV_ID = KUKA_ENV_ID
@@ -536,10 +537,13 @@ def cli_collect(args: argparse.Namespace) -> int:
         sensors=sensors,
     )
     elapsed = time.perf_counter() - start
+    ranges = torque_ranges(store)
+    run_for_args("collect-kuka", args).log(store=str(store.path), episodes=store.n_episodes, rows=store.n_rows, seconds=elapsed,
+            tau_min=ranges[:, 0], tau_max=ranges[:, 1])
     limits = store.attrs["limits"]["torque"]
     print(f"{store.path}: {store.n_rows} samples in {store.n_episodes} episodes, {elapsed:.1f} s")
     print("joint  tau min [N m]  tau max [N m]  limit [N m]")
-    for j, (lo, hi) in enumerate(torque_ranges(store)):
+    for j, (lo, hi) in enumerate(ranges):
         print(f"  {j + 1}    {lo:12.2f}  {hi:12.2f}  {limits[j]:10.0f}")
     return 0
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from gpdyn.data.store import DEFAULT_CHUNK_ROWS, EpisodeStore, FieldSpec, StoreError, numbered_columns
 from gpdyn.errors import InputError
+from gpdyn.runs import run_for_args
 from gpdyn.sim.policy import (
     SHIPPED_POLICY,
     WALKER_ENV_ID,
@@ -352,6 +353,7 @@ def cli_collect(args: argparse.Namespace) -> int:
         envs=args.envs,
         seed=args.seed,
     )
+    run_for_args("collect-walker", args).log(**result)
     print(
         f"{result['store']}: {result['episodes']} episodes, {result['rows']} transitions "
         f"(+{result['episodes_added']} episodes, {result['rows_added']} transitions in {result['seconds']:.1f} s, "
