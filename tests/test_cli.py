@@ -87,3 +87,13 @@ def test_run_folder_layout(tmp_path):
     with pytest.raises(InputError, match="choose another --out"):
         RunDir.create("job", {}, out=run.path)  # would mix two runs' metrics
     assert [m["iteration"] for m in run.metrics()] == [1, 2]
+
+
+def test_learner_options_are_checked_by_name_and_kind():
+    from gpdyn.gp import LearnerError, make_learner
+
+    with pytest.raises(LearnerError, match="no option 'm_alfa'"):
+        make_learner("svdgp", 3, 2, m_alfa=64)
+    with pytest.raises(LearnerError, match="'m_alpha' takes a number"):
+        make_learner("svdgp", 3, 2, m_alpha="abc")
+    assert make_learner("svdgp", 3, 2, m_alpha=16, m_beta=4, n_columns=None).config["n_columns"] is None

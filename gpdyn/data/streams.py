@@ -11,6 +11,7 @@ The data move to the device once, at construction; batches are index views there
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -45,7 +46,12 @@ class _Stream:
 
 
 class IIDStream(_Stream):
-    """Seeded iid minibatches of ``batch_size`` rows, without replacement within an epoch."""
+    """Seeded iid minibatches of ``batch_size`` rows, without replacement within an epoch.
+
+    An epoch is ``n // batch_size`` batches of one permutation; the ``n % batch_size``
+    rows left at its end wait for a later epoch's permutation. A ``batch_size`` above
+    ``n`` is reduced to ``n`` with a warning.
+    """
 
     def __init__(
         self,
@@ -59,6 +65,8 @@ class IIDStream(_Stream):
         super().__init__(x, y, device, dtype)
         if batch_size < 1:
             raise InputError(f"IIDStream: batch_size must be >= 1, got {batch_size}")
+        if batch_size > self.n:
+            warnings.warn(f"IIDStream: batch_size {batch_size} > {self.n} rows; using {self.n}", stacklevel=2)
         self.batch_size = min(int(batch_size), self.n)
         self.seed = int(seed)
         self._generator = torch.Generator().manual_seed(self.seed)

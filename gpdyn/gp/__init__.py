@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 
 from gpdyn.gp.base import Learner, LearnerError
 
@@ -39,9 +40,35 @@ def learner_class(name: str) -> type[Learner]:
     return getattr(module, cls_name)
 
 
+def learner_options(cls: type[Learner]) -> dict[str, inspect.Parameter]:
+    """Keyword options of ``cls``'s constructor, through the ``**kwargs`` it forwards to its bases."""
+    options: dict[str, inspect.Parameter] = {}
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(vars(klass)["__init__"]).parameters
+        for p in params.values():
+            if p.kind is inspect.Parameter.KEYWORD_ONLY:
+                options.setdefault(p.name, p)
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            break
+    return options
+
+
 def make_learner(name: str, input_dim: int, output_dim: int, **kwargs) -> Learner:
-    """Construct the learner registered under ``name``."""
-    return learner_class(name)(input_dim, output_dim, **kwargs)
+    """Construct the learner registered under ``name``; an unknown option or a value of the
+    wrong kind (text for a number) is a LearnerError naming the learner and the option."""
+    cls = learner_class(name)
+    options = learner_options(cls)
+    for key, value in kwargs.items():
+        if key not in options:
+            raise LearnerError(f"learner '{name}' has no option '{key}'; it takes {', '.join(sorted(options))}")
+        default = options[key].default
+        numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
+        optional = value is None and "None" in str(options[key].annotation)
+        if numeric and not optional and not isinstance(value, (int, float)):
+            raise LearnerError(f"learner '{name}': option '{key}' takes a number (default {default}), got {value!r}")
+    return cls(input_dim, output_dim, **kwargs)
 
 
-__all__ = ["LEARNERS", "Learner", "LearnerError", "LearnerUnavailable", "learner_class", "make_learner"]
+__all__ = ["LEARNERS", "Learner", "LearnerError", "LearnerUnavailable", "learner_class", "learner_options", "make_learner"]

@@ -46,6 +46,9 @@ class Learner(abc.ABC):
         self.input_dim = int(input_dim)
         self.output_dim = int(output_dim)
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None and torch.cuda.is_available():
+            # "cuda" means the current device; pin it so input checks compare exact devices
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.dtype = dtype
         self.seed = int(seed)
         self.generator = torch.Generator(device="cpu").manual_seed(self.seed)
@@ -59,8 +62,12 @@ class Learner(abc.ABC):
         """New data ``x [N, D]``, ``y [N, P]``: add basis functions / update caches."""
 
     @abc.abstractmethod
-    def step(self, x: Tensor, y: Tensor) -> dict[str, float]:
-        """One optimiser update on a minibatch; returns scalar metrics (e.g. the loss)."""
+    def step(self, x: Tensor, y: Tensor) -> dict[str, Tensor | float]:
+        """One optimiser update on a minibatch; returns scalar metrics, at least ``loss``.
+
+        Values may be 0-d tensors on the learner's device: converting them to floats
+        would sync with the device on every step, so callers do that when they log.
+        """
 
     @abc.abstractmethod
     def predict(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -84,14 +91,14 @@ class Learner(abc.ABC):
         label = f"{type(self).__name__}.{where}" if where else type(self).__name__
         if x.shape[-1] != self.input_dim:
             raise LearnerError(f"{label}: x has {x.shape[-1]} columns, expected {self.input_dim} (shape {tuple(x.shape)})")
-        if x.device.type != self.device.type or x.dtype != self.dtype:
+        if x.device != self.device or x.dtype != self.dtype:
             raise LearnerError(f"{label}: x is {x.dtype} on {x.device}, the learner is {self.dtype} on {self.device}")
         if y is not None:
             if y.ndim != 2 or y.shape[1] != self.output_dim or y.shape[0] != x.shape[0]:
                 raise LearnerError(
                     f"{label}: y has shape {tuple(y.shape)}, expected ({x.shape[0]}, {self.output_dim}) to match x"
                 )
-            if y.device.type != self.device.type or y.dtype != self.dtype:
+            if y.device != self.device or y.dtype != self.dtype:
                 raise LearnerError(f"{label}: y is {y.dtype} on {y.device}, the learner is {self.dtype} on {self.device}")
 
     def check_finite(self, where: str, **tensors: Tensor) -> None:
