@@ -25,19 +25,6 @@ from torch import Tensor
 CHUNK_ELEMENTS = 2**20
 
 
-def scaled_sqdist(x1: Tensor, x2: Tensor, lengthscale: Tensor) -> Tensor:
-    """Squared distances ``||(x1 - x2) / l||^2``, ``[P, N, M]``, clamped at zero.
-
-    Uses the expanded form (one matmul) rather than materialising ``[P, N, M, D]``.
-    """
-    ls = lengthscale.unsqueeze(-2)  # [P, 1, D]
-    a = x1 / ls
-    b = x2 / ls
-    a2 = (a * a).sum(-1, keepdim=True)  # [P, N, 1]
-    b2 = (b * b).sum(-1).unsqueeze(-2)  # [P, 1, M]
-    return (a2 + b2 - 2.0 * a @ b.transpose(-1, -2)).clamp_min_(0.0)
-
-
 def se_ard(x1: Tensor, x2: Tensor, lengthscale: Tensor, amplitude: Tensor) -> Tensor:
     """SE-ARD kernel ``s^2 exp(-||(x1 - x2)/l||^2 / 2)`` (SVDGP eq. (14)), ``[P, N, M]``."""
     u, v = point_features(x1, x2, None, lengthscale, amplitude)
@@ -112,9 +99,9 @@ def point_features(x: Tensor, z: Tensor, c: Tensor | None, lengthscale: Tensor, 
     ``log rho^2 + sum_d logpre_d - sum_d w_d (u_d - v_d)^2``; expanding the square
     separates it into ``[u, |u|^2, 1] . [2 w v, -w, log rho^2 + logpre - w |v|^2]``
     (one factor per basis function or none; per dimension ``[u^2, u, 1]`` against
-    ``[-w, 2 w v, ...]``). The square is not clamped at zero, unlike
-    :func:`scaled_sqdist`: at coincident points the kernel may exceed its maximum by a
-    rounding error, which nothing downstream relies on.
+    ``[-w, 2 w v, ...]``). The expanded square is not clamped at zero: at coincident
+    points the kernel may exceed its maximum by a rounding error, which nothing
+    downstream relies on (the Cholesky factorisations add relative jitter).
     """
     per_dim = c is not None and c.shape[-1] > 1
     return input_features(x, lengthscale, per_dim), basis_features(z, c, lengthscale, amplitude)
