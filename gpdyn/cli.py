@@ -129,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-delta", type=int, default=128, help="basis functions added per iteration (default 128)")
     p.add_argument("--eval-every", type=int, default=100, help="iterations between held-out evaluations")
     p.add_argument("--init-iterations", type=int, default=200, help="ordered protocol: iterations on the offline part")
+    p.add_argument("--eval-rows", type=int, default=None,
+                   help="score on a seeded subset of this many held-out rows (default: all of them)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=("float32", "float64"), default=None, help="default float32 on CUDA, float64 on CPU")
     p.add_argument("--size", action="append", default=[], metavar="LEARNER.KEY=VALUE",

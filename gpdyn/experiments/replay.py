@@ -54,6 +54,7 @@ class ReplayConfig:
     n_delta: int = 128
     eval_every: int = 100
     init_iterations: int = 200
+    eval_rows: int | None = None  # score on a seeded subset of this many test rows (None: all)
     seed: int = 0
     device: str = "cpu"
     dtype: str = "float64"
@@ -68,6 +69,8 @@ class ReplayConfig:
         for name in ("iterations", "batch_size", "n_delta", "eval_every"):
             if getattr(self, name) < 1:
                 raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.eval_rows is not None and self.eval_rows < 1:
+            raise InputError(f"--eval-rows must be >= 1, got {self.eval_rows}")
         if self.init_iterations < 0:
             raise InputError(f"--init-iterations must be >= 0, got {self.init_iterations}")
         stray = set(self.sizes) - set(self.learners)
@@ -150,6 +153,11 @@ def replay(
     if problem is None:
         problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed)
     x_test, y_test = problem.tensors("test", cfg.device, dtype)
+    if cfg.eval_rows is not None and cfg.eval_rows < len(x_test):
+        # the same seeded subset for every learner; time order kept
+        keep = torch.randperm(len(x_test), generator=torch.Generator().manual_seed(cfg.seed))[: cfg.eval_rows]
+        keep = keep.sort().values.to(x_test.device)
+        x_test, y_test = x_test[keep], y_test[keep]
     phases = _phases(cfg, problem, dtype)
     segments = list(_segments(phases, cfg.eval_every))
     total = sum(n for _, _, n in segments)
@@ -238,6 +246,7 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
         n_delta=args.n_delta,
         eval_every=args.eval_every,
         init_iterations=args.init_iterations,
+        eval_rows=args.eval_rows,
         seed=args.seed,
         device=args.device,
         dtype=str(resolve_dtype(args.dtype, args.device)).removeprefix("torch."),

@@ -62,7 +62,8 @@ def write_report(run_dir: str | Path) -> Path:
         "",
         f"Store `{config.get('store', '?')}`, seed {config.get('seed', '?')}, "
         f"{config.get('iterations', '?')} iterations, minibatch {config.get('batch_size', '?')}, "
-        f"device {config.get('device', '?')}. Every learner saw the same minibatches in the same order.",
+        f"device {config.get('device', '?')}. Every learner saw the same minibatches in the same order"
+        + (f"; scored on a seeded subset of {config['eval_rows']} held-out rows." if config.get("eval_rows") else "."),
         "",
         "## Table 2 layout: mean ± std over outputs, at the last evaluation",
         "",
