@@ -86,3 +86,24 @@ def test_bad_replay_settings(kuka_store, tmp_path):
     _run(cfg, tmp_path / "run")
     with pytest.raises(InputError, match="other settings"):
         _run(_config(kuka_store, iterations=4, seed=9), tmp_path / "run")
+
+
+def test_checkpoints_keep_the_protocol_settings_and_eval_subset(kuka_store, tmp_path):
+    import torch
+
+    from gpdyn.gp.online import load_learner
+
+    cfg = _config(kuka_store, learners=["svi"], sizes={"svi": {"m": 16}}, iterations=2, eval_rows=7)
+    run, finals = _run(cfg, tmp_path / "run")
+    learner, extra = load_learner(run.path / "checkpoints" / "svi.pt")
+    assert learner.n_delta == cfg.n_delta == learner.config["n_delta"]
+    assert extra["iteration"] == 2 and not list((run.path / "checkpoints").glob("*.partial"))
+    # the scores are those of a 7-row subset of the held-out split
+    problem = load_problem(cfg.store, "kuka", seed=cfg.seed)
+    x, y = problem.tensors("test")
+    keep = torch.randperm(len(x), generator=torch.Generator().manual_seed(cfg.seed))[:7].sort().values
+    mean = learner.predict(x[keep])[0]
+    nmse = ((mean - y[keep]) ** 2).mean(0) / y[keep].var(0, unbiased=False)
+    np.testing.assert_allclose(finals["svi"]["nmse"], nmse.numpy(), rtol=1e-8)
+    write_report(run.path)
+    assert "subset of 7 held-out rows" in (run.path / "report.md").read_text()

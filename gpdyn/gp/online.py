@@ -9,6 +9,7 @@ bound per output, then mean and std over outputs (SVDGP Table 2).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -83,8 +84,10 @@ def run_online(
             raise InputError(f"run_online: n_delta must be >= 1, got {n_delta}")
         if hasattr(learner, "n_delta"):
             learner.n_delta = int(n_delta)
+            learner.config["n_delta"] = int(n_delta)  # a checkpoint rebuilds it with this rate
     if n_data is not None and hasattr(learner, "n_data"):
         learner.n_data = int(n_data)
+        learner.config["n_data"] = int(n_data)
     records: list[dict[str, Any]] = []
     batches = iter(stream)
     start = time.perf_counter()
@@ -129,6 +132,7 @@ def save_learner(learner: Learner, path: str | Path, **extra: Any) -> Path:
     if config is None:
         raise InputError(f"save_learner: {type(learner).__name__} has no constructor config to rebuild it from")
     path = Path(path)
+    partial = path.with_name(path.name + ".partial")
     torch.save(
         {
             "learner": learner.name,
@@ -137,8 +141,9 @@ def save_learner(learner: Learner, path: str | Path, **extra: Any) -> Path:
             "state": learner.state_dict(),
             "extra": extra,
         },
-        path,
+        partial,
     )
+    os.replace(partial, path)  # atomic: a crash mid-save never leaves a truncated checkpoint
     return path
 
 
