@@ -24,6 +24,7 @@ Subclasses implement the expected log-likelihood and the KL term of the bound
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -203,7 +204,10 @@ class VariationalLearner(Learner):
         z, c = self.basis(name)
         m = z.shape[1]
         if n_columns is not None and n_columns < m:
-            idx = torch.randperm(m, generator=self.generator)[:n_columns].to(self.device)
+            idx = torch.randperm(m, generator=self.generator)[:n_columns]
+            if self.device.type == "cuda":  # a pageable host-to-device copy would wait for the GPU queue
+                idx = idx.pin_memory()
+            idx = idx.to(self.device, non_blocking=True)
             cj = None if c is None else c[:, idx]
             return (m / n_columns) * kernel_quadratic(z, z[:, idx], self.lengthscale, self.amplitude, a, a[:, idx], c, cj)
         return kernel_quadratic(z, z, self.lengthscale, self.amplitude, a, a, c, c)
@@ -362,7 +366,7 @@ class VariationalLearner(Learner):
             "t": self.t,
             "n_seen": self.n_seen,
             "n_data": self.n_data,
-            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()) if self.optimizer is not None else None,
             "generator": self.generator.get_state(),
         }
 
