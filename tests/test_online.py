@@ -98,3 +98,26 @@ def test_gpdyn_learn_writes_a_run_that_load_restores(walker_store, tmp_path, cap
     assert learner.t == 4 and normalizer.y_mean.shape == (9,)
     assert main(argv[:-2] + ["--size", "m_alpha=oops=1", "--out", str(tmp_path / "bad")]) == 2
     assert main(argv[:-2] + ["--size", "bogus=1", "--out", str(tmp_path / "bad2")]) == 2
+
+
+def test_in_memory_copy_shares_no_optimiser_state():
+    """A learner copied through state_dict steps independently of its original (control loops copy them)."""
+    import torch
+
+    from gpdyn.gp import make_learner
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 3, generator=g, dtype=torch.float64)
+    y = torch.sin(x[:, :2])
+    a = make_learner("svi", 3, 2, m=8, n_delta=8)
+    a.observe(x, y)
+    a.step(x, y)
+    b = make_learner("svi", 3, 2, m=8, n_delta=8)
+    b.load_state_dict(a.state_dict())
+    reference = make_learner("svi", 3, 2, m=8, n_delta=8)
+    reference.load_state_dict(a.state_dict())
+    b.step(x, y)
+    b.step(x, y)  # must not move a's Adam moments
+    a.step(x, y)
+    reference.step(x, y)
+    torch.testing.assert_close(a.predict(x)[0], reference.predict(x)[0], rtol=0, atol=0)
