@@ -24,6 +24,14 @@ def _plt():
     return plt
 
 
+def _save(fig, out: Path) -> Path:
+    """Lay out, write as PNG and close a figure."""
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    _plt().close(fig)
+    return out
+
+
 def _series(records: list[dict[str, Any]], kind: str, robot: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
     out: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
@@ -116,11 +124,7 @@ def _plot_walker(path: Path, steps, conditions, controllers, change_at: int, lab
         ax.legend(fontsize=8)
         if cond == "changed":
             _mark_change(ax, change_at, label)
-    fig.tight_layout()
-    out = path / "walker_return.png"
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, path / "walker_return.png")
 
 
 def _plot_walker_error(path: Path, errs, change_at: int, label: str) -> Path:
@@ -134,11 +138,7 @@ def _plot_walker_error(path: Path, errs, change_at: int, label: str) -> Path:
     ax.set_yscale("log")
     ax.legend(fontsize=8)
     _mark_change(ax, change_at, label)
-    fig.tight_layout()
-    out = path / "walker_model_error.png"
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, path / "walker_model_error.png")
 
 
 def write_kuka_report(run: RunDir, cfg: Any, joint_rmse: dict[str, dict[str, list[float]]]) -> Path:
@@ -191,10 +191,7 @@ def write_kuka_report(run: RunDir, cfg: Any, joint_rmse: dict[str, dict[str, lis
     ax.legend(fontsize=8)
     ax.autoscale()
     _mark_change(ax, cfg.change_at, f"+{cfg.payload} kg")
-    fig.tight_layout()
-    plot = run.path / "kuka_tracking.png"
-    fig.savefig(plot, dpi=110)
-    plt.close(fig)
+    plot = _save(fig, run.path / "kuka_tracking.png")
     lines += ["", "## Plot", "", f"![{plot.stem}]({plot.name})"]
     path = run.path / "report.md"
     path.write_text("\n".join(lines) + "\n")
