@@ -90,7 +90,7 @@ def test_crash_between_rows_and_episode_ends_keeps_committed_episodes(tmp_path, 
 
 def test_crash_inside_the_commit_of_episode_ends(tmp_path):
     """Killed after episode_ends was resized but before its new values were written."""
-    store = make_walker_store(tmp_path / "s.zarr", [5, 6])
+    make_walker_store(tmp_path / "s.zarr", [5, 6])
     rng = np.random.default_rng(4)
     group = zarr.open_group(str(tmp_path / "s.zarr"), mode="r+")
     for name, spec in WALKER_FIELDS.items():  # the rows of a third episode landed
