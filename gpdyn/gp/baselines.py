@@ -163,13 +163,8 @@ class GPR(_SubsetLearner):
 
     def observe(self, x: Tensor, y: Tensor) -> None:
         """Keep the first ``n_subset`` points: they are the data and the basis."""
-        self.check_xy(x, y, "observe")
-        self.check_finite("observe", x=x, y=y)
-        if x.shape[0] == 0:
+        if not self._begin_observe(x, y):
             return
-        if not self.initialized:
-            self.initialize_hyperparameters(x, y)
-        self.n_seen += int(x.shape[0])
         m = self.counts["beta"]
         n = min(x.shape[0], self.capacity["beta"] - m)
         if n > 0:

@@ -84,17 +84,15 @@ class VariationalLearner(Learner):
         input_dim: int,
         output_dim: int,
         *,
-        device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float64,
-        seed: int = 0,
         n_delta: int = 128,
         lr: float | None = None,
         n_data: int | None = None,
         scales: str = "basis",
         jitter: float = 1e-6,
         eval_chunk: int = 1024,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(input_dim, output_dim, device=device, dtype=dtype, seed=seed)
+        super().__init__(input_dim, output_dim, **kwargs)  # device, dtype, seed
         if scales not in SCALES:
             raise LearnerError(f"{type(self).__name__}: scales must be one of {SCALES}, got '{scales}'")
         if n_delta < 1:
@@ -220,18 +218,24 @@ class VariationalLearner(Learner):
         return kernel_matvec(x, z, self.lengthscale, self.amplitude, v, c, cz)
 
     # -- the contract ---------------------------------------------------------------
+    def _begin_observe(self, x: Tensor, y: Tensor) -> bool:
+        """Validate new data, start the hyperparameters on the first data; False when empty."""
+        self.check_xy(x, y, "observe")
+        self.check_finite("observe", x=x, y=y)
+        if x.shape[0] == 0:
+            return False
+        if not self.initialized:
+            self.initialize_hyperparameters(x, y)
+        self.n_seen += int(x.shape[0])
+        return True
+
     def observe(self, x: Tensor, y: Tensor) -> None:
         """Start the hyperparameters on the first call; add ``n_delta`` basis functions per basis.
 
         This validates the values (a host sync), so it is not meant for the hot path.
         """
-        self.check_xy(x, y, "observe")
-        self.check_finite("observe", x=x, y=y)
-        if x.shape[0] == 0:
+        if not self._begin_observe(x, y):
             return
-        if not self.initialized:
-            self.initialize_hyperparameters(x, y)
-        self.n_seen += int(x.shape[0])
         offset = 0
         with torch.no_grad():
             for name, cap in self.capacity.items():
