@@ -63,6 +63,9 @@ def check_device(device: str) -> None:
 def cli_learn(args: argparse.Namespace) -> int:
     """Run SVDGP Algorithm 1 for one learner and write the run folder."""
     check_device(args.device)
+    for option in ("iterations", "batch_size", "n_delta", "eval_every"):
+        if getattr(args, option) < 1:  # before the run folder exists, so bad input leaves none
+            raise InputError(f"--{option.replace('_', '-')} must be >= 1, got {getattr(args, option)}")
     dtype = resolve_dtype(args.dtype, args.device)
     sizes = parse_sizes(args.size)
     problem = load_problem(args.store, args.problem, protocol="iid", seed=args.seed)
