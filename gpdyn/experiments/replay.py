@@ -189,10 +189,10 @@ def replay(
             )[-1]
             iteration += n
             seconds += record["elapsed_s"]  # training time only: taken before the evaluation
-            record = {
-                **record, "kind": "eval", "learner": name, "phase": phase.name,
-                "iteration": iteration, "seconds": seconds, "step_s": record["step_s"],
-            }
+            record = {**record, "kind": "eval", "learner": name, "phase": phase.name, "iteration": iteration,
+                      "seconds": seconds}
+            # logged before the checkpoint: a crash in between repeats this segment on resume,
+            # and the report keeps the last record per (learner, iteration)
             run.log(**record)
             extra = {"segments": k + 1, "iteration": iteration, "seconds": seconds, "phase": phase_index,
                      "stream": _stream_state(stream), "record": record}
