@@ -225,6 +225,8 @@ def open_run(cfg: ReplayConfig, out: Path | None, problem: Problem | None = None
         run = RunDir(out)
         saved = {k: v for k, v in run.config().items() if k in asdict(cfg)}
         mine = json.loads(json.dumps(asdict(cfg)))
+        # every learner has its own stream from the same seed: their order decides no number
+        saved["learners"], mine["learners"] = sorted(saved.get("learners", [])), sorted(mine["learners"])
         if saved != mine:
             diff = sorted(k for k in mine if saved.get(k) != mine[k])
             raise InputError(f"{out}: holds a replay with other settings ({', '.join(diff)}); use another --out")
