@@ -25,7 +25,6 @@ arrays, so building a problem needs little beyond the arrays it returns.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -349,9 +348,4 @@ def _input_names(store: EpisodeStore, spec: ProblemSpec) -> tuple[str, ...]:
     return tuple(f"{c}[t-{lag}]" if lag else f"{c}[t]" for lag in reversed(range(spec.history)) for c in row)
 
 
-def problem_json(problem: Problem) -> str:
-    """The problem's description and normalisation statistics as JSON (for run folders)."""
-    return json.dumps({**problem.describe(), "normalizer": problem.normalizer.to_json()}, indent=2)
-
-
-__all__ = ["PROBLEMS", "PROTOCOLS", "Normalizer", "Problem", "ProblemSpec", "load_problem", "problem_json"]
+__all__ = ["PROBLEMS", "PROTOCOLS", "Normalizer", "Problem", "ProblemSpec", "load_problem"]
