@@ -8,6 +8,7 @@ are a leading batch dimension on every tensor (lengthscales ``[P, D]``, bases
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +16,9 @@ import torch
 from torch import Tensor
 
 from gpdyn.errors import InputError
+
+
+LOG_2PI = math.log(2.0 * math.pi)  # the constant of every Gaussian log density here
 
 
 class LearnerError(InputError):

@@ -17,18 +17,16 @@ Cost, for ``n`` points seen and ``P`` outputs:
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from gpdyn.gp.base import Learner, LearnerError
+from gpdyn.gp.base import LOG_2PI, Learner, LearnerError
 from gpdyn.gp.hyperparams import SEHyperparameters
 from gpdyn.gp.kernels import se_ard, se_ard_diag
 
-LOG_2PI = math.log(2.0 * math.pi)
 
 
 class SEARDKernel:

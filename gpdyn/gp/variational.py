@@ -32,11 +32,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gpdyn.gp.base import Learner, LearnerError
+from gpdyn.gp.base import LOG_2PI, Learner, LearnerError
 from gpdyn.gp.kernels import gen_se_ard, kernel_matvec, kernel_quadratic, median_lengthscale
 
 SCALES = ("basis", "dim", "none")
-LOG_2PI = math.log(2.0 * math.pi)
 
 
 def gaussian_ell(y: Tensor, mean: Tensor, var: Tensor, noise: Tensor) -> Tensor:

@@ -58,8 +58,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from gpdyn.gp.base import Learner, LearnerError
-from gpdyn.gp.exact import LOG_2PI
+from gpdyn.gp.base import LOG_2PI, Learner, LearnerError
 from gpdyn.gp.hyperparams import SEHyperparameters
 from gpdyn.gp.ski import (
     Grid,
