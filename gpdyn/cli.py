@@ -135,6 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float32", "float64"), default=None, help="default float32 on CUDA, float64 on CPU")
     p.add_argument("--size", action="append", default=[], metavar="LEARNER.KEY=VALUE",
                    help="learner option, e.g. svdgp.m_alpha=4096 (repeatable)")
+    p.add_argument("--select-lr", default=None, metavar="G1,G2,...",
+                   help="choose each learner's step size gamma_0 from these by its objective after "
+                        "--select-iterations iterations, as SVDGP Section 4 (e.g. 0.1,0.01,0.001)")
+    p.add_argument("--select-iterations", type=int, default=100)
     _add_device(p)
     _add_out(p)
     p.set_defaults(handler="gpdyn.experiments.replay:cli_replay")

@@ -8,6 +8,11 @@ plots to ``docs/results/<dataset>/``.
     python scripts/reproduce_table2.py --scale paper   # T = 2000 and the paper's sizes (a GPU)
     python scripts/reproduce_table2.py --scale cpu     # reduced T and sizes for a 2-core CPU
 
+``--select-lr 0.1,0.01,0.001`` picks each learner's gamma_0 as the paper does (the best
+objective after ``--select-iterations`` = 100 iterations); without it every learner
+uses its default. ``--iterations`` overrides the scale's T and ``--name`` the results
+folder (default ``<dataset>-<scale>``).
+
 The scales are written into each report's config, so every number says what made it.
 """
 
@@ -78,6 +83,10 @@ def main() -> None:
     parser.add_argument("--learners", default=",".join(LEARNERS))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--iterations", type=int, default=None, help="T (default: the scale's)")
+    parser.add_argument("--select-lr", default=None, help="gamma_0 candidates per learner, e.g. 0.1,0.01,0.001")
+    parser.add_argument("--select-iterations", type=int, default=100)
+    parser.add_argument("--name", default=None, help="results folder suffix (default: the scale)")
     args = parser.parse_args()
     scale = PAPER if args.scale == "paper" else CPU
     learners = [s for s in args.learners.split(",") if s]
@@ -85,9 +94,10 @@ def main() -> None:
         store, problem, collect, eval_rows = DATASETS[name]
         if not (ROOT / store).exists():
             gpdyn(*collect)
-        out = ROOT / "logs" / f"table2-{name}-{args.scale}"
+        tag = f"{name}-{args.name or args.scale}"
+        out = ROOT / "logs" / f"table2-{tag}"
         replay = ["--store", store, "--problem", problem, "--learners", ",".join(learners),
-                  "--iterations", str(scale["iterations"]), "--batch-size", str(scale["batch_size"]),
+                  "--iterations", str(args.iterations or scale["iterations"]), "--batch-size", str(scale["batch_size"]),
                   "--n-delta", str(scale["n_delta"]), "--eval-every", str(scale["eval_every"]),
                   "--seed", str(args.seed), "--device", args.device, "--out", str(out)]
         for learner in learners:
@@ -95,11 +105,14 @@ def main() -> None:
                 replay += ["--size", f"{learner}.{key}={value}"]
         if eval_rows is not None and args.scale == "cpu":
             replay += ["--eval-rows", str(eval_rows)]
+        if args.select_lr:
+            replay += ["--select-lr", args.select_lr, "--select-iterations", str(args.select_iterations)]
         gpdyn("replay", *replay)  # resumes from out/ if an earlier run was interrupted
-        target = ROOT / "docs" / "results" / f"{name}-{args.scale}"
+        target = ROOT / "docs" / "results" / tag
         target.mkdir(parents=True, exist_ok=True)
-        for file in ("report.md", "curves.csv", "final.csv", "nmse.png", "vlb.png", "config.json"):
-            shutil.copy2(out / file, target / file)
+        for file in ("report.md", "curves.csv", "final.csv", "nmse.png", "vlb.png", "config.json", "step_size.json"):
+            if (out / file).exists():  # step_size.json only with --select-lr
+                shutil.copy2(out / file, target / file)
         print(f"reproduce_table2: {name} -> {target}")
 
 

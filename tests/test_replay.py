@@ -108,3 +108,36 @@ def test_checkpoints_keep_the_protocol_settings_and_eval_subset(kuka_store, tmp_
     np.testing.assert_allclose(finals["svi"]["nmse"], nmse.numpy(), rtol=1e-8)
     write_report(run.path)
     assert "subset of 7 held-out rows" in (run.path / "report.md").read_text()
+
+
+def test_step_size_selection_picks_the_best_probe_and_does_not_disturb_the_run(kuka_store, tmp_path):
+    import json
+
+    candidates = [1e4, 0.1, 1e-3]  # 1e4 is far past what any step survives
+    cfg = _config(kuka_store, learners=["svi"], sizes={"svi": {"m": 16}}, select_lr=candidates, select_iterations=5)
+    run, finals = _run(cfg, tmp_path / "select")
+    chosen = json.loads((run.path / "step_size.json").read_text())["svi"]
+    probes = {r["lr"]: r["objective"] for r in run.metrics() if r.get("kind") == "step_size"}
+    assert sorted(probes) == sorted(candidates)
+    finite = {lr: v for lr, v in probes.items() if np.isfinite(v)}
+    assert chosen["lr"] == min(finite, key=finite.get)
+    # the probes leave no trace: the same learner with that gamma_0 given by hand scores the same
+    fixed = _config(kuka_store, learners=["svi"], sizes={"svi": {"m": 16, "lr": chosen["lr"]}})
+    _, by_hand = _run(fixed, tmp_path / "by-hand")
+    np.testing.assert_allclose(finals["svi"]["nmse"], by_hand["svi"]["nmse"], rtol=1e-10)
+    write_report(run.path)
+    assert "Step size gamma_0, chosen per learner" in (run.path / "report.md").read_text()
+    # a resumed run reuses the choice: no second probe
+    _run(cfg, run.path)
+    assert sum(r.get("kind") == "step_size" for r in run.metrics()) == len(candidates)
+
+
+def test_bad_step_size_selection(kuka_store):
+    with pytest.raises(InputError, match="choose the step size one way"):
+        _config(kuka_store, select_lr=[0.1], sizes={"svi": {"lr": 0.1}}).validate()
+    with pytest.raises(InputError, match="finite number > 0"):
+        _config(kuka_store, select_lr=[0.1, -1.0]).validate()
+    with pytest.raises(InputError, match="fewer minibatches"):
+        cfg = _config(kuka_store, protocol="ordered", learners=["svi"], sizes={"svi": {"m": 16}},
+                      init_iterations=0, select_lr=[0.1], select_iterations=1000)
+        _run(cfg, None)

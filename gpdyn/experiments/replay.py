@@ -12,6 +12,14 @@ Protocols (see :mod:`gpdyn.data.problems`):
   ``batch_size`` consecutive samples per iteration, until ``iterations`` or the end of
   the stream.
 
+Step size (``select_lr``): SVDGP Section 4 picks each learner's gamma_0 from
+{1e-1, 1e-2, 1e-3} "to maximize the improvement in objective function after the first
+100 iterations". :func:`select_step_size` does that before a learner's main run: each
+candidate runs ``select_iterations`` iterations of the first phase's stream from the
+same start, and the one whose minibatch objective (the negative bound, taken before
+each update, so on data the step has not seen) is lowest over the last tenth wins. The
+choice and every candidate's objective are logged and kept in ``step_size.json``.
+
 Resumable: after each evaluation the learner and its stream position are saved under
 ``checkpoints/``; running the same command with ``--out`` on the interrupted run
 folder continues from there, with no repeated work and the same final numbers.
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,8 +42,8 @@ from gpdyn.data.problems import Problem, load_problem
 from gpdyn.data.streams import IIDStream, OrderedStream
 from gpdyn.errors import InputError
 from gpdyn.experiments.learn import check_device, parse_sizes, resolve_dtype
-from gpdyn.experiments.report import write_report
-from gpdyn.gp import LEARNERS, Learner, make_learner
+from gpdyn.experiments.report import STEP_SIZE_FILE, write_report
+from gpdyn.gp import LEARNERS, Learner, LearnerError, learner_class, learner_options, make_learner
 from gpdyn.gp.online import DTYPES, load_learner, run_online, save_learner
 from gpdyn.runs import RunDir, is_run_dir
 
@@ -59,6 +68,8 @@ class ReplayConfig:
     device: str = "cpu"
     dtype: str = "float64"
     sizes: dict[str, dict[str, Any]] = field(default_factory=dict)  # learner -> constructor options
+    select_lr: list[float] | None = None  # gamma_0 candidates, chosen per learner (SVDGP Section 4)
+    select_iterations: int = 100
 
     def validate(self) -> None:
         unknown = [name for name in self.learners if name not in LEARNERS]
@@ -76,6 +87,14 @@ class ReplayConfig:
         stray = set(self.sizes) - set(self.learners)
         if stray:
             raise InputError(f"--size names learners not in --learners: {sorted(stray)}")
+        if self.select_lr is not None:
+            if not self.select_lr or any(not (lr > 0 and math.isfinite(lr)) for lr in self.select_lr):
+                raise InputError(f"--select-lr: every candidate must be a finite number > 0, got {self.select_lr}")
+            if self.select_iterations < 1:
+                raise InputError(f"--select-iterations must be >= 1, got {self.select_iterations}")
+            fixed = sorted(name for name, opts in self.sizes.items() if "lr" in opts)
+            if fixed:
+                raise InputError(f"--select-lr and --size {fixed[0]}.lr=...: choose the step size one way")
 
 
 def parse_learner_sizes(items: list[str]) -> dict[str, dict[str, Any]]:
@@ -171,7 +190,11 @@ def replay(
             done_segments, iteration, seconds = extra["segments"], extra["iteration"], extra["seconds"]
             finals[name] = extra["record"]
         else:
-            learner = _make(name, cfg, problem, dtype)
+            options = dict(cfg.sizes.get(name, {}))
+            if cfg.select_lr is not None and "lr" in learner_options(learner_class(name)):
+                bar.set_description(f"replay {name} (step size)")
+                options["lr"] = select_step_size(name, cfg, problem, dtype, phases[0], run)
+            learner = _make(name, cfg, problem, dtype, options)
             done_segments, iteration, seconds, extra = 0, 0, 0.0, {}
         bar.update(iteration)
         stream, stream_phase = None, -1
@@ -206,14 +229,63 @@ def replay(
     return finals
 
 
-def _make(name: str, cfg: ReplayConfig, problem: Problem, dtype: torch.dtype) -> Learner:
+def _make(name: str, cfg: ReplayConfig, problem: Problem, dtype: torch.dtype, options: dict[str, Any]) -> Learner:
+    # the protocol's N_Delta and N, so that a step-size probe runs the model of the main run
+    takes = learner_options(learner_class(name))
+    protocol = {"n_delta": cfg.n_delta, "n_data": len(problem.x_train) + len(problem.x_init)}
+    options = {**{k: v for k, v in protocol.items() if k in takes}, **options}
     try:
         return make_learner(
-            name, problem.input_dim, problem.output_dim, device=cfg.device, dtype=dtype, seed=cfg.seed,
-            **cfg.sizes.get(name, {}),
+            name, problem.input_dim, problem.output_dim, device=cfg.device, dtype=dtype, seed=cfg.seed, **options
         )
     except TypeError as err:  # an option the learner does not take
         raise InputError(f"--size for learner '{name}': {err}") from err
+
+
+def select_step_size(
+    name: str, cfg: ReplayConfig, problem: Problem, dtype: torch.dtype, phase: _Phase, run: RunDir
+) -> float:
+    """gamma_0 for ``name``: the candidate of ``cfg.select_lr`` with the best objective after
+    ``cfg.select_iterations`` iterations (SVDGP Section 4); kept in ``step_size.json`` so a
+    resumed run does not probe again.
+
+    The objective is the learner's minibatch loss (negative bound per point) before each
+    update, averaged over the last tenth of the probe. A candidate that diverges (a
+    non-finite loss, or a failed factorisation) is out; if all do, it is an error.
+    """
+    assert cfg.select_lr is not None
+    path = run.path / STEP_SIZE_FILE
+    chosen = json.loads(path.read_text()) if path.exists() else {}
+    if name in chosen:
+        return float(chosen[name]["lr"])
+    window = max(1, cfg.select_iterations // 10)
+    objectives: dict[str, float] = {}
+    for lr in cfg.select_lr:
+        learner = _make(name, cfg, problem, dtype, {**cfg.sizes.get(name, {}), "lr": lr})
+        batches = iter(phase.make_stream())  # every candidate starts from the same data
+        losses: list[float] = []
+        try:
+            for _ in range(cfg.select_iterations):
+                xb, yb = next(batches)
+                learner.observe(xb, yb)
+                losses.append(float(learner.step(xb, yb)["loss"]))
+        except (LearnerError, torch.linalg.LinAlgError):
+            losses.append(math.inf)
+        except StopIteration:
+            raise InputError(f"--select-iterations {cfg.select_iterations}: the stream has fewer minibatches") from None
+        tail = losses[-window:]
+        objectives[repr(lr)] = sum(tail) / len(tail) if all(map(math.isfinite, tail)) else math.inf
+        run.log(kind="step_size", learner=name, lr=lr, objective=objectives[repr(lr)], iterations=len(losses))
+    finite = {k: v for k, v in objectives.items() if math.isfinite(v)}
+    if not finite:
+        raise InputError(f"--select-lr: learner '{name}' diverged with every candidate {cfg.select_lr}")
+    best = float(min(finite, key=finite.get))
+    chosen[name] = {"lr": best, "objective": {k: (v if math.isfinite(v) else None) for k, v in objectives.items()},
+                    "iterations": cfg.select_iterations}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(chosen, indent=2))
+    tmp.replace(path)
+    return best
 
 
 def open_run(cfg: ReplayConfig, out: Path | None, problem: Problem | None = None) -> RunDir:
@@ -223,8 +295,10 @@ def open_run(cfg: ReplayConfig, out: Path | None, problem: Problem | None = None
     """
     if out is not None and is_run_dir(out):
         run = RunDir(out)
-        saved = {k: v for k, v in run.config().items() if k in asdict(cfg)}
         mine = json.loads(json.dumps(asdict(cfg)))
+        defaults = json.loads(json.dumps(asdict(ReplayConfig(store="", problem="", learners=[]))))
+        # a setting added after the run was made reads as its default
+        saved = {k: run.config().get(k, defaults[k]) for k in mine}
         # every learner has its own stream from the same seed: their order decides no number
         saved["learners"], mine["learners"] = sorted(saved.get("learners", [])), sorted(mine["learners"])
         if saved != mine:
@@ -253,7 +327,16 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
         device=args.device,
         dtype=str(resolve_dtype(args.dtype, args.device)).removeprefix("torch."),
         sizes=parse_learner_sizes(args.size),
+        select_lr=_parse_floats(args.select_lr, "--select-lr") if args.select_lr else None,
+        select_iterations=args.select_iterations,
     )
+
+
+def _parse_floats(text: str, flag: str) -> list[float]:
+    try:
+        return [float(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise InputError(f"{flag} '{text}': expected comma-separated numbers, e.g. 0.1,0.01,0.001") from None
 
 
 def print_table(finals: dict[str, dict[str, Any]]) -> None:

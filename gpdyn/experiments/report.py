@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import numpy as np
 from gpdyn.errors import InputError
 from gpdyn.runs import RunDir, is_run_dir
 
+STEP_SIZE_FILE = "step_size.json"  # gamma_0 per learner, when replay chose it
 METRICS = {"nmse": "nMSE", "vlb": "variational lower bound (per point)"}
 
 
@@ -83,11 +85,37 @@ def write_report(run_dir: str | Path) -> Path:
         lines.append("| --- |" + " ---: |" * len(outputs))
         for name, r in final.items():
             lines.append(f"| {name} | " + " | ".join(f"{v:.4g}" for v in r[metric]) + " |")
+    lines += _step_size_section(run_dir)
     lines += ["", "## Curves", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     lines += ["", "Every curve point is in `curves.csv`; the table rows are the last rows per learner (`final.csv`).", ""]
     report = run_dir / "report.md"
     report.write_text("\n".join(lines))
     return report
+
+
+def _step_size_section(run_dir: Path) -> list[str]:
+    """The gamma_0 each learner ran with, when replay chose it (``--select-lr``)."""
+    path = run_dir / STEP_SIZE_FILE
+    if not path.exists():
+        return []
+    chosen = json.loads(path.read_text())
+    candidates = sorted({lr for entry in chosen.values() for lr in entry["objective"]}, key=float, reverse=True)
+    iterations = {entry["iterations"] for entry in chosen.values()}
+    lines = [
+        "", "## Step size gamma_0, chosen per learner (SVDGP Section 4)", "",
+        f"Minibatch objective (negative bound per point, before each update) over the last tenth of "
+        f"{'/'.join(map(str, sorted(iterations)))} probe iterations from the same start; lowest wins; "
+        "'diverged' marks a non-finite loss or a failed factorisation.", "",
+        "| learner | chosen | " + " | ".join(f"gamma_0 = {lr}" for lr in candidates) + " |",
+        "| --- | ---: |" + " ---: |" * len(candidates),
+    ]
+    for name, entry in chosen.items():
+        cells = []
+        for lr in candidates:
+            value = entry["objective"].get(lr, "–")
+            cells.append("diverged" if value is None else value if isinstance(value, str) else f"{value:.4f}")
+        lines.append(f"| {name} | {entry['lr']:g} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _write_curves_csv(path: Path, curves: dict[str, list[dict[str, Any]]], outputs: list[str]) -> None:
