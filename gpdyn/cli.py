@@ -161,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--conditions", default=None, help="walker: comma-separated nominal,changed")
     p.add_argument("--payload", type=float, default=None, help="kuka: payload in kg added at --change-at (default 3)")
     p.add_argument("--scale", choices=("small", "paper"), default=None, help="learner sizes (default small)")
+    p.add_argument("--pretrain-iterations", type=int, default=None,
+                   help="minibatch steps on the stored data before control (default 100)")
     p.add_argument("--adapt", choices=("residual", "steps"), default=None,
                    help="online model: an exact GP on the frozen model's residuals (default), or the learner's own steps")
     p.add_argument("--dtype", choices=("float64", "float32"), default=None)

@@ -112,3 +112,23 @@ def test_checkpoint_round_trip():
         gp.step(x, y)
         gp.step(x, y)
     torch.testing.assert_close(b.predict(x[:5]), a.predict(x[:5]), rtol=0, atol=0)
+
+
+def test_cholesky_names_the_failed_batch_member_on_cpu():
+    from gpdyn.gp.base import cholesky
+
+    a = torch.eye(3, dtype=torch.float64).repeat(2, 1, 1)
+    a[1, 2, 2] = -1.0
+    with pytest.raises(torch.linalg.LinAlgError, match=r"batch member \(1,\).*order 3"):
+        cholesky(a)
+    torch.testing.assert_close(cholesky(a[:1]), torch.linalg.cholesky(a[:1]))
+
+
+@pytest.mark.gpu
+def test_cholesky_marks_failure_with_nan_on_cuda_without_raising():
+    from gpdyn.gp.base import cholesky
+
+    a = torch.eye(3, dtype=torch.float64, device="cuda").repeat(2, 1, 1)
+    a[1, 2, 2] = -1.0
+    factor = cholesky(a)
+    assert torch.isnan(factor[1]).all() and torch.equal(factor[0], torch.eye(3, dtype=torch.float64, device="cuda"))

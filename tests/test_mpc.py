@@ -79,16 +79,18 @@ def test_nan_model_never_reaches_actuators(planner_cls) -> None:
     assert info.fallback and float(u) == -0.5
 
 
-def test_partly_nan_model_discards_bad_samples() -> None:
+@pytest.mark.parametrize("planner_cls", [MPPI, CEM])
+def test_partly_nan_model_discards_bad_samples(planner_cls) -> None:
     def flaky(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         nxt = linear(x, u)
         return torch.where(u > 0.8, torch.full_like(nxt, math.nan), nxt)  # half-broken model
 
     cfg = MPCConfig(horizon=10, samples=128, noise_std=0.5, temperature=0.05)
-    planner = MPPI(flaky, cost, [-1.0], [1.0], cfg, seed=3)
+    planner = planner_cls(flaky, cost, [-1.0], [1.0], cfg, seed=3)
     u, info = planner.plan(torch.zeros(2, dtype=torch.float64))
     assert info.fallback == "" and 0.0 < info.finite_fraction < 1.0
-    assert bool(torch.isfinite(u).all())
+    assert bool(torch.isfinite(u).all()) and float(u) <= 0.8  # never a sample that went NaN
+    assert math.isfinite(info.expected_cost) and math.isfinite(info.variance)
 
 
 def test_variance_penalty_steers_away_from_uncertain_actions() -> None:

@@ -366,7 +366,8 @@ def cli_control(args: argparse.Namespace) -> int:
     if args.robot == "walker":
         cfg = WalkerRunConfig(learner=args.learner, seed=args.seed, device=args.device)
         _options(cfg, args, ("steps", "planner", "samples", "sim_samples", "horizon", "uncertainty", "var_weight", "change",
-                             "change_at", "controllers", "conditions", "scale", "adapt", "dtype", "video"))
+                             "change_at", "controllers", "conditions", "scale", "adapt", "dtype", "video",
+                             "pretrain_iterations"))
         cfg.validate()
         run = RunDir.create("control-walker", {"robot": "walker", **asdict(cfg)}, out=args.out)
         print(f"gpdyn control walker: run folder {run.path}")
@@ -375,7 +376,7 @@ def cli_control(args: argparse.Namespace) -> int:
         from gpdyn.control.kuka_control import KukaRunConfig, run_kuka
 
         kcfg = KukaRunConfig(learner=args.learner, seed=args.seed, device=args.device)
-        _options(kcfg, args, ("steps", "change_at", "payload", "controllers", "scale", "adapt", "dtype"))
+        _options(kcfg, args, ("steps", "change_at", "payload", "controllers", "scale", "adapt", "dtype", "pretrain_iterations"))
         if args.steps is not None and args.change_at is None:
             kcfg.change_at = kcfg.steps // 2
         kcfg.validate()

@@ -310,7 +310,12 @@ class MPPI(Planner):
 
 
 class CEM(Planner):
-    """Cross-entropy method over action sequences (diagonal Gaussian, elite refits)."""
+    """Cross-entropy method over action sequences (diagonal Gaussian, elite refits).
+
+    The refits stay on the device: elites with a non-finite cost get zero weight rather
+    than being counted on the host, so a GPU is synchronised once per plan, not once per
+    iteration.
+    """
 
     def _optimise(self, state: Tensor) -> tuple[Tensor | None, PlanInfo]:
         assert self.nominal is not None
@@ -318,29 +323,32 @@ class CEM(Planner):
         mean = self.nominal
         std = self.noise_std.expand(cfg.horizon, self.nu).clone()
         n_elite = max(1, int(round(cfg.elite_fraction * cfg.samples)))
-        best_cost, best_plan = math.inf, None
-        frac, elite_cost, elite_var = 0.0, math.inf, 0.0
+        inf = torch.full((), math.inf, dtype=self.dtype, device=self.device)
+        best_cost, best_plan = inf, mean
+        frac, elite_cost, elite_var = torch.zeros_like(inf), inf, torch.zeros_like(inf)
         for _ in range(cfg.iterations):
             roll = self.rollout(state, mean, std)
-            finite, frac = _finite_summary(roll)
-            if not bool(finite.any()):
-                break
-            n = min(n_elite, int(finite.sum()))
-            order = torch.argsort(roll.costs)[:n]  # +inf (non-finite) sorts last
-            elites = roll.actions[order]
-            if float(roll.costs[order[0]]) < best_cost:
-                best_cost, best_plan = float(roll.costs[order[0]]), elites[0]
-            elite_cost = float(roll.costs[order].mean())
-            elite_var = float(roll.variance[order].mean())
-            e_mean = elites.mean(0)
-            e_std = elites.std(0, unbiased=False) if n > 1 else std
-            mean = cfg.cem_alpha * mean + (1 - cfg.cem_alpha) * e_mean
-            std = cfg.cem_alpha * std + (1 - cfg.cem_alpha) * e_std
-        if best_plan is None:
-            return None, PlanInfo(math.inf, math.inf, 0.0, frac, 0.0, fallback="no sample with a finite cost")
+            frac = torch.isfinite(roll.costs).to(self.dtype).mean()
+            order = torch.argsort(roll.costs)[:n_elite]  # +inf (non-finite) sorts last
+            costs, elites = roll.costs[order], roll.actions[order]
+            ok = torch.isfinite(costs)
+            count = ok.sum()
+            w = ok.to(self.dtype) / count.clamp_min(1)
+            e_mean = (w[:, None, None] * elites).sum(0)
+            e_std = torch.where(count > 1, ((w[:, None, None] * (elites - e_mean) ** 2).sum(0)).sqrt(), std)
+            improved = costs[0] < best_cost  # False when no cost is finite
+            best_cost = torch.where(improved, costs[0], best_cost)
+            best_plan = torch.where(improved, elites[0], best_plan)
+            any_ok = count > 0  # with none finite, the next iteration samples the same Gaussian again
+            elite_cost = torch.where(any_ok, (w * torch.where(ok, costs, 0.0)).sum(), elite_cost)
+            elite_var = torch.where(any_ok, (w * torch.where(ok, roll.variance[order], 0.0)).sum(), elite_var)
+            mean = torch.where(any_ok, cfg.cem_alpha * mean + (1 - cfg.cem_alpha) * e_mean, mean)
+            std = torch.where(any_ok, cfg.cem_alpha * std + (1 - cfg.cem_alpha) * e_std, std)
+        if not math.isfinite(float(best_cost)):  # the one host sync of the plan
+            return None, PlanInfo(math.inf, math.inf, 0.0, float(frac), 0.0, fallback="no sample with a finite cost")
         self.nominal = self._shift(mean)
         # the refitted mean may average incompatible elites; the best sequence never does
-        return best_plan[0], PlanInfo(best_cost, elite_cost, elite_var, frac, 0.0)
+        return best_plan[0], PlanInfo(float(best_cost), float(elite_cost), float(elite_var), float(frac), 0.0)
 
 
 PLANNERS: dict[str, type[Planner]] = {"mppi": MPPI, "cem": CEM}

@@ -21,6 +21,29 @@ from gpdyn.errors import InputError
 LOG_2PI = math.log(2.0 * math.pi)  # the constant of every Gaussian log density here
 
 
+def cholesky(a: Tensor) -> Tensor:
+    """Lower Cholesky factor of the (batched) positive-definite ``a``, with no host sync on a GPU.
+
+    ``torch.linalg.cholesky`` synchronises a CUDA device with the host on every call to
+    check for failure. Here ``cholesky_ex`` reports failure per batch member instead: on
+    the CPU (where the check is free) a failure raises ``torch.linalg.LinAlgError`` naming
+    the batch member; on a GPU the failed members' factors are set to NaN, so the failure
+    reaches the loss and the predictions, and the checks that guard those, never a number
+    that looks right.
+    """
+    factor, info = torch.linalg.cholesky_ex(a)
+    if a.device.type == "cpu":
+        failed = (info != 0).nonzero()
+        if len(failed):
+            where = tuple(failed[0].tolist())
+            raise torch.linalg.LinAlgError(
+                f"cholesky: batch member {where} of shape {tuple(a.shape)} is not positive definite "
+                f"(leading minor of order {int(info[where])})"
+            )
+        return factor
+    return torch.where((info != 0)[..., None, None], torch.full_like(factor, math.nan), factor)
+
+
 class LearnerError(InputError):
     """Bad input to a learner (wrong shape, NaN, wrong device); the message says where."""
 

@@ -23,9 +23,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gpdyn.gp.base import LearnerError
+from gpdyn.gp.base import LOG_2PI, LearnerError, cholesky
 from gpdyn.gp.orthdgp import ORTHNAT, coupled_optimum
-from gpdyn.gp.variational import LOG_2PI, chol, tri_solve
+from gpdyn.gp.variational import chol, tri_solve
 
 
 class SVI(ORTHNAT):
@@ -133,7 +133,7 @@ class VSGPR(_SubsetLearner):
         lk = chol(self.kern_basis("beta"), self.jitter)
         a = tri_solve(lk, self.kern_data(xs, "beta").transpose(-1, -2)) / noise[..., None].sqrt()  # [P, M, n]
         eye = torch.eye(a.shape[-2], dtype=self.dtype, device=self.device)
-        lb = torch.linalg.cholesky(eye + a @ a.transpose(-1, -2))
+        lb = cholesky(eye + a @ a.transpose(-1, -2))
         yt = ys.transpose(0, 1)
         c = tri_solve(lb, (a @ yt.unsqueeze(-1))).squeeze(-1) / noise.sqrt()
         bound = (
@@ -181,7 +181,7 @@ class GPR(_SubsetLearner):
         n = xs.shape[0]
         k = self.kern(xs, xs)
         eye = torch.eye(n, dtype=self.dtype, device=self.device)
-        lk = torch.linalg.cholesky(k + self.noise[:, None, None] * eye)
+        lk = cholesky(k + self.noise[:, None, None] * eye)
         alpha = tri_solve(lk, ys.transpose(0, 1).unsqueeze(-1)).squeeze(-1)
         logml = -0.5 * (alpha * alpha).sum(-1) - torch.log(lk.diagonal(dim1=-2, dim2=-1)).sum(-1) - 0.5 * n * LOG_2PI
         return -logml / n

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gpdyn.gp.base import LOG_2PI, Learner, LearnerError
+from gpdyn.gp.base import LOG_2PI, Learner, LearnerError, cholesky
 from gpdyn.gp.hyperparams import SEHyperparameters
 from gpdyn.gp.kernels import se_ard, se_ard_diag
 
@@ -126,7 +126,7 @@ class ExactOnlineGP(Learner):
             s = torch.linalg.solve_triangular(self._L[:, :n, :n], self._k(self._X[:n], x), upper=False)
             kxx = kxx - s.transpose(-1, -2) @ s
             resid = y.T - (s * self._z.unsqueeze(-1)).sum(-2)
-        l22 = torch.linalg.cholesky(kxx)
+        l22 = cholesky(kxx)
         z2 = torch.linalg.solve_triangular(l22, resid.unsqueeze(-1), upper=False).squeeze(-1)
         return s, l22, z2
 
@@ -162,7 +162,7 @@ class ExactOnlineGP(Learner):
         """Log marginal likelihood of all observed data per output, ``[P]`` (WISKI eq. (1)); differentiable."""
         x, y = self._X[: self.n], self._Y[: self.n]
         k = self._k(x, x) + self.hp.noise[:, None, None] * torch.eye(self.n, device=self.device, dtype=self.dtype)
-        chol = torch.linalg.cholesky(k)
+        chol = cholesky(k)
         z = torch.linalg.solve_triangular(chol, y.T.unsqueeze(-1), upper=False).squeeze(-1)
         logdet = chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)
         return -0.5 * (z * z).sum(-1) - logdet - 0.5 * self.n * LOG_2PI
@@ -173,7 +173,7 @@ class ExactOnlineGP(Learner):
         n = self.n
         x, y = self._X[:n], self._Y[:n]
         k = self._k(x, x) + self.hp.noise[:, None, None] * torch.eye(n, device=self.device, dtype=self.dtype)
-        self._L[:, :n, :n] = torch.linalg.cholesky(k)
+        self._L[:, :n, :n] = cholesky(k)
         self._z = torch.linalg.solve_triangular(self._L[:, :n, :n], y.T.unsqueeze(-1), upper=False).squeeze(-1)
         self._alpha = None
 

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from gpdyn.gp.base import LearnerError
+from gpdyn.gp.base import LearnerError, cholesky
 from gpdyn.gp.kernels import basis_features, exp_matvec, input_features
 from gpdyn.gp.variational import VariationalLearner, tri_solve
 
@@ -91,7 +91,7 @@ class SVDGP(VariationalLearner):
             k_beta = self.kern_basis("beta")
             eye = torch.eye(lo.shape[-1], dtype=self.dtype, device=self.device)
             h = eye + lo.transpose(-1, -2) @ k_beta @ lo
-            terms["R"] = torch.linalg.cholesky(h)  # H >= I: no jitter needed
+            terms["R"] = cholesky(h)  # H >= I: no jitter needed
         return terms
 
     def marginals(self, x: Tensor, terms: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:

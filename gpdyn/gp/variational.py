@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gpdyn.gp.base import LOG_2PI, Learner, LearnerError
+from gpdyn.gp.base import LOG_2PI, Learner, LearnerError, cholesky
 from gpdyn.gp.kernels import gen_se_ard, kernel_matvec, kernel_quadratic, median_lengthscale
 
 SCALES = ("basis", "dim", "none")
@@ -54,7 +54,7 @@ def chol(a: Tensor, jitter: float) -> Tensor:
     n = a.shape[-1]
     eye = torch.eye(n, dtype=a.dtype, device=a.device)
     scale = a.diagonal(dim1=-2, dim2=-1).mean(-1).clamp_min(1e-12)[..., None, None]
-    return torch.linalg.cholesky(a + jitter * scale * eye)
+    return cholesky(a + jitter * scale * eye)
 
 
 def tri_solve(lower: Tensor, b: Tensor, transpose: bool = False) -> Tensor:
