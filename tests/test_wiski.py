@@ -197,3 +197,15 @@ def test_checkpoint_through_the_online_loop_helpers(tmp_path):
     b, _ = load_learner(save_learner(a, tmp_path / "wiski.pt"))
     for got, want in zip(b.predict(x[40:]), a.predict(x[40:])):
         assert torch.equal(got, want)
+
+
+def test_clamp_counters_reach_the_replay_records():
+    from gpdyn.gp.online import run_online
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(64, 2, generator=gen, dtype=D64)
+    y = torch.sin(3 * x).sum(-1, keepdim=True)
+    learner = WISKI(2, 1, grid_size=8, proj_dim=2, bounds=(0.0, 1.0), pretrain_iters=0, dtype=D64, seed=0)
+    far = torch.full((5, 2), 40.0, dtype=D64)  # outside any grid learned on [0, 1]
+    records = run_online(learner, iter([(x, y)]), far, torch.zeros(5, 1, dtype=D64), iterations=1, progress=False)
+    assert records[-1]["predict_clamped"] >= 5 and records[-1]["observe_clamped"] == 0

@@ -254,7 +254,8 @@ def run_kuka(run: RunDir, cfg: KukaRunConfig, store: str | Path | None = None) -
         env.close()
         phases = {"before": errors[: cfg.change_at], "after": errors[cfg.change_at :]}
         joint_rmse[ctrl] = {k: np.sqrt((v**2).mean(0)).tolist() for k, v in phases.items() if len(v)}
-        run.log(kind="tracking", robot="kuka", controller=ctrl, rmse=joint_rmse[ctrl])
+        run.log(kind="tracking", robot="kuka", controller=ctrl, rmse=joint_rmse[ctrl],
+                **(model.learner.diagnostics() if model is not None else {}))
         print(f"   {ctrl:<7} " + "  ".join(f"{k} RMSE {np.mean(v):.4f} rad" for k, v in joint_rmse[ctrl].items()))
     report = write_kuka_report(run, cfg, joint_rmse)
     return {"rmse": joint_rmse, "report": str(report)}

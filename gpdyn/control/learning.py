@@ -196,6 +196,10 @@ class ResidualGP(Learner):
         self.residual = self._fresh()
         self.observed = 0
 
+    def diagnostics(self) -> dict[str, float]:
+        """The frozen prior's counters and how many residual samples are conditioned on."""
+        return {**self.prior.diagnostics(), "residual_points": float(self.residual.n)}
+
     def _fresh(self) -> ExactOnlineGP:
         gp = ExactOnlineGP(self.input_dim, self.output_dim, device=self.device, dtype=self.dtype, seed=self.seed,
                            lr=self.config["lr"], refit_every=self.config["refit_every"],

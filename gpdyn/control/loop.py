@@ -270,6 +270,7 @@ def run_walker_episode(
         "kind": "episode", "robot": "walker", "controller": controller, "condition": condition, "return": total,
         "length": t + 1, "fallbacks": fallbacks, "change": change_text,
         "plan_seconds_mean": float(np.mean(plan_seconds)) if plan_seconds else None,
+        **(dynamics.learner.diagnostics() if isinstance(dynamics, LearnedWalkerDynamics) else {}),
     }
     run.log(**episode)
     arrays = {k: np.stack(v).reshape(len(v), -1) for k, v in rows.items()}

@@ -112,6 +112,12 @@ class Learner(abc.ABC):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore exactly what :meth:`state_dict` returned."""
 
+    def diagnostics(self) -> dict[str, float]:
+        """Counters worth logging beside the metrics (e.g. WISKI's points clamped onto its
+        grid); empty by default. Reading device counters syncs a GPU, so callers ask at
+        evaluation or episode time, not every step."""
+        return {}
+
     # -- helpers shared by the learners -------------------------------------------
     def check_xy(self, x: Tensor, y: Tensor | None = None, where: str = "") -> None:
         """Raise LearnerError for a wrong shape, device, dtype or a non-finite value."""

@@ -1,6 +1,7 @@
 """SE-ARD hyperparameters batched over P outputs, in an unconstrained parametrisation.
 
-Shared by the exact-inference learners (WISKI, exact GP). Lengthscales ``[P, D]``,
+Used by the exact-inference learners (WISKI, exact GP); :func:`initial_noise_variance`
+is shared with the variational learners. Lengthscales ``[P, D]``,
 amplitude (signal variance) ``[P]`` and noise variance ``[P]`` are ``exp`` of raw
 tensors; the noise has a floor added so that ``K + sigma^2 I`` stays positive definite.
 Initialisation follows DESIGN.md "Online learning protocol": median trick for the
@@ -17,6 +18,16 @@ from torch import Tensor
 
 from gpdyn.gp.base import LearnerError
 from gpdyn.gp.kernels import median_lengthscale
+
+
+def initial_noise_variance(y: Tensor) -> Tensor:
+    """SVDGP Appendix B: the noise variance starts at the variance of the sampled outputs,
+    ``[P]`` from ``y [N, P]``; 1 where that is undefined (one row, constant, not finite).
+
+    The one home of this rule for every learner (the variational ones and WISKI / exact).
+    """
+    var = y.var(dim=0, unbiased=False) if y.shape[0] > 1 else torch.ones_like(y[0])
+    return torch.where(torch.isfinite(var) & (var > 0), var, torch.ones_like(var))
 
 
 class SEHyperparameters:
@@ -54,8 +65,7 @@ class SEHyperparameters:
         ls = torch.stack([median_lengthscale(zq, generator=generator) for zq in z])  # [Q, D]
         self.raw_lengthscale.copy_(ls.expand_as(self.raw_lengthscale).log())
         self.raw_amplitude.zero_()
-        var = y.var(dim=0) if y.shape[0] > 1 else torch.ones_like(y[0])
-        var = torch.where(torch.isfinite(var) & (var > 0), var, torch.ones_like(var))
+        var = initial_noise_variance(y)
         self.raw_noise.copy_((var.clamp_min(2 * self.noise_floor + 1e-12) - self.noise_floor).log())
 
     @torch.no_grad()

@@ -112,6 +112,7 @@ def run_online(
                 "elapsed_s": now - start,
             }
             record.update(evaluate(learner, x_test, y_test))
+            record.update(learner.diagnostics())
             records.append(record)
             bar.set_postfix(nmse=f"{record['nmse_mean']:.4f}", vlb=f"{record['vlb_mean']:.3f}")
             if callback is not None:

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from gpdyn.gp.base import LOG_2PI, Learner, LearnerError, cholesky
+from gpdyn.gp.hyperparams import initial_noise_variance
 from gpdyn.gp.kernels import gen_se_ard, kernel_matvec, kernel_quadratic, median_lengthscale
 
 SCALES = ("basis", "dim", "none")
@@ -255,11 +256,9 @@ class VariationalLearner(Learner):
         """SVDGP Appendix B: median-trick length scales, output variance as noise, rho = 1."""
         with torch.no_grad():
             ls = median_lengthscale(x, generator=self.generator)
-            var = y.var(dim=0, unbiased=False) if y.shape[0] > 1 else torch.ones_like(y[0])
-            var = torch.where(var > 0, var, torch.ones_like(var))
             self.params["log_ls"].copy_(torch.log(ls).expand(self.output_dim, -1))
             self.params["log_amp"].zero_()
-            self.params["log_noise"].copy_(torch.log(var))
+            self.params["log_noise"].copy_(torch.log(initial_noise_variance(y)))
         self.initialized = True
 
     def _on_basis_added(self, name: str, start: int, n: int, x: Tensor, y: Tensor) -> None:

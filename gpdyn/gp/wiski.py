@@ -480,6 +480,10 @@ class WISKI(Learner):
         self.hp.set(**values)
         self._stale = True
 
+    def diagnostics(self) -> dict[str, float]:
+        """Points clamped onto the grid edge so far (by observe, by predict)."""
+        return {"observe_clamped": float(self.observe_clamped), "predict_clamped": float(self.predict_clamped)}
+
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {
             "name": self.name,
