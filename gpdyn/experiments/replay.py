@@ -193,7 +193,7 @@ def replay(
             options = dict(cfg.sizes.get(name, {}))
             if cfg.select_lr is not None and "lr" in learner_options(learner_class(name)):
                 bar.set_description(f"replay {name} (step size)")
-                options["lr"] = select_step_size(name, cfg, problem, dtype, phases[0], run)
+                options["lr"] = select_step_size(name, cfg, problem, dtype, phases[0], run, progress=progress)
             learner = _make(name, cfg, problem, dtype, options)
             done_segments, iteration, seconds, extra = 0, 0, 0.0, {}
         bar.update(iteration)
@@ -243,7 +243,8 @@ def _make(name: str, cfg: ReplayConfig, problem: Problem, dtype: torch.dtype, op
 
 
 def select_step_size(
-    name: str, cfg: ReplayConfig, problem: Problem, dtype: torch.dtype, phase: _Phase, run: RunDir
+    name: str, cfg: ReplayConfig, problem: Problem, dtype: torch.dtype, phase: _Phase, run: RunDir,
+    progress: bool = True,
 ) -> float:
     """gamma_0 for ``name``: the candidate of ``cfg.select_lr`` with the best objective after
     ``cfg.select_iterations`` iterations (SVDGP Section 4); kept in ``step_size.json`` so a
@@ -265,7 +266,8 @@ def select_step_size(
         batches = iter(phase.make_stream())  # every candidate starts from the same data
         losses: list[float] = []
         try:
-            for _ in range(cfg.select_iterations):
+            for _ in tqdm(range(cfg.select_iterations), desc=f"{name} gamma_0={lr:g}", unit="it", leave=False,
+                          disable=not progress):
                 xb, yb = next(batches)
                 learner.observe(xb, yb)
                 losses.append(float(learner.step(xb, yb)["loss"]))
