@@ -158,13 +158,15 @@ def _plot(run_dir: Path, curves: dict[str, list[dict[str, Any]]], metric: str) -
         it = [r["iteration"] for r in rows]
         sec = [r["seconds"] for r in rows]
         mean = np.array([np.mean(r[metric]) for r in rows])
-        std = np.array([np.std(r[metric]) for r in rows])
+        # the band spans the outputs' range: mean ± std would cross zero on the log nMSE axis
+        low = np.array([np.min(r[metric]) for r in rows])
+        high = np.array([np.max(r[metric]) for r in rows])
         for ax, xs in zip(axes, (it, sec)):
             (line,) = ax.plot(xs, mean, label=name, marker=".")
-            ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=0.15)
+            ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.12)
     axes[0].set_xlabel("iteration")
     axes[1].set_xlabel("training wall-clock time (s)")
-    axes[0].set_ylabel(f"{METRICS[metric]}, mean ± std over outputs")
+    axes[0].set_ylabel(f"{METRICS[metric]}, mean over outputs (band: min to max)")
     if metric == "nmse":
         for ax in axes:
             ax.set_yscale("log")
