@@ -206,10 +206,8 @@ def replay(
                 if extra.get("phase") == phase_index:
                     _load_stream_state(stream, extra["stream"])
             bar.set_description(f"replay {name} ({phase.name})")
-            record = run_online(
-                learner, stream, x_test, y_test, iterations=n, n_delta=cfg.n_delta, eval_every=n,
-                n_data=len(problem.x_train) + len(problem.x_init), progress=False,
-            )[-1]
+            # N_Delta and N are the learner's own, from _make or its checkpoint's config
+            record = run_online(learner, stream, x_test, y_test, iterations=n, eval_every=n, progress=False)[-1]
             iteration += n
             seconds += record["elapsed_s"]  # training time only: taken before the evaluation
             record = {**record, "kind": "eval", "learner": name, "phase": phase.name, "iteration": iteration,
