@@ -183,3 +183,35 @@ def test_walker_loop_with_residual_adaptation(walker_zarr: Path, tmp_path: Path)
     assert all("update_seconds" in s for s in steps)
     with pytest.raises(InputError, match="adapt"):
         WalkerRunConfig(adapt="nope").validate()
+
+
+@pytest.mark.parametrize("target", ["change", "velocity"])
+def test_learned_walker_dynamics_inverts_its_training_pairs(target: str, walker_zarr: Path) -> None:
+    """What the learner is trained on maps back to the observed next velocity, for either target."""
+    from gpdyn.data.problems import load_problem
+    from gpdyn.control.walker_model import QVEL_INPUTS
+
+    problem = load_problem(walker_zarr, "walker-1")
+    if target == "change":
+        problem = problem.as_change_of(QVEL_INPUTS)
+    learner = make_learner("exact", 23, 9, max_points=200)
+    dyn = LearnedWalkerDynamics(learner, problem.normalizer, target=target)
+    store = EpisodeStore.open(walker_zarr)
+    ep = store.episode(0, ["qpos", "qvel", "action"])
+    states = torch.as_tensor(np.concatenate([ep["qpos"], ep["qvel"]], 1))
+    state, nxt = states[:20], states[1:21]
+    action = torch.as_tensor(ep["action"][:20])
+    x, y = dyn.training_pair(state, action, nxt)
+    learner.observe(x, y)
+    learner.set_hyperparameters(noise=1e-5)  # interpolate what it observed
+    with torch.no_grad():
+        v, _ = dyn.predict_velocity(state, action)
+    torch.testing.assert_close(v, nxt[:, 9:], atol=0.05 * float(nxt[:, 9:].abs().max()), rtol=0)
+    if target == "change":  # far from its data the model predicts the mean change: the velocity persists
+        far = state.clone()
+        far[:, 1:9] += 1e3
+        with torch.no_grad():
+            v0, _ = dyn.predict_velocity(far, action)
+        torch.testing.assert_close(v0 - far[:, 9:], torch.as_tensor(problem.normalizer.y_mean).expand(20, 9))
+    with pytest.raises(InputError, match="target"):
+        LearnedWalkerDynamics(learner, problem.normalizer, target="position")

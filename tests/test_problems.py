@@ -188,3 +188,20 @@ def test_problem_peak_memory_is_a_small_multiple_of_its_arrays(tmp_path):
     tracemalloc.stop()
     own = sum(a.nbytes for a in (p.x_train, p.y_train, p.x_test, p.y_test, p.x_init, p.y_init))
     assert peak < 3 * own, f"peak {peak / 1e6:.1f} MB vs arrays {own / 1e6:.1f} MB"
+
+
+def test_change_targets_are_the_next_value_minus_the_input(walker_store):
+    p = load_problem(walker_store, "walker-1", seed=1)
+    qvel = slice(8, 17)
+    c = p.as_change_of(qvel)
+    for split in ("train", "test"):
+        x, y = p.split(split)
+        xc, yc = c.split(split)
+        np.testing.assert_array_equal(xc, x)
+        np.testing.assert_allclose(yc, y - x[:, qvel], rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(c.normalizer.x_mean, p.normalizer.x_mean)
+    np.testing.assert_allclose(c.normalizer.y_mean, c.y_train.mean(axis=0), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(c.normalizer.y_std, c.y_train.std(axis=0, ddof=1), rtol=1e-12)
+    assert c.name == "walker-1/change" and c.output_names[0] == "qvel0[t+1] - qvel0[t]"
+    with pytest.raises(InputError, match="input columns"):
+        p.as_change_of(slice(0, 5))

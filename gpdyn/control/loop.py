@@ -40,6 +40,8 @@ from gpdyn.control.mpc import MPCConfig, make_planner
 from gpdyn.control.walker_model import (
     DT,
     PLANT_CHANGES,
+    QVEL_INPUTS,
+    TARGETS,
     LearnedWalkerDynamics,
     SimWalkerDynamics,
     TorchPolicy,
@@ -65,6 +67,7 @@ class WalkerRunConfig:
     """
 
     learner: str = "svdgp"
+    target: str = "change"  # the learner's outputs: "change" (qvel[t+1] - qvel[t]) or "velocity" (qvel[t+1], walker-1 as is)
     scale: str = "small"  # learner sizes: "small" (SMALL_SIZES) or "paper" (the learner's defaults)
     planner: str = "mppi"
     steps: int = 100  # control steps per episode (Walker2d episodes end at 1000)
@@ -109,6 +112,8 @@ class WalkerRunConfig:
             bad = [c for c in given if c not in allowed]
             if bad or not given:
                 raise InputError(f"control walker: {name} {bad or '(none)'} not in {', '.join(allowed)}")
+        if self.target not in TARGETS:
+            raise InputError(f"control walker: target must be one of {', '.join(TARGETS)}, got '{self.target}'")
         if self.adapt not in ADAPT:
             raise InputError(f"control walker: adapt must be one of {', '.join(ADAPT)}, got '{self.adapt}'")
         if self.window < 4 or self.updates < 0:
@@ -144,10 +149,16 @@ def _walker_store(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None) -
 def pretrained_walker_model(
     cfg: WalkerRunConfig, store: str | Path
 ) -> tuple[Learner, LearnedWalkerDynamics, dict[str, float]]:
-    """Pretrain ``cfg.learner`` on the walker-1 training split; returns it, its dynamics and test errors."""
+    """Pretrain ``cfg.learner`` on the walker-1 training split; returns it, its dynamics and test errors.
+
+    Test errors: nMSE of the learner's own target and the next velocity's RMSE in
+    physical units (comparable across targets), beside that of "the velocity persists".
+    """
     from gpdyn.data.problems import load_problem
 
     problem = load_problem(store, "walker-1", protocol="iid", seed=cfg.seed)
+    if cfg.target == "change":
+        problem = problem.as_change_of(QVEL_INPUTS)
     dtype = DTYPES[cfg.dtype]
     x, y = problem.tensors("train", cfg.device, dtype)
     learner = build_learner(cfg.learner, 23, 9, scale=cfg.scale, device=cfg.device, dtype=dtype, seed=cfg.seed, **cfg.extra)
@@ -155,13 +166,22 @@ def pretrained_walker_model(
     fit = pretrain_learner(learner, x, y, iterations=cfg.pretrain_iterations, batch=cfg.pretrain_batch,
                            seed=cfg.seed, progress=cfg.progress)
     seconds = time.perf_counter() - t0
+    dynamics = LearnedWalkerDynamics(learner, problem.normalizer, DT, target=cfg.target)
     xt, yt = problem.tensors("test", cfg.device, dtype)
+    x_raw, _ = problem.tensors("test", cfg.device, dtype, normalize=False)
     with torch.no_grad():
         mean, _ = learner.predict(xt)
+        velocity, _ = dynamics.predict_inputs(x_raw)
+    next_velocity = torch.as_tensor(problem.y_test, device=cfg.device, dtype=dtype)
+    if cfg.target == "change":
+        next_velocity = next_velocity + x_raw[:, QVEL_INPUTS]
     err = nmse(mean, yt)
-    stats = {"pretrain_seconds": seconds, "test_nmse_mean": float(err.mean()), "test_nmse_max": float(err.max()),
+    stats = {"pretrain_seconds": seconds, "target": cfg.target, "test_nmse_mean": float(err.mean()),
+             "test_nmse_max": float(err.max()),
+             "test_velocity_rmse": float((velocity - next_velocity).pow(2).mean().sqrt()),
+             "test_persistence_rmse": float((x_raw[:, QVEL_INPUTS] - next_velocity).pow(2).mean().sqrt()),
              "train_rows": int(x.shape[0]), **{f"pretrain_{k}": v for k, v in fit.items()}}
-    return learner, LearnedWalkerDynamics(learner, problem.normalizer, DT), stats
+    return learner, dynamics, stats
 
 
 def _train_inputs(cfg: WalkerRunConfig, store: str | Path) -> torch.Tensor:
@@ -293,8 +313,9 @@ def run_walker(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None = Non
     if needs_model:
         learner, dynamics, fit = pretrained_walker_model(cfg, store_path)
         run.log(kind="pretrain", robot="walker", learner=cfg.learner, store=str(store_path), **fit)
-        print(f"   pretrained {cfg.learner} on {fit['train_rows']} walker-1 rows in {fit['pretrain_seconds']:.1f} s, "
-              f"test nMSE {fit['test_nmse_mean']:.3f}")
+        print(f"   pretrained {cfg.learner} ({cfg.target}) on {fit['train_rows']} walker-1 rows in "
+              f"{fit['pretrain_seconds']:.1f} s: test nMSE {fit['test_nmse_mean']:.3f}, next-velocity RMSE "
+              f"{fit['test_velocity_rmse']:.2f} (velocity persists: {fit['test_persistence_rmse']:.2f})")
     episodes_store = _walker_store_for_episodes(run.path / "episodes.zarr", cfg)
     reset_seed = int(np.random.default_rng([cfg.seed, 8]).integers(2**31 - 1))
     results = []
@@ -306,7 +327,7 @@ def run_walker(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None = Non
                 twin = copy_learner(learner, cfg, 23, 9)
                 if cfg.adapt == "residual":
                     twin = ResidualGP(twin, _train_inputs(cfg, store_path), window=cfg.window, amplitude=1.0, noise=1e-3)
-                dyn = LearnedWalkerDynamics(twin, dynamics.normalizer, DT)
+                dyn = LearnedWalkerDynamics(twin, dynamics.normalizer, DT, target=cfg.target)
                 updater = OnlineUpdater(twin, batch=cfg.online_batch, updates=cfg.updates)
             out = run_walker_episode(run, cfg, controller, condition, policy=policy, dynamics=dyn, updater=updater,
                                      reset_seed=reset_seed)
@@ -366,7 +387,7 @@ def cli_control(args: argparse.Namespace) -> int:
         raise InputError(f"--learner '{args.learner}' unknown; choose one of {', '.join(LEARNERS)}")
     if args.robot == "walker":
         cfg = WalkerRunConfig(learner=args.learner, seed=args.seed, device=args.device)
-        _options(cfg, args, ("steps", "planner", "samples", "sim_samples", "horizon", "uncertainty", "var_weight", "change",
+        _options(cfg, args, ("steps", "planner", "samples", "sim_samples", "horizon", "uncertainty", "var_weight", "change", "target",
                              "change_at", "controllers", "conditions", "scale", "adapt", "dtype", "video",
                              "pretrain_iterations"))
         cfg.validate()

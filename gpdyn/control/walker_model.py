@@ -5,7 +5,8 @@ included so that the forward reward can be computed). Action: the 6 normalised c
 
 - :class:`LearnedWalkerDynamics`: any learner trained on ``walker-1`` predicts the 9
   velocities at t+1 from ``[qpos[1:], qvel, action]`` (normalised with the problem's
-  :class:`~gpdyn.data.problems.Normalizer`); positions follow by the trapezoid rule
+  :class:`~gpdyn.data.problems.Normalizer`), by default as the velocity change over the
+  step (``target="change"``, see :data:`TARGETS`); positions follow by the trapezoid rule
   ``q' = q + dt/2 (v + v')`` (its one-step error is measured in docs/walker.md and by
   :func:`gpdyn.sim.walker.integration_errors`). Returns the predictive variance too, in
   physical units, for the uncertainty-aware planners.
@@ -82,10 +83,23 @@ def state_of(data: mujoco.MjData) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------- learned model
-class LearnedWalkerDynamics:
-    """Walker2d dynamics from a ``walker-1`` learner: velocities by GP, positions by the trapezoid rule."""
+# What the learner's outputs are: "change" = qvel[t+1] - qvel[t] (the problem's
+# ``as_change_of(QVEL_INPUTS)``), "velocity" = qvel[t+1] (walker-1 as in the paper).
+TARGETS = ("change", "velocity")
+QVEL_INPUTS = slice(NQ - 1, NQ - 1 + NV)  # qvel's columns in the walker-1 input
 
-    def __init__(self, learner: Learner, normalizer: Normalizer, dt: float = DT) -> None:
+
+class LearnedWalkerDynamics:
+    """Walker2d dynamics from a ``walker-1`` learner: velocities by GP, positions by the trapezoid rule.
+
+    ``target`` says what the learner was trained on (:data:`TARGETS`); the normaliser's
+    output statistics must be that target's.
+    """
+
+    def __init__(self, learner: Learner, normalizer: Normalizer, dt: float = DT, target: str = "change") -> None:
+        if target not in TARGETS:
+            raise InputError(f"LearnedWalkerDynamics: target must be one of {', '.join(TARGETS)}, got '{target}'")
+        self.target = target
         if learner.input_dim != NQ - 1 + NV + NU or learner.output_dim != NV:
             raise InputError(
                 f"LearnedWalkerDynamics: learner maps {learner.input_dim} -> {learner.output_dim}, walker-1 needs 23 -> 9"
@@ -109,13 +123,22 @@ class LearnedWalkerDynamics:
         kw = {"device": self.learner.device, "dtype": self.learner.dtype}
         x = self.features(torch.as_tensor(state, **kw), torch.as_tensor(action, **kw)).reshape(-1, 23)
         y = torch.as_tensor(next_state, **kw)[..., NQ:].reshape(-1, NV)
+        if self.target == "change":
+            y = y - x[:, QVEL_INPUTS]
         return (x - self._x_mean) / self._x_std, (y - self._y_mean) / self._y_std
+
+    def predict_inputs(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Mean and variance of qvel at t+1 in physical units from unnormalised walker-1 inputs ``[K, 23]``."""
+        x = x.to(self.learner.dtype)
+        mean, var = self.learner.predict((x - self._x_mean) / self._x_std)
+        mean = mean * self._y_std + self._y_mean
+        if self.target == "change":
+            mean = mean + x[..., QVEL_INPUTS]
+        return mean, var * self._y_std**2
 
     def predict_velocity(self, state: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
         """Mean and variance of qvel at t+1 in physical units, ``[K, 9]`` each."""
-        x = self.features(state, action).to(self.learner.dtype)
-        mean, var = self.learner.predict((x - self._x_mean) / self._x_std)
-        return mean * self._y_std + self._y_mean, var * self._y_std**2
+        return self.predict_inputs(self.features(state, action))
 
     def __call__(self, state: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
         """``(next_state [K, 18], variance [K, 18])``; position variance through the same rule."""
@@ -226,6 +249,8 @@ __all__ = [
     "NU",
     "NX",
     "PLANT_CHANGES",
+    "QVEL_INPUTS",
+    "TARGETS",
     "LearnedWalkerDynamics",
     "SimWalkerDynamics",
     "TorchPolicy",

@@ -170,6 +170,29 @@ class Problem:
             xt, yt = self.normalizer.normalize_x(xt), self.normalizer.normalize_y(yt)
         return xt, yt
 
+    def as_change_of(self, input_columns: slice) -> Problem:
+        """This problem with every target replaced by its change from an input: ``y - x[:, input_columns]``.
+
+        A dynamics model's usual target (PILCO, PETS): for ``walker-1`` the velocity change
+        over the step instead of the next velocity. A GP's prior mean then says "the
+        velocity persists" away from its data, where a GP on the next velocity reverts to
+        the training mean (measured in docs/control.md). Output statistics are recomputed.
+        """
+        width = len(range(self.input_dim)[input_columns])
+        if width != self.output_dim:
+            raise InputError(f"problem {self.name}: input columns {input_columns} give {width} values for "
+                             f"{self.output_dim} targets")
+        ys = {split: getattr(self, f"y_{split}") - getattr(self, f"x_{split}")[:, input_columns]
+              for split in ("train", "test", "init")}
+        names = self.input_names[input_columns]
+        y_mean, y_std = _column_stats(ys["train"], ys["init"], 65536)
+        return replace(
+            self, name=f"{self.name}/change",
+            output_names=tuple(f"{out} - {inp}" for out, inp in zip(self.output_names, names)),
+            y_train=ys["train"], y_test=ys["test"], y_init=ys["init"],
+            normalizer=Normalizer(self.normalizer.x_mean, self.normalizer.x_std, y_mean, y_std),
+        )
+
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
