@@ -155,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--horizon", type=int, default=None, help="walker: H steps (default 10; paper 30)")
     p.add_argument("--uncertainty", choices=("mean", "penalty", "sample"), default=None, help="walker: use of the predictive variance")
     p.add_argument("--var-weight", type=float, default=None, help="walker: weight of the variance penalty")
+    p.add_argument("--terminal-value", action="store_true", default=None,
+                   help="walker: the TRPO critic's value of each sample's last state joins its cost")
     p.add_argument("--target", choices=("change", "velocity"), default=None,
                    help="walker: what the learner predicts, the velocity change over the step (default) or the next velocity")
     p.add_argument("--change", choices=("torso_mass", "foot_friction", "weak_motor"), default=None, help="walker: plant change")

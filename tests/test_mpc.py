@@ -140,3 +140,20 @@ def test_bad_options_raise_input_errors() -> None:
         make_planner("ilqr", linear, cost, [-1.0], [1.0])
     with pytest.raises(InputError, match="NaN"):
         MPPI(linear, cost, [-1.0], [1.0]).plan(torch.tensor([math.nan, 0.0], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("name", ["mppi", "cem"])
+def test_terminal_value_is_what_a_short_horizon_plans_with(name: str) -> None:
+    """With no step cost, only the terminal value says where the goal is."""
+
+    def no_cost(x, u, nxt):
+        return torch.zeros(x.shape[0], dtype=x.dtype), torch.zeros(x.shape[0], dtype=torch.bool)
+
+    def value(x: torch.Tensor) -> torch.Tensor:
+        return -((x[:, 0] - 1.0) ** 2 + 0.1 * x[:, 1] ** 2)
+
+    cfg = MPCConfig(horizon=5, samples=200, noise_std=0.5, temperature=0.01, iterations=3)
+    x = run(make_planner(name, linear, no_cost, [-1.0], [1.0], cfg, terminal_value=value, seed=3), steps=60)
+    assert abs(float(x[0]) - 1.0) < 0.1 and abs(float(x[1])) < 0.2, x
+    blind = run(make_planner(name, linear, no_cost, [-1.0], [1.0], cfg, seed=3), steps=60)
+    assert abs(float(blind[0]) - 1.0) > 0.1 or abs(float(blind[1])) > 0.2, blind

@@ -178,3 +178,25 @@ def test_shipped_policy_is_in_the_repository():
     assert SHIPPED_POLICY.is_file(), "policies/walker2d_trpo.pt is missing"
     meta = load_policy().meta
     assert meta["env_id"] == "Walker2d-v5" and meta["timesteps"] >= 1_000_000
+
+
+def test_shipped_critic_estimates_the_policys_discounted_return(tmp_path):
+    """The exported critic, in raw reward units, against the discounted return it predicts."""
+    policy = load_policy()
+    env = make_env()
+    obs, _ = env.reset(seed=11)
+    values, rewards = [], []
+    for _ in range(500):
+        values.append(float(policy.value(obs)))
+        obs, reward, terminated, truncated, _ = env.step(policy.act(obs))
+        rewards.append(reward)
+        if terminated or truncated:
+            break
+    env.close()
+    assert len(rewards) == 500  # the shipped policy walks
+    discounted = [sum(0.99**k * r for k, r in enumerate(rewards[t:])) for t in (100, 150, 200)]
+    for t, ret in zip((100, 150, 200), discounted):  # truncated at 500 steps: 0.99^300 = 5% left out
+        assert abs(values[t] - ret) < 0.15 * ret, (t, values[t], ret)
+    toy = load_policy(_toy_policy(tmp_path / "toy.pt", 17, 6))
+    with pytest.raises(PolicyError, match="no critic"):
+        toy.value(obs)

@@ -81,6 +81,7 @@ class WalkerRunConfig:
     var_weight: float = 1.0
     proposal_fraction: float = 0.5
     terminal_cost: float = 50.0
+    terminal_value: bool = False  # subtract the TRPO critic's value of the horizon's last state
     pretrain_iterations: int = 100
     pretrain_batch: int = 128
     online_batch: int = 64
@@ -238,7 +239,8 @@ def run_walker_episode(
         samples = cfg.sim_samples if controller == "true" else cfg.samples
         proposal = TorchPolicy(policy, cfg.device, dtype)
         planner = make_planner(cfg.planner, model, cost, sim.action_space.low, sim.action_space.high, cfg.mpc(samples),
-                               proposal=proposal, device=cfg.device, dtype=dtype, seed=cfg.seed)
+                               proposal=proposal, terminal_value=proposal.value if cfg.terminal_value else None,
+                               device=cfg.device, dtype=dtype, seed=cfg.seed)
     rows: dict[str, list[np.ndarray]] = {k: [] for k in ("qpos", "qvel", "obs", "action", "reward", "terminated",
                                                           "truncated", "next_qpos", "next_qvel")}
     total, fallbacks, plan_seconds = 0.0, 0, []
@@ -387,7 +389,7 @@ def cli_control(args: argparse.Namespace) -> int:
         raise InputError(f"--learner '{args.learner}' unknown; choose one of {', '.join(LEARNERS)}")
     if args.robot == "walker":
         cfg = WalkerRunConfig(learner=args.learner, seed=args.seed, device=args.device)
-        _options(cfg, args, ("steps", "planner", "samples", "sim_samples", "horizon", "uncertainty", "var_weight", "change", "target",
+        _options(cfg, args, ("steps", "planner", "samples", "sim_samples", "horizon", "uncertainty", "var_weight", "change", "target", "terminal_value",
                              "change_at", "controllers", "conditions", "scale", "adapt", "dtype", "video",
                              "pretrain_iterations"))
         cfg.validate()

@@ -13,6 +13,10 @@ batch per time step and score them with a task cost:
 - cost: ``(state, action, next_state) -> (cost [K], terminated [K] bool)``. A sample that
   terminates pays ``terminal_cost`` once and nothing after (its state is frozen), so that
   losing the per-step reward of a live robot is what termination costs.
+- terminal value (optional): ``state [K, nx] -> value [K]`` in reward units, e.g. the
+  TRPO critic; a sample alive at the horizon's end has it subtracted from its cost, so a
+  short horizon still sees what lies beyond it (MPC with a value terminal, as in POLO,
+  Lowrey et al. 2019).
 - proposal (optional): ``state [K, nx] -> action [K, nu]``, e.g. the TRPO policy. A
   fraction ``proposal_fraction`` of the samples follows it closed-loop through the model
   with exploration noise (policy-guided sampling); it also seeds the nominal plan and is
@@ -48,6 +52,7 @@ DynamicsOut = Tensor | tuple[Tensor, Tensor]
 Dynamics = Callable[[Tensor, Tensor], DynamicsOut]
 Cost = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 Proposal = Callable[[Tensor], Tensor]
+Value = Callable[[Tensor], Tensor]
 UNCERTAINTY = ("mean", "penalty", "sample")
 
 
@@ -136,6 +141,7 @@ class Planner:
         config: MPCConfig | None = None,
         *,
         proposal: Proposal | None = None,
+        terminal_value: Value | None = None,
         safe_action: Tensor | list[float] | None = None,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float64,
@@ -144,6 +150,7 @@ class Planner:
         self.config = config or MPCConfig()
         self.config.validate()
         self.dynamics, self.cost, self.proposal = dynamics, cost, proposal
+        self.terminal_value = terminal_value
         self.device, self.dtype = torch.device(device), dtype
         kw = {"device": self.device, "dtype": dtype}
         self.low = torch.as_tensor(action_low, **kw).reshape(-1)
@@ -275,6 +282,8 @@ class Planner:
                 x = torch.where(alive.bool().unsqueeze(-1) & ~done.unsqueeze(-1), nxt, x)
                 alive = alive * (1.0 - done.to(self.dtype))
                 discount *= cfg.gamma
+            if self.terminal_value is not None:
+                total = total - discount * alive * self.terminal_value(x)
         total = torch.where(torch.isfinite(total), total, torch.full_like(total, math.inf))
         return Rollout(applied, total, var_sum)
 

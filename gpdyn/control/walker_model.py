@@ -193,8 +193,11 @@ class TorchPolicy:
     def __init__(self, policy: WalkerPolicy, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float64) -> None:
         kw = {"device": torch.device(device), "dtype": dtype}
         self.net = copy.deepcopy(policy.net).to(**kw).eval()
-        for p in self.net.parameters():
-            p.requires_grad_(False)
+        self.value_net = copy.deepcopy(policy.value_net).to(**kw).eval() if policy.value_net is not None else None
+        self.value_scale = float(policy.value_scale)
+        for net in (self.net, self.value_net):
+            for p in net.parameters() if net is not None else ():
+                p.requires_grad_(False)
         self.mean = torch.as_tensor(policy.obs_mean, **kw)
         self.scale = torch.sqrt(torch.as_tensor(policy.obs_var, **kw) + policy.epsilon)
         self.clip_obs = float(policy.clip_obs)
@@ -202,12 +205,21 @@ class TorchPolicy:
         self.high = torch.as_tensor(policy.act_high, **kw)
         self.dtype = dtype
 
-    def __call__(self, state: Tensor) -> Tensor:
+    def _normalized_obs(self, state: Tensor) -> Tensor:
         s = state.to(self.dtype)
         obs = torch.cat([s[..., 1:NQ], s[..., NQ:].clamp(-OBS_CLIP, OBS_CLIP)], dim=-1)
-        z = ((obs - self.mean) / self.scale).clamp(-self.clip_obs, self.clip_obs)
+        return ((obs - self.mean) / self.scale).clamp(-self.clip_obs, self.clip_obs)
+
+    def __call__(self, state: Tensor) -> Tensor:
         with torch.no_grad():
-            return torch.clamp(self.net(z), self.low, self.high).to(state.dtype)
+            return torch.clamp(self.net(self._normalized_obs(state)), self.low, self.high).to(state.dtype)
+
+    def value(self, state: Tensor) -> Tensor:
+        """The TRPO critic's discounted return ``[K]`` from ``state [K, 18]``, raw reward units."""
+        if self.value_net is None:
+            raise InputError("TorchPolicy.value: the policy file holds no critic")
+        with torch.no_grad():
+            return (self.value_scale * self.value_net(self._normalized_obs(state))[..., 0]).to(state.dtype)
 
 
 # ---------------------------------------------------------------------------- plant changes

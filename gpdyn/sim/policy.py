@@ -9,10 +9,15 @@ executed; a file whose spaces do not match the environment is refused with
 
 The actor reproduces sb3's ``ActorCriticPolicy`` deterministic action:
 ``clip(action_net(mlp_pi(clip((obs - mean) / sqrt(var + eps), ±clip_obs))), low, high)``.
+A file may also hold the critic, ``value_net(mlp_vf(...))`` on the same normalised
+observation, with ``value_scale`` = VecNormalize's reward scale ``sqrt(ret_var + eps)``,
+so that :meth:`WalkerPolicy.value` is in raw reward units (discounted by the training
+``gamma``); the MPC uses it as a terminal value.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +57,8 @@ class WalkerPolicy:
     act_high: np.ndarray
     meta: dict[str, Any]
     path: Path | None = None
+    value_net: nn.Sequential | None = None  # the critic, on the same normalised observation
+    value_scale: float = 1.0  # critic output -> raw discounted return
 
     @property
     def obs_dim(self) -> int:
@@ -83,6 +90,14 @@ class WalkerPolicy:
             if i < len(self._layers) - 1:
                 x = self._hidden_act(x)
         return np.clip(x, self.act_low, self.act_high)
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        """The critic's discounted return estimate for observations ``[..., obs_dim]``, raw reward units."""
+        if self.value_net is None:
+            raise PolicyError(f"policy {self.name}: the file holds no critic (re-export it with scripts/train_walker.py)")
+        z = torch.as_tensor(self.normalize(np.asarray(obs, dtype=np.float64)), dtype=torch.float32)
+        with torch.no_grad():
+            return self.value_scale * self.value_net(z)[..., 0].double().numpy()
 
     @property
     def name(self) -> str:
@@ -124,6 +139,8 @@ def save_policy(
     path: str | Path,
     state_dict: Mapping[str, torch.Tensor],
     *,
+    value_state_dict: Mapping[str, torch.Tensor] | None = None,
+    value_scale: float = 1.0,
     hidden: Sequence[int],
     activation: str,
     obs_mean: np.ndarray,
@@ -138,7 +155,8 @@ def save_policy(
     """Write a policy file of plain tensors and scalars (loadable with ``weights_only=True``).
 
     ``state_dict`` is the actor ``nn.Sequential``'s (keys ``0.weight`` ... as built by
-    :func:`_mlp`).
+    :func:`_mlp`); ``value_state_dict`` the critic's (same hidden sizes, one output),
+    optional, with ``value_scale`` taking its output to raw reward units.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -157,6 +175,9 @@ def save_policy(
         "state_dict": {k: v.detach().cpu().float().clone() for k, v in state_dict.items()},
         "meta": {str(k): v for k, v in (meta or {}).items()},
     }
+    if value_state_dict is not None:
+        payload["value_state_dict"] = {k: v.detach().cpu().float().clone() for k, v in value_state_dict.items()}
+        payload["value_scale"] = float(value_scale)
     torch.save(payload, path)
     return path
 
@@ -190,6 +211,11 @@ def load_policy(path: str | Path | None = None, env: Any | None = None) -> Walke
             raise PolicyError(f"{path}: unknown activation {activation!r}")
         net = _mlp(obs_mean.shape[0], payload["hidden"], act_low.shape[0], activation)
         net.load_state_dict(payload["state_dict"])
+        value_net = None
+        if "value_state_dict" in payload:
+            value_net = _mlp(obs_mean.shape[0], payload["hidden"], 1, activation)
+            value_net.load_state_dict(payload["value_state_dict"])
+            value_net.eval()
     except (KeyError, RuntimeError, AttributeError) as err:
         raise PolicyError(f"{path}: malformed policy file ({type(err).__name__}: {err})") from err
     net.eval()
@@ -203,6 +229,8 @@ def load_policy(path: str | Path | None = None, env: Any | None = None) -> Walke
         act_high=payload["act_high"].numpy().astype(np.float64),
         meta={"env_id": payload.get("env_id"), **dict(payload.get("meta", {}))},
         path=path,
+        value_net=value_net,
+        value_scale=float(payload.get("value_scale", 1.0)),
     )
     if env is not None:
         policy.check_env(env)
@@ -226,15 +254,24 @@ def export_sb3(model: Any, vecnormalize: Any, path: str | Path, meta: Mapping[st
     )
     if activation is None:
         raise PolicyError(f"{path}: unsupported activation {type(policy.mlp_extractor.policy_net[1]).__name__}")
-    linears = [m for m in policy.mlp_extractor.policy_net if isinstance(m, nn.Linear)] + [policy.action_net]
-    net = _mlp(linears[0].in_features, hidden, policy.action_net.out_features, activation)
-    for dst, src in zip([m for m in net if isinstance(m, nn.Linear)], linears):
-        dst.load_state_dict(src.state_dict())
+    def copy(extractor: nn.Sequential, head: nn.Linear) -> nn.Sequential:
+        linears = [m for m in extractor if isinstance(m, nn.Linear)] + [head]
+        net = _mlp(linears[0].in_features, hidden, head.out_features, activation)
+        for dst, src in zip([m for m in net if isinstance(m, nn.Linear)], linears):
+            dst.load_state_dict(src.state_dict())
+        return net
+
+    net = copy(policy.mlp_extractor.policy_net, policy.action_net)
+    critic = copy(policy.mlp_extractor.value_net, policy.value_net)
+    # VecNormalize trains the critic on rewards divided by the running std of the return
+    reward_scale = math.sqrt(float(vecnormalize.ret_rms.var) + vecnormalize.epsilon) if vecnormalize.norm_reward else 1.0
     rms = vecnormalize.obs_rms
     space = model.action_space
     return save_policy(
         path,
         net.state_dict(),
+        value_state_dict=critic.state_dict(),
+        value_scale=reward_scale,
         hidden=hidden,
         activation=activation,
         obs_mean=rms.mean,
