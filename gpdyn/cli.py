@@ -160,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", choices=("change", "velocity"), default=None,
                    help="walker: what the learner predicts, the velocity change over the step (default) or the next velocity")
     p.add_argument("--change", choices=("torso_mass", "foot_friction", "weak_motor"), default=None, help="walker: plant change")
+    p.add_argument("--change-factor", type=float, default=None,
+                   help="walker: scale of the plant change (default torso mass x1.3, foot friction x0.5, motor x0.5)")
     p.add_argument("--change-at", type=int, default=None, help="step of the plant change (walker: 0 = from the start)")
     p.add_argument("--controllers", default=None, help="comma-separated (walker: trpo,true,frozen,online; kuka: pd,true,frozen,online)")
     p.add_argument("--conditions", default=None, help="walker: comma-separated nominal,changed")

@@ -64,7 +64,7 @@ def test_walker_baselines_both_conditions(walker_zarr: Path, tmp_path: Path) -> 
     got = {(e["condition"], e["controller"]) for e in _records(run, "episode")}
     assert got == {(c, k) for c in ("nominal", "changed") for k in ("trpo", "true", "frozen", "online")}
     changed = [e for e in _records(run, "episode") if e["condition"] == "changed"]
-    assert all(e["change"] == "right hip motor at half strength" for e in changed)
+    assert all(e["change"] == "right hip motor strength x0.5" for e in changed)
     report = (run.path / "report.md").read_text()
     for ctrl in ("trpo", "true", "frozen", "online"):
         assert f"| {ctrl} |" in report

@@ -26,6 +26,7 @@ KUKA (:mod:`gpdyn.control.kuka_control`): computed-torque tracking, see there.
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -90,6 +91,7 @@ class WalkerRunConfig:
     window: int = 400  # ResidualGP: most recent transitions it conditions on
     store_episodes: int = 4  # collected into the run folder when no store is given
     change: str = "torso_mass"
+    change_factor: float | None = None  # None: the change's own (torso mass x1.3, friction x0.5, motor x0.5)
     change_at: int = 0  # 0: the plant is changed from the start; t > 0: at control step t
     controllers: tuple[str, ...] = CONTROLLERS
     conditions: tuple[str, ...] = CONDITIONS
@@ -107,6 +109,8 @@ class WalkerRunConfig:
                              f"{self.steps}, {self.store_episodes}, {self.pretrain_iterations}")
         if self.change not in PLANT_CHANGES:
             raise InputError(f"control walker: unknown --change '{self.change}'; choose one of {', '.join(PLANT_CHANGES)}")
+        if self.change_factor is not None and not (math.isfinite(self.change_factor) and self.change_factor > 0):
+            raise InputError(f"control walker: --change-factor must be finite and > 0, got {self.change_factor}")
         if not 0 <= self.change_at < self.steps:
             raise InputError(f"control walker: --change-at must be in [0, steps={self.steps}), got {self.change_at}")
         for name, given, allowed in (("controllers", self.controllers, CONTROLLERS), ("conditions", self.conditions, CONDITIONS)):
@@ -246,12 +250,12 @@ def run_walker_episode(
     total, fallbacks, plan_seconds = 0.0, 0, []
     change_text = ""
     if condition == "changed" and cfg.change_at == 0:
-        change_text = apply_plant_change(sim.model, cfg.change)
+        change_text = apply_plant_change(sim.model, cfg.change, cfg.change_factor)
     bar = tqdm(range(cfg.steps), desc=f"{condition}/{controller}", disable=not cfg.progress, leave=False)
     t = 0
     for t in bar:
         if condition == "changed" and cfg.change_at > 0 and t == cfg.change_at:
-            change_text = apply_plant_change(sim.model, cfg.change)
+            change_text = apply_plant_change(sim.model, cfg.change, cfg.change_factor)
         s = state_of(sim.data)
         record: dict[str, Any] = {}
         if planner is None:
@@ -389,7 +393,7 @@ def cli_control(args: argparse.Namespace) -> int:
         raise InputError(f"--learner '{args.learner}' unknown; choose one of {', '.join(LEARNERS)}")
     if args.robot == "walker":
         cfg = WalkerRunConfig(learner=args.learner, seed=args.seed, device=args.device)
-        _options(cfg, args, ("steps", "planner", "samples", "sim_samples", "horizon", "uncertainty", "var_weight", "change", "target", "terminal_value",
+        _options(cfg, args, ("steps", "planner", "samples", "sim_samples", "horizon", "uncertainty", "var_weight", "change", "change_factor", "target", "terminal_value",
                              "change_at", "controllers", "conditions", "scale", "adapt", "dtype", "video",
                              "pretrain_iterations"))
         cfg.validate()

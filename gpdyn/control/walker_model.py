@@ -17,7 +17,7 @@ included so that the forward reward can be computed). Action: the 6 normalised c
   from gymnasium's ``walker2d_v5.py`` defaults.
 - :class:`TorchPolicy`: the TRPO policy as a batched torch proposal.
 - :data:`PLANT_CHANGES` / :func:`apply_plant_change`: torso mass +30 %, foot friction
-  halved, right hip motor at half strength.
+  halved, right hip motor at half strength (the factors can be changed).
 """
 
 from __future__ import annotations
@@ -223,37 +223,42 @@ class TorchPolicy:
 
 
 # ---------------------------------------------------------------------------- plant changes
-def _torso_mass(model: mujoco.MjModel) -> None:
+def _torso_mass(model: mujoco.MjModel, factor: float) -> None:
     body = model.body("torso").id
-    model.body_mass[body] *= 1.3
-    model.body_inertia[body] *= 1.3  # same shape, denser: inertia scales with mass
+    model.body_mass[body] *= factor
+    model.body_inertia[body] *= factor  # same shape, denser: inertia scales with mass
 
 
-def _foot_friction(model: mujoco.MjModel) -> None:
+def _foot_friction(model: mujoco.MjModel, factor: float) -> None:
     # contact friction is the max over the pair; the feet (1.9) dominate the floor (0.7),
     # so halving the feet (0.95) changes every foot contact
     for name in ("foot_geom", "foot_left_geom"):
-        model.geom_friction[model.geom(name).id, 0] *= 0.5
+        model.geom_friction[model.geom(name).id, 0] *= factor
 
 
-def _weak_motor(model: mujoco.MjModel) -> None:
-    model.actuator_gear[0, 0] *= 0.5  # right hip ("thigh_joint"): half the torque per unit control
+def _weak_motor(model: mujoco.MjModel, factor: float) -> None:
+    model.actuator_gear[0, 0] *= factor  # right hip ("thigh_joint"): less torque per unit control
 
 
-PLANT_CHANGES: dict[str, tuple[str, Callable[[mujoco.MjModel], None]]] = {
-    "torso_mass": ("torso mass +30%", _torso_mass),
-    "foot_friction": ("foot friction halved", _foot_friction),
-    "weak_motor": ("right hip motor at half strength", _weak_motor),
+# name -> (what changes, how, the default factor)
+PLANT_CHANGES: dict[str, tuple[str, Callable[[mujoco.MjModel, float], None], float]] = {
+    "torso_mass": ("torso mass x{f:g}", _torso_mass, 1.3),
+    "foot_friction": ("foot friction x{f:g}", _foot_friction, 0.5),
+    "weak_motor": ("right hip motor strength x{f:g}", _weak_motor, 0.5),
 }
 
 
-def apply_plant_change(model: mujoco.MjModel, name: str) -> str:
-    """Change ``model`` in place by the named change; returns its description."""
+def apply_plant_change(model: mujoco.MjModel, name: str, factor: float | None = None) -> str:
+    """Change ``model`` in place by the named change, scaled by ``factor`` (default: the change's own);
+    returns its description."""
     if name not in PLANT_CHANGES:
         raise InputError(f"unknown plant change '{name}'; choose one of {', '.join(PLANT_CHANGES)}")
-    text, fn = PLANT_CHANGES[name]
-    fn(model)
-    return text
+    text, fn, default = PLANT_CHANGES[name]
+    factor = default if factor is None else float(factor)
+    if not (np.isfinite(factor) and factor > 0):
+        raise InputError(f"plant change '{name}': factor must be finite and > 0, got {factor}")
+    fn(model, factor)
+    return text.format(f=factor)
 
 
 __all__ = [
