@@ -215,3 +215,29 @@ def test_learned_walker_dynamics_inverts_its_training_pairs(target: str, walker_
         torch.testing.assert_close(v0 - far[:, 9:], torch.as_tensor(problem.normalizer.y_mean).expand(20, 9))
     with pytest.raises(InputError, match="target"):
         LearnedWalkerDynamics(learner, problem.normalizer, target="position")
+
+
+def test_summarize_control_tables_several_seeds(walker_zarr: Path, tmp_path: Path) -> None:
+    import importlib.util
+    from dataclasses import asdict
+
+    script = Path(__file__).parents[1] / "scripts" / "summarize_control.py"
+    spec = importlib.util.spec_from_file_location("summarize_control", script)
+    summarize_control = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summarize_control)
+    runs = []
+    for seed in (0, 1):
+        cfg = WalkerRunConfig(learner="svi", steps=3, seed=seed, controllers=("trpo", "frozen", "online"), **TINY)
+        run = RunDir.create("t", {"robot": "walker", **asdict(cfg)}, out=tmp_path / f"s{seed}")
+        run_walker(run, cfg, walker_zarr)
+        runs.append(run)
+    text = summarize_control.summarize([r.path for r in runs])
+    assert "| mean ± se |" in text and "online wins" in text
+    for seed, run in enumerate(runs):
+        row = next(line for line in text.splitlines() if line.startswith(f"| {seed} |"))
+        got = [float(v.split()[0]) for v in row.strip(" |").split("|")[1:]]
+        want = {(e["controller"], e["condition"]): e["return"] for e in _records(run, "episode")}
+        expected = [want[(c, k)] for c in ("trpo", "frozen", "online") for k in ("nominal", "changed")]
+        np.testing.assert_allclose(got, expected, atol=0.051)
+    with pytest.raises(SystemExit, match="config.json"):
+        summarize_control.summarize([tmp_path])
