@@ -241,3 +241,22 @@ def test_summarize_control_tables_several_seeds(walker_zarr: Path, tmp_path: Pat
         np.testing.assert_allclose(got, expected, atol=0.051)
     with pytest.raises(SystemExit, match="config.json"):
         summarize_control.summarize([tmp_path])
+
+
+def test_plant_change_factor_scales_the_change_and_bad_factors_are_refused() -> None:
+    from gpdyn.control.walker_model import apply_plant_change
+    from gpdyn.sim.walker import make_env
+
+    env = make_env()
+    model = env.unwrapped.model
+    gear = float(model.actuator_gear[0, 0])
+    assert apply_plant_change(model, "weak_motor", 0.3) == "right hip motor strength x0.3"
+    assert float(model.actuator_gear[0, 0]) == pytest.approx(0.3 * gear)
+    assert apply_plant_change(model, "weak_motor") == "right hip motor strength x0.5"  # the default
+    assert float(model.actuator_gear[0, 0]) == pytest.approx(0.15 * gear)
+    env.close()
+    for bad in (0.0, -1.0, math.nan):
+        with pytest.raises(InputError, match="factor"):
+            WalkerRunConfig(change="torso_mass", change_factor=bad).validate()
+    with pytest.raises(InputError, match="unknown plant change"):
+        WalkerRunConfig(change="gravity").validate()

@@ -26,7 +26,6 @@ KUKA (:mod:`gpdyn.control.kuka_control`): computed-torque tracking, see there.
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,7 +39,6 @@ from gpdyn.control.learning import OnlineUpdater, ResidualGP, build_learner, pre
 from gpdyn.control.mpc import MPCConfig, make_planner
 from gpdyn.control.walker_model import (
     DT,
-    PLANT_CHANGES,
     QVEL_INPUTS,
     TARGETS,
     LearnedWalkerDynamics,
@@ -48,6 +46,7 @@ from gpdyn.control.walker_model import (
     TorchPolicy,
     WalkerCost,
     apply_plant_change,
+    plant_change_factor,
     state_of,
 )
 from gpdyn.errors import InputError
@@ -107,10 +106,7 @@ class WalkerRunConfig:
         if self.steps < 1 or self.store_episodes < 1 or self.pretrain_iterations < 0:
             raise InputError(f"control walker: steps, store_episodes >= 1 and pretrain_iterations >= 0 needed, got "
                              f"{self.steps}, {self.store_episodes}, {self.pretrain_iterations}")
-        if self.change not in PLANT_CHANGES:
-            raise InputError(f"control walker: unknown --change '{self.change}'; choose one of {', '.join(PLANT_CHANGES)}")
-        if self.change_factor is not None and not (math.isfinite(self.change_factor) and self.change_factor > 0):
-            raise InputError(f"control walker: --change-factor must be finite and > 0, got {self.change_factor}")
+        plant_change_factor(self.change, self.change_factor)
         if not 0 <= self.change_at < self.steps:
             raise InputError(f"control walker: --change-at must be in [0, steps={self.steps}), got {self.change_at}")
         for name, given, allowed in (("controllers", self.controllers, CONTROLLERS), ("conditions", self.conditions, CONDITIONS)):
@@ -161,9 +157,8 @@ def pretrained_walker_model(
     """
     from gpdyn.data.problems import load_problem
 
-    problem = load_problem(store, "walker-1", protocol="iid", seed=cfg.seed)
-    if cfg.target == "change":
-        problem = problem.as_change_of(QVEL_INPUTS)
+    walker1 = load_problem(store, "walker-1", protocol="iid", seed=cfg.seed)
+    problem = walker1.as_change_of(QVEL_INPUTS) if cfg.target == "change" else walker1
     dtype = DTYPES[cfg.dtype]
     x, y = problem.tensors("train", cfg.device, dtype)
     learner = build_learner(cfg.learner, 23, 9, scale=cfg.scale, device=cfg.device, dtype=dtype, seed=cfg.seed, **cfg.extra)
@@ -177,9 +172,7 @@ def pretrained_walker_model(
     with torch.no_grad():
         mean, _ = learner.predict(xt)
         velocity, _ = dynamics.predict_inputs(x_raw)
-    next_velocity = torch.as_tensor(problem.y_test, device=cfg.device, dtype=dtype)
-    if cfg.target == "change":
-        next_velocity = next_velocity + x_raw[:, QVEL_INPUTS]
+    next_velocity = torch.as_tensor(walker1.y_test, device=cfg.device, dtype=dtype)
     err = nmse(mean, yt)
     stats = {"pretrain_seconds": seconds, "target": cfg.target, "test_nmse_mean": float(err.mean()),
              "test_nmse_max": float(err.max()),
@@ -393,9 +386,9 @@ def cli_control(args: argparse.Namespace) -> int:
         raise InputError(f"--learner '{args.learner}' unknown; choose one of {', '.join(LEARNERS)}")
     if args.robot == "walker":
         cfg = WalkerRunConfig(learner=args.learner, seed=args.seed, device=args.device)
-        _options(cfg, args, ("steps", "planner", "samples", "sim_samples", "horizon", "uncertainty", "var_weight", "change", "change_factor", "target", "terminal_value",
-                             "change_at", "controllers", "conditions", "scale", "adapt", "dtype", "video",
-                             "pretrain_iterations"))
+        _options(cfg, args, ("steps", "planner", "samples", "sim_samples", "horizon", "uncertainty", "var_weight",
+                             "terminal_value", "target", "change", "change_factor", "change_at", "controllers",
+                             "conditions", "scale", "adapt", "dtype", "video", "pretrain_iterations"))
         cfg.validate()
         run = RunDir.create("control-walker", {"robot": "walker", **asdict(cfg)}, out=args.out)
         print(f"gpdyn control walker: run folder {run.path}")

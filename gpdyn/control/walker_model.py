@@ -248,15 +248,21 @@ PLANT_CHANGES: dict[str, tuple[str, Callable[[mujoco.MjModel, float], None], flo
 }
 
 
+def plant_change_factor(name: str, factor: float | None = None) -> float:
+    """The factor of the named change: ``factor``, or the change's own when None; InputError when impossible."""
+    if name not in PLANT_CHANGES:
+        raise InputError(f"unknown plant change '{name}'; choose one of {', '.join(PLANT_CHANGES)}")
+    factor = PLANT_CHANGES[name][2] if factor is None else float(factor)
+    if not (np.isfinite(factor) and factor > 0):
+        raise InputError(f"plant change '{name}': factor must be finite and > 0, got {factor}")
+    return factor
+
+
 def apply_plant_change(model: mujoco.MjModel, name: str, factor: float | None = None) -> str:
     """Change ``model`` in place by the named change, scaled by ``factor`` (default: the change's own);
     returns its description."""
-    if name not in PLANT_CHANGES:
-        raise InputError(f"unknown plant change '{name}'; choose one of {', '.join(PLANT_CHANGES)}")
-    text, fn, default = PLANT_CHANGES[name]
-    factor = default if factor is None else float(factor)
-    if not (np.isfinite(factor) and factor > 0):
-        raise InputError(f"plant change '{name}': factor must be finite and > 0, got {factor}")
+    factor = plant_change_factor(name, factor)
+    text, fn, _ = PLANT_CHANGES[name]
     fn(model, factor)
     return text.format(f=factor)
 
@@ -273,5 +279,6 @@ __all__ = [
     "TorchPolicy",
     "WalkerCost",
     "apply_plant_change",
+    "plant_change_factor",
     "state_of",
 ]
