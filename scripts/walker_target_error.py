@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from gpdyn.control.loop import CONTROLLERS, WalkerRunConfig, pretrained_walker_model
-from gpdyn.control.walker_model import TARGETS
+from gpdyn.control.walker_model import QVEL_INPUTS, TARGETS, LearnedWalkerDynamics
 from gpdyn.data.store import EpisodeStore
 
 
@@ -34,7 +34,8 @@ def control_rows(paths: list[Path]) -> tuple[np.ndarray, np.ndarray]:
         for i, controller in enumerate(store.episode_values("controller")):
             if int(controller) in model_based:
                 ep = store.episode(i, ["qpos", "qvel", "action", "next_qvel"])
-                xs.append(np.concatenate([ep["qpos"][:, 1:], ep["qvel"], ep["action"]], axis=1))
+                state = torch.as_tensor(np.concatenate([ep["qpos"], ep["qvel"]], axis=1))
+                xs.append(LearnedWalkerDynamics.features(state, torch.as_tensor(ep["action"])).numpy())
                 ys.append(ep["next_qvel"])
     if not xs:
         raise SystemExit(f"no frozen or online episodes in {[str(p) for p in paths]}")
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(x_ctl)} control rows from {len(args.episodes)} stores; next-velocity RMSE (rad/s, m/s):")
     print("| target | held-out TRPO rows | MPC trajectories |")
     print("|---|---|---|")
-    persistence_ctl = rmse(x_ctl[:, 8:17], y_ctl)
+    persistence_ctl = rmse(x_ctl[:, QVEL_INPUTS], y_ctl)
     for target in TARGETS:
         cfg = WalkerRunConfig(learner=args.learner, target=target, pretrain_iterations=args.iterations, seed=args.seed,
                               progress=False)

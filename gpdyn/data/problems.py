@@ -36,6 +36,7 @@ from gpdyn.data.store import EpisodeStore, StoreError
 from gpdyn.errors import InputError
 
 TEST_FRACTION = 0.1
+CHUNK_ROWS = 65536  # rows per read and per statistics block
 PROTOCOLS = ("iid", "ordered")
 
 
@@ -185,7 +186,7 @@ class Problem:
         ys = {split: getattr(self, f"y_{split}") - getattr(self, f"x_{split}")[:, input_columns]
               for split in ("train", "test", "init")}
         names = self.input_names[input_columns]
-        y_mean, y_std = _column_stats(ys["train"], ys["init"], 65536)
+        y_mean, y_std = _column_stats(ys["train"], ys["init"], CHUNK_ROWS)
         return replace(
             self, name=f"{self.name}/change",
             output_names=tuple(f"{out} - {inp}" for out, inp in zip(self.output_names, names)),
@@ -214,7 +215,7 @@ def load_problem(
     name: str,
     protocol: str = "iid",
     seed: int = 0,
-    chunk_rows: int = 65536,
+    chunk_rows: int = CHUNK_ROWS,
 ) -> Problem:
     """Build problem ``name`` from ``store`` with a seeded 90/10 split under ``protocol``."""
     if name not in PROBLEMS:
