@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gpdyn.control.report import walker_planner_text
+
 
 def load_run(folder: Path) -> tuple[dict, dict[tuple[str, str], dict], dict[tuple[str, str], list[float]]]:
     """The run's config, its episode records and its per-step model errors, by (condition, controller)."""
@@ -58,8 +60,7 @@ def summarize(folders: list[Path]) -> str:
     change = next((e["change"] for _, eps, _ in runs for e in eps.values() if e.get("change")), config["change"])
     lines = [
         f"Plant change: {change}; {len(runs)} seeds; learner `{config['learner']}` "
-        f"(target `{config.get('target', 'velocity')}`), K = {config['samples']}, H = {config['horizon']}, "
-        f"uncertainty `{config['uncertainty']}`, {steps} steps.",
+        f"(target `{config.get('target', 'velocity')}`), {walker_planner_text(config)}, {steps} steps.",
         "",
         "| seed | " + " | ".join(f"{ctrl} {cond}" for ctrl, cond in columns) + " |",
         "|---|" + "---|" * len(columns),

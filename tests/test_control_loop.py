@@ -260,3 +260,38 @@ def test_plant_change_factor_scales_the_change_and_bad_factors_are_refused() -> 
             WalkerRunConfig(change="torso_mass", change_factor=bad).validate()
     with pytest.raises(InputError, match="unknown plant change"):
         WalkerRunConfig(change="gravity").validate()
+
+
+def test_walker_planning_relative_to_the_policy_runs_and_is_reported(walker_zarr: Path, tmp_path: Path) -> None:
+    cfg = WalkerRunConfig(learner="svdgp", steps=3, relative_to_proposal=True, terminal_value=True, noise_std=0.1,
+                          controllers=("true", "frozen", "online"), conditions=("changed",), **TINY)
+    run = RunDir.create("t", {}, out=tmp_path / "run")
+    run_walker(run, cfg, walker_zarr)
+    steps = _records(run, "step")
+    assert len(steps) == 9 and not any(s.get("fallback") for s in steps)
+    report = (run.path / "report.md").read_text()
+    assert "offsets to the TRPO policy's actions" in report and "TRPO critic as terminal value" in report
+    for bad in ({"residual_lengthscale": 0.0}, {"residual_noise": -1.0}):
+        with pytest.raises(InputError, match="residual"):
+            WalkerRunConfig(**bad).validate()
+
+
+def test_online_error_replay_scores_frozen_and_residual_models(walker_zarr: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    cfg = WalkerRunConfig(learner="svdgp", steps=5, controllers=("trpo",), conditions=("changed",), **TINY)
+    run = RunDir.create("t", {}, out=tmp_path / "run")
+    run_walker(run, cfg, walker_zarr)
+    script = Path(__file__).parents[1] / "scripts" / "walker_online_error.py"
+    spec = importlib.util.spec_from_file_location("walker_online_error", script)
+    replay = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(replay)
+    assert replay.main(["--store", str(walker_zarr), "--episodes", str(run.path / "episodes.zarr"), "--iterations", "3",
+                        "--lengthscales", "1,3", "--noises", "0.01"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [r.split("|")[1].strip() for r in rows] == [
+        "frozen", "online, residual GP, lengthscale x1, noise 0.01", "online, residual GP, lengthscale x3, noise 0.01"]
+    assert all(math.isfinite(float(v)) for r in rows for v in r.strip(" |").split("|")[1:])
+    with pytest.raises(SystemExit, match="no nominal episodes"):
+        replay.main(["--store", str(walker_zarr), "--episodes", str(run.path / "episodes.zarr"), "--condition", "nominal"])

@@ -157,3 +157,40 @@ def test_terminal_value_is_what_a_short_horizon_plans_with(name: str) -> None:
     assert abs(float(x[0]) - 1.0) < 0.1 and abs(float(x[1])) < 0.2, x
     blind = run(make_planner(name, linear, no_cost, [-1.0], [1.0], cfg, seed=3), steps=60)
     assert abs(float(blind[0]) - 1.0) > 0.1 or abs(float(blind[1])) > 0.2, blind
+
+
+def short_pd(x: torch.Tensor) -> torch.Tensor:
+    """A proposal tuned for the wrong goal (0.5): what a policy for the unchanged plant would do."""
+    return (-2.0 * (x[:, :1] - 0.5) - 2.0 * x[:, 1:]).clamp(-1, 1)
+
+
+@pytest.mark.parametrize("name", ["mppi", "cem"])
+def test_planning_offsets_to_the_proposal_corrects_it(name: str) -> None:
+    cfg = MPCConfig(horizon=15, samples=200, noise_std=0.5, temperature=0.05, iterations=3, relative_to_proposal=True)
+    x = run(make_planner(name, linear, cost, [-1.0], [1.0], cfg, proposal=short_pd, seed=4))
+    assert abs(float(x[0]) - 1.0) < 0.05 and abs(float(x[1])) < 0.1, x
+    alone = torch.zeros(2, dtype=torch.float64)
+    for _ in range(50):
+        alone = linear(alone[None], short_pd(alone[None]))[0]
+    assert abs(float(alone[0]) - 0.5) < 0.05, alone  # the proposal alone stops short
+
+
+def test_zero_offset_sample_is_the_proposal_itself() -> None:
+    """A cost that only the proposal's own actions minimise: the plan returns them exactly."""
+
+    def follow(x: torch.Tensor, u: torch.Tensor, nxt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c = ((u - short_pd(x)) ** 2).sum(-1)
+        return c, torch.zeros_like(c, dtype=torch.bool)
+
+    cfg = MPCConfig(horizon=5, samples=32, noise_std=0.3, temperature=1e-9, relative_to_proposal=True)
+    planner = MPPI(linear, follow, [-1.0], [1.0], cfg, proposal=short_pd, seed=5)
+    x = torch.tensor([0.2, -0.1], dtype=torch.float64)
+    for _ in range(5):
+        u, _ = planner.plan(x)
+        assert torch.allclose(u, short_pd(x[None])[0], atol=1e-12)
+        x = linear(x[None], u[None])[0]
+
+
+def test_planning_offsets_needs_a_proposal() -> None:
+    with pytest.raises(MPCConfigError, match="relative_to_proposal"):
+        MPPI(linear, cost, [-1.0], [1.0], MPCConfig(relative_to_proposal=True))

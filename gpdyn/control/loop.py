@@ -80,6 +80,7 @@ class WalkerRunConfig:
     uncertainty: str = "penalty"
     var_weight: float = 1.0
     proposal_fraction: float = 0.5
+    relative_to_proposal: bool = False  # plan offsets to the TRPO policy's closed-loop actions
     terminal_cost: float = 50.0
     terminal_value: bool = False  # subtract the TRPO critic's value of the horizon's last state
     pretrain_iterations: int = 100
@@ -88,6 +89,10 @@ class WalkerRunConfig:
     updates: int = 1
     adapt: str = "residual"  # online model: "residual" (ResidualGP on the frozen one) or "steps" (the learner's own observe/step)
     window: int = 400  # ResidualGP: most recent transitions it conditions on
+    # ResidualGP: factor on the median-trick lengthscales; 3 cut the replayed one-step error on
+    # changed-plant episodes most of 1, 3 and per-input choices (scripts/walker_online_error.py)
+    residual_lengthscale: float = 3.0
+    residual_noise: float = 1e-3  # ResidualGP noise variance, normalised output units
     store_episodes: int = 4  # collected into the run folder when no store is given
     change: str = "torso_mass"
     change_factor: float | None = None  # None: the change's own (torso mass x1.3, friction x0.5, motor x0.5)
@@ -117,8 +122,10 @@ class WalkerRunConfig:
             raise InputError(f"control walker: target must be one of {', '.join(TARGETS)}, got '{self.target}'")
         if self.adapt not in ADAPT:
             raise InputError(f"control walker: adapt must be one of {', '.join(ADAPT)}, got '{self.adapt}'")
-        if self.window < 4 or self.updates < 0:
-            raise InputError(f"control walker: need window >= 4 and updates >= 0, got {self.window}, {self.updates}")
+        if self.window < 4 or self.updates < 0 or not (self.residual_lengthscale > 0 and self.residual_noise > 0):
+            raise InputError(f"control walker: need window >= 4, updates >= 0, residual_lengthscale > 0 and "
+                             f"residual_noise > 0, got {self.window}, {self.updates}, {self.residual_lengthscale}, "
+                             f"{self.residual_noise}")
         if self.dtype not in DTYPES:
             raise InputError(f"control walker: dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
         if self.sim_samples < 2:
@@ -130,6 +137,7 @@ class WalkerRunConfig:
             horizon=self.horizon, samples=samples, noise_std=self.noise_std, temperature=self.temperature,
             iterations=self.iterations, terminal_cost=self.terminal_cost, uncertainty=self.uncertainty,
             var_weight=self.var_weight, proposal_fraction=self.proposal_fraction,
+            relative_to_proposal=self.relative_to_proposal,
         )
 
 
@@ -182,11 +190,17 @@ def pretrained_walker_model(
     return learner, dynamics, stats
 
 
-def _train_inputs(cfg: WalkerRunConfig, store: str | Path) -> torch.Tensor:
+def walker_train_inputs(cfg: WalkerRunConfig, store: str | Path) -> torch.Tensor:
     """The normalised walker-1 training inputs (the residual GP's lengthscale reference)."""
     from gpdyn.data.problems import load_problem
 
     return load_problem(store, "walker-1", protocol="iid", seed=cfg.seed).tensors("train", cfg.device, DTYPES[cfg.dtype])[0]
+
+
+def walker_residual_gp(prior: Learner, reference_x: torch.Tensor, cfg: WalkerRunConfig) -> ResidualGP:
+    """The online model of ``adapt="residual"``: an exact GP on ``prior``'s residuals."""
+    return ResidualGP(prior, reference_x, window=cfg.window, lengthscale_factor=cfg.residual_lengthscale,
+                      amplitude=1.0, noise=cfg.residual_noise)
 
 
 def copy_learner(learner: Learner, cfg: WalkerRunConfig, input_dim: int, output_dim: int) -> Learner:
@@ -315,7 +329,7 @@ def run_walker(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None = Non
         print(f"   pretrained {cfg.learner} ({cfg.target}) on {fit['train_rows']} walker-1 rows in "
               f"{fit['pretrain_seconds']:.1f} s: test nMSE {fit['test_nmse_mean']:.3f}, next-velocity RMSE "
               f"{fit['test_velocity_rmse']:.2f} (velocity persists: {fit['test_persistence_rmse']:.2f})")
-    residual_reference = (_train_inputs(cfg, store_path)
+    residual_reference = (walker_train_inputs(cfg, store_path)
                           if "online" in cfg.controllers and cfg.adapt == "residual" else None)
     episodes_store = _walker_store_for_episodes(run.path / "episodes.zarr", cfg)
     reset_seed = int(np.random.default_rng([cfg.seed, 8]).integers(2**31 - 1))
@@ -327,7 +341,7 @@ def run_walker(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None = Non
                 assert learner is not None
                 twin = copy_learner(learner, cfg, 23, 9)
                 if cfg.adapt == "residual":
-                    twin = ResidualGP(twin, residual_reference, window=cfg.window, amplitude=1.0, noise=1e-3)
+                    twin = walker_residual_gp(twin, residual_reference, cfg)
                 dyn = LearnedWalkerDynamics(twin, dynamics.normalizer, DT, target=cfg.target)
                 updater = OnlineUpdater(twin, batch=cfg.online_batch, updates=cfg.updates)
             out = run_walker_episode(run, cfg, controller, condition, policy=policy, dynamics=dyn, updater=updater,
@@ -388,8 +402,8 @@ def cli_control(args: argparse.Namespace) -> int:
         raise InputError(f"--learner '{args.learner}' unknown; choose one of {', '.join(LEARNERS)}")
     if args.robot == "walker":
         cfg = WalkerRunConfig(learner=args.learner, seed=args.seed, device=args.device)
-        _options(cfg, args, ("steps", "planner", "samples", "sim_samples", "horizon", "uncertainty", "var_weight",
-                             "terminal_value", "target", "change", "change_factor", "change_at", "controllers",
+        _options(cfg, args, ("steps", "planner", "samples", "sim_samples", "horizon", "noise_std", "uncertainty",
+                             "var_weight", "terminal_value", "relative_to_proposal", "target", "change", "change_factor", "change_at", "controllers",
                              "conditions", "scale", "adapt", "dtype", "video", "pretrain_iterations"))
         cfg.validate()
         run = RunDir.create("control-walker", {"robot": "walker", **asdict(cfg)}, out=args.out)

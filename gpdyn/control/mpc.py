@@ -21,6 +21,15 @@ batch per time step and score them with a task cost:
   fraction ``proposal_fraction`` of the samples follows it closed-loop through the model
   with exploration noise (policy-guided sampling); it also seeds the nominal plan and is
   the fallback when planning fails.
+- planning relative to the proposal (``MPCConfig.relative_to_proposal``): the plan is an
+  offset sequence added to the proposal's closed-loop actions, ``a_t = pi(x_t) + u_t``,
+  and every sample follows the proposal (the nominal plan starts at zero offsets). The
+  zero-offset sample is the proposal itself, so the planner can only improve on it as far
+  as the model can tell; samples stay near the proposal's state distribution (where a
+  model trained on its rollouts is accurate); and a terminal value of the proposal's
+  critic means what it says, the return of following the proposal after the horizon.
+  This is MPC as a policy-improvement step (cf. Lowrey et al. 2019; Sikchi et al. 2021,
+  "Learning off-policy with online planning").
 
 MPPI: information-theoretic path integral control (Williams et al. 2017, "Information
 theoretic MPC for model-based reinforcement learning", eq. (13) with the control cost
@@ -79,6 +88,7 @@ class MPCConfig:
     uncertainty: str = "mean"
     var_weight: float = 0.0
     proposal_fraction: float = 0.5
+    relative_to_proposal: bool = False  # plan offsets to the proposal's actions (needs a proposal)
     keep_nominal: bool = True  # sample 0 replays the nominal plan unperturbed
 
     def validate(self) -> None:
@@ -124,7 +134,8 @@ class PlanInfo:
 class Rollout:
     """The sampled sequences of one planning iteration."""
 
-    actions: Tensor  # [K, H, nu], as applied (clipped, proposal included)
+    actions: Tensor  # [K, H, nu], the planned variable: actions as applied (clipped, proposal included), or
+    # with ``relative_to_proposal`` the applied actions' offsets to the proposal's
     costs: Tensor  # [K], non-finite replaced by +inf
     variance: Tensor  # [K], summed predictive variance over the horizon
 
@@ -166,6 +177,8 @@ class Planner:
         if safe.shape != (self.nu,):
             raise MPCConfigError(f"MPC safe_action has shape {tuple(safe.shape)}, expected ({self.nu},)")
         self.safe_action = torch.clamp(safe, self.low, self.high)
+        if self.config.relative_to_proposal and proposal is None:
+            raise MPCConfigError("MPC option relative_to_proposal needs a proposal policy")
         self.seed = int(seed)
         self.generator = torch.Generator(device=self.device).manual_seed(self.seed)
         self.nominal: Tensor | None = None  # [H, nu]
@@ -183,6 +196,9 @@ class Planner:
             self.nominal = self._initial_nominal(state)
         try:
             action, info = self._optimise(state)
+            if action is not None and self.config.relative_to_proposal:
+                assert self.proposal is not None
+                action = torch.clamp(self.proposal(state.unsqueeze(0))[0] + action, self.low, self.high)
         except FloatingPointError as err:  # a model may raise on non-finite input
             action, info = None, PlanInfo(math.inf, math.inf, 0.0, 0.0, 0.0, fallback=f"model error: {err}")
         if action is None or not bool(torch.isfinite(action).all()):
@@ -211,8 +227,11 @@ class Planner:
         return state
 
     def _initial_nominal(self, state: Tensor) -> Tensor:
-        """Zero-noise proposal rollout through the model, or the safe action repeated."""
+        """Zero-noise proposal rollout through the model (zero offsets when planning relative to
+        it), or the safe action repeated."""
         h = self.config.horizon
+        if self.config.relative_to_proposal:
+            return torch.zeros(h, self.nu, device=self.device, dtype=self.dtype)
         if self.proposal is None:
             return self.safe_action.expand(h, self.nu).clone()
         acts = []
@@ -247,7 +266,8 @@ class Planner:
         noise = eps * std
         if cfg.keep_nominal:
             noise[0] = 0.0
-        n_prop = int(round(cfg.proposal_fraction * k)) if self.proposal is not None else 0
+        relative = cfg.relative_to_proposal
+        n_prop = int(round(cfg.proposal_fraction * k)) if self.proposal is not None and not relative else 0
         # the last n_prop samples follow the proposal closed-loop, with the same noise scale
         guided = torch.zeros(k, 1, dtype=torch.bool, device=self.device)
         if n_prop:
@@ -261,10 +281,15 @@ class Planner:
         with torch.no_grad():
             for t in range(h):
                 a = mean[t] + noise[:, t]
-                if n_prop:
-                    a = torch.where(guided, self.proposal(x) + noise[:, t], a)
-                a = torch.clamp(a, self.low, self.high)
-                applied[:, t] = a
+                if relative:
+                    base = self.proposal(x)
+                    a = torch.clamp(base + a, self.low, self.high)
+                    applied[:, t] = a - base  # the offset as applied, so the update averages what was used
+                else:
+                    if n_prop:
+                        a = torch.where(guided, self.proposal(x) + noise[:, t], a)
+                    a = torch.clamp(a, self.low, self.high)
+                    applied[:, t] = a
                 nxt, var_full = self._model(x, a)
                 if var_full is not None:
                     var = var_full.sum(-1)

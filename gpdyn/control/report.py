@@ -7,6 +7,7 @@ rewritten from a finished (or interrupted) run.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,18 @@ def _mark_change(ax: Any, change_at: int, label: str) -> None:
         ax.text(change_at, ax.get_ylim()[1], f" {label}", va="top", fontsize=8)
 
 
+def walker_planner_text(config: dict[str, Any]) -> str:
+    """How a Walker2d run planned, from its config (a dict; older run folders lack the newer keys)."""
+    parts = [f"planner `{config.get('planner', 'mppi')}`, K = {config['samples']} (true model: K = {config['sim_samples']}), "
+             f"H = {config['horizon']}, noise {config.get('noise_std', 0.2):g}, uncertainty `{config['uncertainty']}`"
+             + (f" (weight {config['var_weight']:g})" if config["uncertainty"] == "penalty" else "")]
+    if config.get("relative_to_proposal"):
+        parts.append("offsets to the TRPO policy's actions")
+    if config.get("terminal_value"):
+        parts.append("TRPO critic as terminal value")
+    return ", ".join(parts)
+
+
 def write_walker_report(run: RunDir, cfg: Any) -> Path:
     """Return table (controller x condition), return-over-time and model-error plots."""
     records = run.metrics()
@@ -57,10 +70,8 @@ def write_walker_report(run: RunDir, cfg: Any) -> Path:
     lines = [
         "# Walker2d online control",
         "",
-        f"Learner `{cfg.learner}` ({cfg.scale} sizes), planner `{cfg.planner}`, K = {cfg.samples} "
-        f"(true model: K = {cfg.sim_samples}), H = {cfg.horizon}, uncertainty `{cfg.uncertainty}` "
-        f"(weight {cfg.var_weight}), {cfg.steps} control steps per episode, device `{cfg.device}`; "
-        f"online model `{getattr(cfg, 'adapt', 'steps')}`.",
+        f"Learner `{cfg.learner}` ({cfg.scale} sizes, target `{cfg.target}`), {walker_planner_text(asdict(cfg))}; "
+        f"{cfg.steps} control steps per episode, device `{cfg.device}`; online model `{cfg.adapt}`.",
         f"Plant change in the `changed` condition: {change_label}, "
         + ("from the start." if cfg.change_at == 0 else f"at step {cfg.change_at}."),
         "",
