@@ -23,9 +23,9 @@ batch per time step and score them with a task cost:
   the fallback when planning fails.
 - planning relative to the proposal (``MPCConfig.relative_to_proposal``): the plan is an
   offset sequence added to the proposal's closed-loop actions, ``a_t = pi(x_t) + u_t``,
-  and every sample follows the proposal (the nominal plan starts at zero offsets). The
-  zero-offset sample is the proposal itself, so the planner can only improve on it as far
-  as the model can tell; samples stay near the proposal's state distribution (where a
+  and every sample follows the proposal. Zero offsets are the proposal itself and the
+  nominal plan starts there, so the planner moves away from the policy only as far as
+  the model tells it to; samples stay near the proposal's state distribution (where a
   model trained on its rollouts is accurate); and a terminal value of the proposal's
   critic means what it says, the return of following the proposal after the horizon.
   This is MPC as a policy-improvement step (cf. Lowrey et al. 2019; Sikchi et al. 2021,
