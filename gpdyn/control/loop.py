@@ -405,8 +405,8 @@ def cli_control(args: argparse.Namespace) -> int:
         cfg = WalkerRunConfig(learner=args.learner, seed=args.seed, device=args.device)
         _options(cfg, args, ("steps", "planner", "samples", "sim_samples", "horizon", "noise_std", "uncertainty",
                              "var_weight", "terminal_value", "relative_to_proposal", "target", "change",
-                             "change_factor", "change_at", "controllers",
-                             "conditions", "scale", "adapt", "dtype", "video", "pretrain_iterations"))
+                             "change_factor", "change_at", "controllers", "conditions", "scale", "adapt", "dtype",
+                             "video", "pretrain_iterations"))
         cfg.validate()
         run = RunDir.create("control-walker", {"robot": "walker", **asdict(cfg)}, out=args.out)
         print(f"gpdyn control walker: run folder {run.path}")
