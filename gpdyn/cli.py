@@ -154,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sim-samples", type=int, default=None, help="walker: K for the true-simulator MPC (default 32)")
     p.add_argument("--horizon", type=int, default=None, help="walker: H steps (default 10; paper 30)")
     p.add_argument("--noise-std", type=float, default=None, help="walker: sampling noise, action units (default 0.2)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="walker: MPPI temperature, reward units (default 0.5): the larger, the more samples the plan averages")
     p.add_argument("--relative-to-proposal", action="store_true", default=None,
                    help="walker: plan offsets to the TRPO policy's closed-loop actions (the zero offset is the policy)")
     p.add_argument("--uncertainty", choices=("mean", "penalty", "sample"), default=None, help="walker: use of the predictive variance")

@@ -194,3 +194,17 @@ def test_zero_offset_sample_is_the_proposal_itself() -> None:
 def test_planning_offsets_needs_a_proposal() -> None:
     with pytest.raises(MPCConfigError, match="relative_to_proposal"):
         MPPI(linear, cost, [-1.0], [1.0], MPCConfig(relative_to_proposal=True))
+
+
+def test_effective_samples_follow_the_temperature() -> None:
+    """MPPI's weights: a cold temperature rests the plan on one sample, a hot one on nearly all K;
+    CEM reports its elites."""
+    x = torch.tensor([0.0, 0.0], dtype=torch.float64)
+    sizes = {}
+    for temperature in (1e-6, 1e6):
+        cfg = MPCConfig(horizon=5, samples=50, noise_std=0.5, temperature=temperature)
+        sizes[temperature] = MPPI(linear, cost, [-1.0], [1.0], cfg, seed=6).plan(x)[1].effective_samples
+    assert sizes[1e-6] == pytest.approx(1.0, abs=1e-6)
+    assert sizes[1e6] == pytest.approx(50.0, rel=1e-3)
+    cem = CEM(linear, cost, [-1.0], [1.0], MPCConfig(horizon=5, samples=50, elite_fraction=0.2, iterations=2), seed=6)
+    assert cem.plan(x)[1].effective_samples == 10

@@ -255,7 +255,7 @@ def run_walker_episode(
                                device=cfg.device, dtype=dtype, seed=cfg.seed)
     rows: dict[str, list[np.ndarray]] = {k: [] for k in ("qpos", "qvel", "obs", "action", "reward", "terminated",
                                                           "truncated", "next_qpos", "next_qvel")}
-    total, fallbacks, plan_seconds = 0.0, 0, []
+    total, fallbacks, plan_seconds, effective = 0.0, 0, [], []
     change_text = ""
     if condition == "changed" and cfg.change_at == 0:
         change_text = apply_plant_change(sim.model, cfg.change, cfg.change_factor)
@@ -272,9 +272,11 @@ def run_walker_episode(
             a, info = planner.plan(torch.as_tensor(s, device=cfg.device, dtype=dtype))
             action = a.detach().cpu().numpy().astype(np.float64)
             plan_seconds.append(info.seconds)
+            effective.append(info.effective_samples)
             fallbacks += bool(info.fallback)
             record.update(plan_seconds=info.seconds, plan_cost=info.cost, plan_variance=info.variance,
-                          finite_fraction=info.finite_fraction, fallback=info.fallback)
+                          finite_fraction=info.finite_fraction, effective_samples=info.effective_samples,
+                          fallback=info.fallback)
         for k, v in (("qpos", sim.data.qpos), ("qvel", sim.data.qvel), ("obs", obs), ("action", action)):
             rows[k].append(np.array(v, dtype=np.float64))
         obs, reward, terminated, truncated, _ = env.step(action)
@@ -304,6 +306,7 @@ def run_walker_episode(
         "kind": "episode", "robot": "walker", "controller": controller, "condition": condition, "return": total,
         "length": t + 1, "fallbacks": fallbacks, "change": change_text,
         "plan_seconds_mean": float(np.mean(plan_seconds)) if plan_seconds else None,
+        "effective_samples_mean": float(np.mean(effective)) if effective else None,
         **(dynamics.learner.diagnostics() if isinstance(dynamics, LearnedWalkerDynamics) else {}),
     }
     run.log(**episode)
@@ -403,7 +406,7 @@ def cli_control(args: argparse.Namespace) -> int:
         raise InputError(f"--learner '{args.learner}' unknown; choose one of {', '.join(LEARNERS)}")
     if args.robot == "walker":
         cfg = WalkerRunConfig(learner=args.learner, seed=args.seed, device=args.device)
-        _options(cfg, args, ("steps", "planner", "samples", "sim_samples", "horizon", "noise_std", "uncertainty",
+        _options(cfg, args, ("steps", "planner", "samples", "sim_samples", "horizon", "noise_std", "temperature", "uncertainty",
                              "var_weight", "terminal_value", "relative_to_proposal", "target", "change",
                              "change_factor", "change_at", "controllers", "conditions", "scale", "adapt", "dtype",
                              "video", "pretrain_iterations"))

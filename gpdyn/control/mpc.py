@@ -79,7 +79,7 @@ class MPCConfig:
     horizon: int = 30
     samples: int = 1000
     noise_std: float | list[float] = 0.3
-    temperature: float = 1.0  # MPPI lambda, in cost units
+    temperature: float = 1.0  # MPPI lambda, in cost units: small against the cost spread makes the plan one sample
     iterations: int = 3  # CEM refits (MPPI: 1)
     elite_fraction: float = 0.1  # CEM
     cem_alpha: float = 0.1  # CEM: weight of the old mean/std in the refit
@@ -125,6 +125,10 @@ class PlanInfo:
     finite_fraction: float  # samples with a finite cost
     seconds: float
     fallback: str = ""  # why the plan was not used ("" when it was)
+    # how many samples the update rests on: MPPI 1 / sum(w^2) of its weights (Kish's
+    # effective sample size; near 1 means the plan is one sample, noise included), CEM its
+    # finite elites
+    effective_samples: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -339,7 +343,8 @@ class MPPI(Planner):
         new_plan = (w[:, None, None] * torch.where(finite[:, None, None], roll.actions, 0.0)).sum(0)
         self.nominal = self._shift(new_plan)
         expected = (w * torch.where(finite, costs, 0.0)).sum()
-        info = PlanInfo(float(best), float(expected), float((w * torch.where(finite, roll.variance, 0.0)).sum()), frac, 0.0)
+        info = PlanInfo(float(best), float(expected), float((w * torch.where(finite, roll.variance, 0.0)).sum()), frac, 0.0,
+                        effective_samples=float(1.0 / w.pow(2).sum()))
         return new_plan[0], info
 
 
@@ -360,6 +365,7 @@ class CEM(Planner):
         inf = torch.full((), math.inf, dtype=self.dtype, device=self.device)
         best_cost, best_plan = inf, mean
         frac, elite_cost, elite_var = torch.zeros_like(inf), inf, torch.zeros_like(inf)
+        elite_count = torch.zeros_like(inf)
         for _ in range(cfg.iterations):
             roll = self.rollout(state, mean, std)
             frac = torch.isfinite(roll.costs).to(self.dtype).mean()
@@ -374,6 +380,7 @@ class CEM(Planner):
             best_cost = torch.where(improved, costs[0], best_cost)
             best_plan = torch.where(improved, elites[0], best_plan)
             any_ok = count > 0  # with none finite, the next iteration samples the same Gaussian again
+            elite_count = count.to(self.dtype)
             elite_cost = torch.where(any_ok, (w * torch.where(ok, costs, 0.0)).sum(), elite_cost)
             elite_var = torch.where(any_ok, (w * torch.where(ok, roll.variance[order], 0.0)).sum(), elite_var)
             mean = torch.where(any_ok, cfg.cem_alpha * mean + (1 - cfg.cem_alpha) * e_mean, mean)
@@ -382,7 +389,8 @@ class CEM(Planner):
             return None, PlanInfo(math.inf, math.inf, 0.0, float(frac), 0.0, fallback="no sample with a finite cost")
         self.nominal = self._shift(mean)
         # the refitted mean may average incompatible elites; the best sequence never does
-        return best_plan[0], PlanInfo(float(best_cost), float(elite_cost), float(elite_var), float(frac), 0.0)
+        return best_plan[0], PlanInfo(float(best_cost), float(elite_cost), float(elite_var), float(frac), 0.0,
+                                      effective_samples=float(elite_count))
 
 
 PLANNERS: dict[str, type[Planner]] = {"mppi": MPPI, "cem": CEM}

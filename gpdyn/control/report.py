@@ -50,7 +50,7 @@ def _mark_change(ax: Any, change_at: int, label: str) -> None:
 def walker_planner_text(config: dict[str, Any]) -> str:
     """How a Walker2d run planned, from its config (a dict; older run folders lack the newer keys)."""
     parts = [f"planner `{config.get('planner', 'mppi')}`, K = {config['samples']} (true model: K = {config['sim_samples']}), "
-             f"H = {config['horizon']}, noise {config.get('noise_std', 0.2):g}, uncertainty `{config['uncertainty']}`"
+             f"H = {config['horizon']}, noise {config.get('noise_std', 0.2):g}, temperature {config.get('temperature', 0.5):g}, uncertainty `{config['uncertainty']}`"
              + (f" (weight {config['var_weight']:g})" if config["uncertainty"] == "penalty" else "")]
     if config.get("relative_to_proposal"):
         parts.append("offsets to the TRPO policy's actions")
@@ -77,12 +77,12 @@ def write_walker_report(run: RunDir, cfg: Any) -> Path:
         "",
         "## Returns",
         "",
-        "| controller | " + " | ".join(conditions) + " | mean plan time [ms] | fallbacks |",
-        "|---|" + "---|" * len(conditions) + "---|---|",
+        "| controller | " + " | ".join(conditions) + " | mean plan time [ms] | effective samples | fallbacks |",
+        "|---|" + "---|" * len(conditions) + "---|---|---|",
     ]
     table: dict[str, dict[str, float]] = {}
     for ctrl in controllers:
-        row, times, falls = [], [], 0
+        row, times, effective, falls = [], [], [], 0
         for cond in conditions:
             eps = episodes.get((cond, ctrl), [])
             if eps:
@@ -91,11 +91,14 @@ def write_walker_report(run: RunDir, cfg: Any) -> Path:
                 row.append(f"{e['return']:.1f} ({e['length']} steps)")
                 if e.get("plan_seconds_mean"):
                     times.append(e["plan_seconds_mean"])
+                if e.get("effective_samples_mean"):
+                    effective.append(e["effective_samples_mean"])
                 falls += int(e.get("fallbacks", 0))
             else:
                 row.append("-")
         t = f"{1e3 * np.mean(times):.1f}" if times else "-"
-        lines.append(f"| {ctrl} | " + " | ".join(row) + f" | {t} | {falls if times else '-'} |")
+        ess = f"{np.mean(effective):.1f}" if effective else "-"
+        lines.append(f"| {ctrl} | " + " | ".join(row) + f" | {t} | {ess} | {falls if times else '-'} |")
     if "changed" in conditions and {"frozen", "online"} <= set(table):
         frozen, online = table["frozen"].get("changed"), table["online"].get("changed")
         if frozen is not None and online is not None:
