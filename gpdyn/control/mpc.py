@@ -365,7 +365,6 @@ class CEM(Planner):
         inf = torch.full((), math.inf, dtype=self.dtype, device=self.device)
         best_cost, best_plan = inf, mean
         frac, elite_cost, elite_var = torch.zeros_like(inf), inf, torch.zeros_like(inf)
-        elite_count = torch.zeros_like(inf)
         for _ in range(cfg.iterations):
             roll = self.rollout(state, mean, std)
             frac = torch.isfinite(roll.costs).to(self.dtype).mean()
