@@ -51,7 +51,7 @@ def walker_planner_text(config: dict[str, Any]) -> str:
     """How a Walker2d run planned, from its config (a dict; older run folders lack the newer keys)."""
     parts = [f"planner `{config.get('planner', 'mppi')}`, K = {config['samples']} (true model: K = {config['sim_samples']}), "
              f"H = {config['horizon']}, noise {config.get('noise_std', 0.2):g}, "
-             f"temperature {config.get('temperature', 0.5):g}, uncertainty `{config['uncertainty']}`"
+             f"temperature {config['temperature']:g}, uncertainty `{config['uncertainty']}`"
              + (f" (weight {config['var_weight']:g})" if config["uncertainty"] == "penalty" else "")]
     if config.get("relative_to_proposal"):
         parts.append("offsets to the TRPO policy's actions")
