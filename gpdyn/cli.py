@@ -156,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--noise-std", type=float, default=None, help="walker: sampling noise, action units (default 0.2)")
     p.add_argument("--temperature", type=float, default=None,
                    help="walker: MPPI temperature, reward units (default 0.5): the larger, the more samples the plan averages")
+    p.add_argument("--control-cost", type=float, default=None,
+                   help="walker: weight in [0, 1] on MPPI's control cost lambda u'Sigma^-1 eps (default 0): 1 keeps the "
+                        "plan a KL-regularised improvement of the TRPO proposal instead of drifting from it")
     p.add_argument("--relative-to-proposal", action="store_true", default=None,
                    help="walker: plan offsets to the TRPO policy's closed-loop actions (the zero offset is the policy)")
     p.add_argument("--uncertainty", choices=("mean", "penalty", "sample"), default=None, help="walker: use of the predictive variance")

@@ -208,3 +208,25 @@ def test_effective_samples_follow_the_temperature() -> None:
     assert sizes[1e6] == pytest.approx(50.0, rel=1e-3)
     cem = CEM(linear, cost, [-1.0], [1.0], MPCConfig(horizon=5, samples=50, elite_fraction=0.2, iterations=2), seed=6)
     assert cem.plan(x)[1].effective_samples == 10
+
+
+def test_control_cost_pulls_the_plan_back_to_the_base() -> None:
+    """With a flat task cost the KL-regularised optimum is the base distribution itself: MPPI's
+    control cost brings a plan that drifted to 0.8 back to zero in one update; without it the
+    plan stays where it drifted."""
+    torch.set_num_threads(1)
+
+    def flat(x: torch.Tensor, u: torch.Tensor, nxt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.zeros(x.shape[0], dtype=x.dtype), torch.zeros(x.shape[0], dtype=torch.bool)
+
+    x = torch.zeros(2, dtype=torch.float64)
+    first_actions = {}
+    for weight in (0.0, 1.0):
+        cfg = MPCConfig(horizon=5, samples=2000, noise_std=0.5, temperature=1.0, control_cost=weight)
+        planner = MPPI(linear, flat, [-2.0], [2.0], cfg, seed=3)
+        planner.nominal = torch.full((5, 1), 0.8, dtype=torch.float64)
+        first_actions[weight] = float(planner.plan(x)[0])
+    assert first_actions[1.0] == pytest.approx(0.0, abs=0.1)
+    assert first_actions[0.0] == pytest.approx(0.8, abs=0.1)
+    with pytest.raises(MPCConfigError, match="control_cost"):
+        MPCConfig(control_cost=1.5).validate()

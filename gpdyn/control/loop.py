@@ -76,6 +76,7 @@ class WalkerRunConfig:
     horizon: int = 10
     noise_std: float = 0.2
     temperature: float = 0.5
+    control_cost: float = 0.0  # MPPI's pull back to the proposal (MPCConfig.control_cost)
     iterations: int = 2  # CEM only
     uncertainty: str = "penalty"
     var_weight: float = 1.0
@@ -136,6 +137,7 @@ class WalkerRunConfig:
     def mpc(self, samples: int) -> MPCConfig:
         return MPCConfig(
             horizon=self.horizon, samples=samples, noise_std=self.noise_std, temperature=self.temperature,
+            control_cost=self.control_cost,
             iterations=self.iterations, terminal_cost=self.terminal_cost, uncertainty=self.uncertainty,
             var_weight=self.var_weight, proposal_fraction=self.proposal_fraction,
             relative_to_proposal=self.relative_to_proposal,
@@ -406,7 +408,7 @@ def cli_control(args: argparse.Namespace) -> int:
         raise InputError(f"--learner '{args.learner}' unknown; choose one of {', '.join(LEARNERS)}")
     if args.robot == "walker":
         cfg = WalkerRunConfig(learner=args.learner, seed=args.seed, device=args.device)
-        _options(cfg, args, ("steps", "planner", "samples", "sim_samples", "horizon", "noise_std", "temperature", "uncertainty",
+        _options(cfg, args, ("steps", "planner", "samples", "sim_samples", "horizon", "noise_std", "temperature", "control_cost", "uncertainty",
                              "var_weight", "terminal_value", "relative_to_proposal", "target", "change",
                              "change_factor", "change_at", "controllers", "conditions", "scale", "adapt", "dtype",
                              "video", "pretrain_iterations"))

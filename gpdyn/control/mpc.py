@@ -80,6 +80,10 @@ class MPCConfig:
     samples: int = 1000
     noise_std: float | list[float] = 0.3
     temperature: float = 1.0  # MPPI lambda, in cost units: small against the cost spread makes the plan one sample
+    # MPPI: weight on the path cost's importance-sampling term lambda * sum_t u_t' Sigma^-1 eps_t
+    # (Williams et al. 2017, Alg. 2); 1 makes the plan the KL-regularised improvement of the base
+    # distribution (the proposal when planning relative to it, else zero actions), 0 drops it
+    control_cost: float = 0.0
     iterations: int = 3  # CEM refits (MPPI: 1)
     elite_fraction: float = 0.1  # CEM
     cem_alpha: float = 0.1  # CEM: weight of the old mean/std in the refit
@@ -97,6 +101,7 @@ class MPCConfig:
             ("horizon", self.horizon >= 1),
             ("samples", self.samples >= 2),
             ("temperature", self.temperature > 0 and math.isfinite(self.temperature)),
+            ("control_cost", 0 <= self.control_cost <= 1),
             ("iterations", self.iterations >= 1),
             ("elite_fraction", 0 < self.elite_fraction <= 1),
             ("cem_alpha", 0 <= self.cem_alpha < 1),
@@ -142,6 +147,7 @@ class Rollout:
     # with ``relative_to_proposal`` the applied actions' offsets to the proposal's
     costs: Tensor  # [K], non-finite replaced by +inf
     variance: Tensor  # [K], summed predictive variance over the horizon
+    noise: Tensor  # [K, H, nu], the exploration noise added to the mean sequence (zero for the nominal sample)
 
 
 class Planner:
@@ -314,7 +320,7 @@ class Planner:
             if self.terminal_value is not None:
                 total = total - discount * alive * self.terminal_value(x)
         total = torch.where(torch.isfinite(total), total, torch.full_like(total, math.inf))
-        return Rollout(applied, total, var_sum)
+        return Rollout(applied, total, var_sum, noise)
 
     def _optimise(self, state: Tensor) -> tuple[Tensor | None, PlanInfo]:
         raise MPCConfigError(f"{type(self).__name__} is not a planner; use MPPI or CEM")
@@ -337,6 +343,11 @@ class MPPI(Planner):
         if not bool(finite.any()):
             return None, PlanInfo(math.inf, math.inf, 0.0, 0.0, 0.0, fallback="no sample with a finite cost")
         costs = roll.costs
+        if self.config.control_cost:
+            # lambda * u' Sigma^-1 eps: with the base distribution at zero, the part of
+            # lambda/2 * |u + eps|^2_Sigma that differs between samples (Williams et al. 2017)
+            drift = (mean / std.pow(2) * roll.noise).sum(dim=(1, 2))
+            costs = costs + self.config.control_cost * self.config.temperature * drift
         best = costs.min()
         # softmax(-(J - min J) / lambda); -inf logits (non-finite costs) get zero weight
         w = torch.softmax(-(costs - best) / self.config.temperature, dim=0)
