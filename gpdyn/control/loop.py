@@ -408,10 +408,10 @@ def cli_control(args: argparse.Namespace) -> int:
         raise InputError(f"--learner '{args.learner}' unknown; choose one of {', '.join(LEARNERS)}")
     if args.robot == "walker":
         cfg = WalkerRunConfig(learner=args.learner, seed=args.seed, device=args.device)
-        _options(cfg, args, ("steps", "planner", "samples", "sim_samples", "horizon", "noise_std", "temperature", "control_cost", "uncertainty",
-                             "var_weight", "terminal_value", "relative_to_proposal", "target", "change",
-                             "change_factor", "change_at", "controllers", "conditions", "scale", "adapt", "dtype",
-                             "video", "pretrain_iterations"))
+        _options(cfg, args, ("steps", "planner", "samples", "sim_samples", "horizon", "noise_std", "temperature",
+                             "control_cost", "uncertainty", "var_weight", "terminal_value", "relative_to_proposal",
+                             "target", "change", "change_factor", "change_at", "controllers", "conditions", "scale",
+                             "adapt", "dtype", "video", "pretrain_iterations"))
         cfg.validate()
         run = RunDir.create("control-walker", {"robot": "walker", **asdict(cfg)}, out=args.out)
         print(f"gpdyn control walker: run folder {run.path}")

@@ -32,9 +32,12 @@ batch per time step and score them with a task cost:
   "Learning off-policy with online planning").
 
 MPPI: information-theoretic path integral control (Williams et al. 2017, "Information
-theoretic MPC for model-based reinforcement learning", eq. (13) with the control cost
-folded into the task cost): the new nominal plan is the softmax(-cost / lambda)-weighted
-average of the sampled sequences. CEM: the cross-entropy method (Rubinstein 1999;
+theoretic MPC for model-based reinforcement learning", eq. (13)): the new nominal plan is
+the softmax(-cost / lambda)-weighted average of the sampled sequences. Its control cost
+``lambda * u' Sigma^-1 eps`` (Alg. 2) is weighted by ``MPCConfig.control_cost``: at 1 the
+update estimates the KL-regularised optimum around the base distribution (the proposal when
+planning offsets to it), so the warm-started plan does not drift from the base without a
+cost that pays for it; at 0 (the default) it is dropped. CEM: the cross-entropy method (Rubinstein 1999;
 Chua et al. 2018): refit a diagonal Gaussian over sequences to the elite samples for a few
 iterations. Both warm-start from the previous plan shifted by one step.
 
