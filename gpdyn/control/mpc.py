@@ -37,9 +37,9 @@ the softmax(-cost / lambda)-weighted average of the sampled sequences. Its contr
 ``lambda * u' Sigma^-1 eps`` (Alg. 2) is weighted by ``MPCConfig.control_cost``: at 1 the
 update estimates the KL-regularised optimum around the base distribution (the proposal when
 planning offsets to it), so the warm-started plan does not drift from the base without a
-cost that pays for it; at 0 (the default) it is dropped. CEM: the cross-entropy method (Rubinstein 1999;
-Chua et al. 2018): refit a diagonal Gaussian over sequences to the elite samples for a few
-iterations. Both warm-start from the previous plan shifted by one step.
+cost that pays for it; at 0 (the default) it is dropped. CEM: the cross-entropy method
+(Rubinstein 1999; Chua et al. 2018): refit a diagonal Gaussian over sequences to the elite
+samples for a few iterations. Both warm-start from the previous plan shifted by one step.
 
 A non-finite model prediction never reaches the actuators: a sample whose cost is not
 finite is discarded, and if none is left (or the plan itself is not finite) the planner
@@ -349,8 +349,8 @@ class MPPI(Planner):
         if self.config.control_cost:
             # lambda * u' Sigma^-1 eps: with the base distribution at zero, the part of
             # lambda/2 * |u + eps|^2_Sigma that differs between samples (Williams et al. 2017)
-            drift = (mean / std.pow(2) * roll.noise).sum(dim=(1, 2))
-            costs = costs + self.config.control_cost * self.config.temperature * drift
+            control = (mean / std.pow(2) * roll.noise).sum(dim=(1, 2))
+            costs = costs + self.config.control_cost * self.config.temperature * control
         best = costs.min()
         # softmax(-(J - min J) / lambda); -inf logits (non-finite costs) get zero weight
         w = torch.softmax(-(costs - best) / self.config.temperature, dim=0)
