@@ -161,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "plan a KL-regularised improvement of the TRPO proposal instead of drifting from it")
     p.add_argument("--relative-to-proposal", action="store_true", default=None,
                    help="walker: plan offsets to the TRPO policy's closed-loop actions (the zero offset is the policy)")
+    p.add_argument("--proposal-tail", type=int, default=None,
+                   help="walker: steps the TRPO policy alone runs through the model after the horizon, before the "
+                        "terminal value (default 0)")
     p.add_argument("--uncertainty", choices=("mean", "penalty", "sample"), default=None, help="walker: use of the predictive variance")
     p.add_argument("--var-weight", type=float, default=None, help="walker: weight of the variance penalty")
     p.add_argument("--terminal-value", action="store_true", default=None,

@@ -264,7 +264,8 @@ def test_plant_change_factor_scales_the_change_and_bad_factors_are_refused() -> 
 
 def test_walker_planning_relative_to_the_policy_runs_and_is_reported(walker_zarr: Path, tmp_path: Path) -> None:
     cfg = WalkerRunConfig(learner="svdgp", steps=3, relative_to_proposal=True, terminal_value=True, noise_std=0.1,
-                          temperature=5.0, control_cost=1.0, controllers=("true", "frozen", "online"),
+                          temperature=5.0, control_cost=1.0, proposal_tail=2,
+                          controllers=("true", "frozen", "online"),
                           conditions=("changed",), **TINY)
     run = RunDir.create("t", {}, out=tmp_path / "run")
     run_walker(run, cfg, walker_zarr)
@@ -276,6 +277,7 @@ def test_walker_planning_relative_to_the_policy_runs_and_is_reported(walker_zarr
     report = (run.path / "report.md").read_text()
     assert "offsets to the TRPO policy's actions" in report and "TRPO critic as terminal value" in report
     assert "temperature 5," in report and "MPPI control cost x1" in report and "| effective samples |" in report
+    assert "then 2 steps of the TRPO policy through the model" in report
     for bad in ({"residual_lengthscale": 0.0}, {"residual_noise": -1.0}):
         with pytest.raises(InputError, match="residual"):
             WalkerRunConfig(**bad).validate()

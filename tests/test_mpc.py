@@ -230,3 +230,32 @@ def test_control_cost_pulls_the_plan_back_to_the_base() -> None:
     assert first_actions[0.0] == pytest.approx(0.8, abs=0.1)
     with pytest.raises(MPCConfigError, match="control_cost"):
         MPCConfig(control_cost=1.5).validate()
+
+
+def test_proposal_tail_scores_the_policy_beyond_the_horizon() -> None:
+    """Each sample's cost is its planned steps, then ``proposal_tail`` steps of the proposal
+    alone through the model, then the terminal value: recomputed here step by step."""
+
+    def value(x: torch.Tensor) -> torch.Tensor:
+        return -(x[:, 0] - 1.0) ** 2
+
+    h, tail = 2, 3
+    cfg = MPCConfig(horizon=h, samples=8, noise_std=0.4, relative_to_proposal=True, proposal_tail=tail, gamma=0.9)
+    planner = MPPI(linear, cost, [-1.0], [1.0], cfg, proposal=short_pd, terminal_value=value, seed=7)
+    state = torch.tensor([0.1, 0.2], dtype=torch.float64)
+    mean = torch.full((h, 1), 0.1, dtype=torch.float64)
+    roll = planner.rollout(state, mean, torch.full((h, 1), 0.4, dtype=torch.float64))
+    for k in range(cfg.samples):
+        x, total = state[None], 0.0
+        for t in range(h + tail):
+            base = short_pd(x)
+            a = (base + mean[t] + roll.noise[k, t]).clamp(-1, 1) if t < h else base
+            nxt = linear(x, a)
+            total += 0.9**t * float(cost(x, a, nxt)[0])
+            x = nxt
+        total -= 0.9 ** (h + tail) * float(value(x))
+        assert float(roll.costs[k]) == pytest.approx(total, rel=1e-12)
+    with pytest.raises(MPCConfigError, match="proposal_tail"):
+        MPPI(linear, cost, [-1.0], [1.0], MPCConfig(proposal_tail=5))
+    with pytest.raises(MPCConfigError, match="proposal_tail"):
+        MPCConfig(proposal_tail=-1).validate()

@@ -82,6 +82,7 @@ class WalkerRunConfig:
     var_weight: float = 1.0
     proposal_fraction: float = 0.5
     relative_to_proposal: bool = False  # plan offsets to the TRPO policy's closed-loop actions
+    proposal_tail: int = 0  # steps the TRPO policy alone runs through the model after the horizon (MPCConfig)
     terminal_cost: float = 50.0
     terminal_value: bool = False  # subtract the TRPO critic's value of the horizon's last state
     pretrain_iterations: int = 100
@@ -140,7 +141,7 @@ class WalkerRunConfig:
             control_cost=self.control_cost,
             iterations=self.iterations, terminal_cost=self.terminal_cost, uncertainty=self.uncertainty,
             var_weight=self.var_weight, proposal_fraction=self.proposal_fraction,
-            relative_to_proposal=self.relative_to_proposal,
+            relative_to_proposal=self.relative_to_proposal, proposal_tail=self.proposal_tail,
         )
 
 
@@ -410,8 +411,8 @@ def cli_control(args: argparse.Namespace) -> int:
         cfg = WalkerRunConfig(learner=args.learner, seed=args.seed, device=args.device)
         _options(cfg, args, ("steps", "planner", "samples", "sim_samples", "horizon", "noise_std", "temperature",
                              "control_cost", "uncertainty", "var_weight", "terminal_value", "relative_to_proposal",
-                             "target", "change", "change_factor", "change_at", "controllers", "conditions", "scale",
-                             "adapt", "dtype", "video", "pretrain_iterations"))
+                             "proposal_tail", "target", "change", "change_factor", "change_at", "controllers",
+                             "conditions", "scale", "adapt", "dtype", "video", "pretrain_iterations"))
         cfg.validate()
         run = RunDir.create("control-walker", {"robot": "walker", **asdict(cfg)}, out=args.out)
         print(f"gpdyn control walker: run folder {run.path}")

@@ -17,6 +17,12 @@ batch per time step and score them with a task cost:
   TRPO critic; a sample alive at the horizon's end has it subtracted from its cost, so a
   short horizon still sees what lies beyond it (MPC with a value terminal, as in POLO,
   Lowrey et al. 2019).
+- proposal tail (optional, ``MPCConfig.proposal_tail``): after the ``H`` planned steps every
+  sample follows the proposal alone through the model for this many more steps, paying
+  their costs, before the terminal value is read. The plan is then judged by where the
+  policy takes it under the model, and the value (learnt on another plant, for the TRPO
+  critic after a plant change) only from further away; the searched space stays ``H``
+  steps long.
 - proposal (optional): ``state [K, nx] -> action [K, nu]``, e.g. the TRPO policy. A
   fraction ``proposal_fraction`` of the samples follows it closed-loop through the model
   with exploration noise (policy-guided sampling); it also seeds the nominal plan and is
@@ -96,6 +102,10 @@ class MPCConfig:
     var_weight: float = 0.0
     proposal_fraction: float = 0.5
     relative_to_proposal: bool = False  # plan offsets to the proposal's actions (needs a proposal)
+    # steps every sample follows the proposal through the model after the planned horizon,
+    # before the terminal value is read (needs a proposal): the plan is scored on where the
+    # policy takes it under the model, not on a value learnt on another plant
+    proposal_tail: int = 0
     keep_nominal: bool = True  # sample 0 replays the nominal plan unperturbed
 
     def validate(self) -> None:
@@ -112,6 +122,7 @@ class MPCConfig:
             ("terminal_cost", math.isfinite(self.terminal_cost)),
             ("var_weight", self.var_weight >= 0 and math.isfinite(self.var_weight)),
             ("proposal_fraction", 0 <= self.proposal_fraction <= 1),
+            ("proposal_tail", self.proposal_tail >= 0),
         )
         for name, ok in checks:
             if not ok:
@@ -190,8 +201,9 @@ class Planner:
         if safe.shape != (self.nu,):
             raise MPCConfigError(f"MPC safe_action has shape {tuple(safe.shape)}, expected ({self.nu},)")
         self.safe_action = torch.clamp(safe, self.low, self.high)
-        if self.config.relative_to_proposal and proposal is None:
-            raise MPCConfigError("MPC option relative_to_proposal needs a proposal policy")
+        for option in ("relative_to_proposal", "proposal_tail"):
+            if getattr(self.config, option) and proposal is None:
+                raise MPCConfigError(f"MPC option {option} needs a proposal policy")
         self.seed = int(seed)
         self.generator = torch.Generator(device=self.device).manual_seed(self.seed)
         self.nominal: Tensor | None = None  # [H, nu]
@@ -292,13 +304,15 @@ class Planner:
         applied = torch.empty(k, h, self.nu, dtype=self.dtype, device=self.device)
         discount = 1.0
         with torch.no_grad():
-            for t in range(h):
-                a = mean[t] + noise[:, t]
-                if relative:
+            for t in range(h + cfg.proposal_tail):
+                if t >= h:  # the tail: the proposal alone
+                    a = torch.clamp(self.proposal(x), self.low, self.high)
+                elif relative:
                     base = self.proposal(x)
-                    a = torch.clamp(base + a, self.low, self.high)
+                    a = torch.clamp(base + mean[t] + noise[:, t], self.low, self.high)
                     applied[:, t] = a - base  # the offset as applied, so the update averages what was used
                 else:
+                    a = mean[t] + noise[:, t]
                     if n_prop:
                         a = torch.where(guided, self.proposal(x) + noise[:, t], a)
                     a = torch.clamp(a, self.low, self.high)
