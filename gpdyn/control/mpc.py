@@ -17,12 +17,6 @@ batch per time step and score them with a task cost:
   TRPO critic; a sample alive at the horizon's end has it subtracted from its cost, so a
   short horizon still sees what lies beyond it (MPC with a value terminal, as in POLO,
   Lowrey et al. 2019).
-- proposal tail (optional, ``MPCConfig.proposal_tail``): after the ``H`` planned steps every
-  sample follows the proposal alone through the model for this many more steps, paying
-  their costs, before the terminal value is read. The plan is then judged by where the
-  policy takes it under the model, and the value (learnt on another plant, for the TRPO
-  critic after a plant change) only from further away; the searched space stays ``H``
-  steps long.
 - proposal (optional): ``state [K, nx] -> action [K, nu]``, e.g. the TRPO policy. A
   fraction ``proposal_fraction`` of the samples follows it closed-loop through the model
   with exploration noise (policy-guided sampling); it also seeds the nominal plan and is
@@ -36,6 +30,12 @@ batch per time step and score them with a task cost:
   critic means what it says, the return of following the proposal after the horizon.
   This is MPC as a policy-improvement step (cf. Lowrey et al. 2019; Sikchi et al. 2021,
   "Learning off-policy with online planning").
+- proposal tail (optional, ``MPCConfig.proposal_tail``): after the ``H`` planned steps every
+  sample follows the proposal alone through the model for this many more steps, paying
+  their costs, before the terminal value is read. The plan is then judged by where the
+  policy takes it under the model, and the value (learnt on another plant, for the TRPO
+  critic after a plant change) only from further away; the searched space stays ``H``
+  steps long.
 
 MPPI: information-theoretic path integral control (Williams et al. 2017, "Information
 theoretic MPC for model-based reinforcement learning", eq. (13)): the new nominal plan is
@@ -102,10 +102,7 @@ class MPCConfig:
     var_weight: float = 0.0
     proposal_fraction: float = 0.5
     relative_to_proposal: bool = False  # plan offsets to the proposal's actions (needs a proposal)
-    # steps every sample follows the proposal through the model after the planned horizon,
-    # before the terminal value is read (needs a proposal): the plan is scored on where the
-    # policy takes it under the model, not on a value learnt on another plant
-    proposal_tail: int = 0
+    proposal_tail: int = 0  # steps of the proposal alone after the horizon, before the terminal value (module docs)
     keep_nominal: bool = True  # sample 0 replays the nominal plan unperturbed
 
     def validate(self) -> None:
@@ -160,7 +157,7 @@ class Rollout:
     actions: Tensor  # [K, H, nu], the planned variable: actions as applied (clipped, proposal included), or
     # with ``relative_to_proposal`` the applied actions' offsets to the proposal's
     costs: Tensor  # [K], non-finite replaced by +inf
-    variance: Tensor  # [K], summed predictive variance over the horizon
+    variance: Tensor  # [K], summed predictive variance over the horizon and the proposal tail
     noise: Tensor  # [K, H, nu], the exploration noise added to the mean sequence (zero for the nominal sample)
 
 
