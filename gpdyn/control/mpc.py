@@ -89,10 +89,7 @@ class MPCConfig:
     samples: int = 1000
     noise_std: float | list[float] = 0.3
     temperature: float = 1.0  # MPPI lambda, in cost units: small against the cost spread makes the plan one sample
-    # MPPI: weight on the path cost's importance-sampling term lambda * sum_t u_t' Sigma^-1 eps_t
-    # (Williams et al. 2017, Alg. 2); 1 makes the plan the KL-regularised improvement of the base
-    # distribution (the proposal when planning relative to it, else zero actions), 0 drops it
-    control_cost: float = 0.0
+    control_cost: float = 0.0  # MPPI: weight in [0, 1] on lambda * u' Sigma^-1 eps (module docs)
     iterations: int = 3  # CEM refits (MPPI: 1)
     elite_fraction: float = 0.1  # CEM
     cem_alpha: float = 0.1  # CEM: weight of the old mean/std in the refit
@@ -404,7 +401,6 @@ class CEM(Planner):
             best_cost = torch.where(improved, costs[0], best_cost)
             best_plan = torch.where(improved, elites[0], best_plan)
             any_ok = count > 0  # with none finite, the next iteration samples the same Gaussian again
-            elite_count = count.to(self.dtype)
             elite_cost = torch.where(any_ok, (w * torch.where(ok, costs, 0.0)).sum(), elite_cost)
             elite_var = torch.where(any_ok, (w * torch.where(ok, roll.variance[order], 0.0)).sum(), elite_var)
             mean = torch.where(any_ok, cfg.cem_alpha * mean + (1 - cfg.cem_alpha) * e_mean, mean)
@@ -414,7 +410,7 @@ class CEM(Planner):
         self.nominal = self._shift(mean)
         # the refitted mean may average incompatible elites; the best sequence never does
         return best_plan[0], PlanInfo(float(best_cost), float(elite_cost), float(elite_var), float(frac), 0.0,
-                                      effective_samples=float(elite_count))
+                                      effective_samples=float(count))
 
 
 PLANNERS: dict[str, type[Planner]] = {"mppi": MPPI, "cem": CEM}
