@@ -149,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", type=Path, default=None, help="rollouts to pretrain the model on (default: collect a few)")
     p.add_argument("--steps", type=int, default=None, help="control steps per episode (walker 100, kuka 400)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--episodes", type=int, default=None,
+                   help="walker: consecutive episodes per controller and condition (default 1); the online model is "
+                        "kept across them, the frozen one stays as pretrained")
     p.add_argument("--planner", choices=("mppi", "cem"), default=None, help="walker: MPC planner (default mppi)")
     p.add_argument("--samples", type=int, default=None, help="walker: K sampled sequences (default 64; paper 1000)")
     p.add_argument("--sim-samples", type=int, default=None, help="walker: K for the true-simulator MPC (default 32)")

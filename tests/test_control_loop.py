@@ -302,3 +302,34 @@ def test_online_error_replay_scores_frozen_and_residual_models(walker_zarr: Path
     assert all(math.isfinite(float(v)) for r in rows for v in r.strip(" |").split("|")[1:])
     with pytest.raises(SystemExit, match="no nominal episodes"):
         replay.main(["--store", str(walker_zarr), "--episodes", str(run.path / "episodes.zarr"), "--condition", "nominal"])
+
+
+def test_walker_consecutive_episodes_keep_the_online_model(walker_zarr: Path, tmp_path: Path) -> None:
+    cfg = WalkerRunConfig(learner="svdgp", steps=3, episodes=2, controllers=("trpo", "frozen", "online"),
+                          conditions=("changed",), **TINY)
+    run = RunDir.create("t", {}, out=tmp_path / "run")
+    run_walker(run, cfg, walker_zarr)
+    episodes = _records(run, "episode")
+    assert [(e["controller"], e["episode"]) for e in episodes] == [
+        (c, k) for c in ("trpo", "frozen", "online") for k in (0, 1)]
+    online = [e for e in episodes if e["controller"] == "online"]
+    # the residual GP of episode 1 still holds episode 0's transitions
+    assert [e["residual_points"] for e in online] == [online[0]["length"], online[0]["length"] + online[1]["length"]]
+    assert all("residual_points" not in e for e in episodes if e["controller"] == "frozen")
+    steps = _records(run, "step")
+    assert sorted({(s["controller"], s["episode"]) for s in steps}) == sorted((c, k) for c in ("frozen", "online", "trpo") for k in (0, 1))
+    store = EpisodeStore.open(run.path / "episodes.zarr")
+    assert store.n_episodes == 6
+    start = [store.episode(i, ["qpos"])["qpos"][0] for i in range(6)]
+    # episode k starts from the same state under every controller, and the two episodes differ
+    for i in range(6):
+        np.testing.assert_array_equal(start[i], start[i % 2])
+    assert not np.array_equal(start[0], start[1])
+    report = (run.path / "report.md").read_text()
+    assert "Cells: mean over 2 consecutive episodes" in report and "after the first episode" in report
+    assert (run.path / "walker_episode_returns.png").stat().st_size > 0
+
+
+def test_walker_episodes_must_be_positive() -> None:
+    with pytest.raises(InputError, match="episodes"):
+        WalkerRunConfig(episodes=0).validate()

@@ -1,7 +1,8 @@
 """The online control loop (``gpdyn control walker|kuka``): plan -> act -> observe -> update -> replan.
 
 Walker2d (:func:`run_walker`): a learner is pretrained on stored rollouts (``walker-1``),
-then every controller runs one episode per plant condition from the same reset seed:
+then every controller runs ``episodes`` consecutive episodes per plant condition, episode
+k of every controller from the same reset seed:
 
 ==========  ===============================================================================
 trpo        the TRPO policy alone
@@ -12,7 +13,9 @@ online      MPC with the same learned model, updated at every step from the tran
             residuals, ``adapt="steps"`` uses the learner's own ``observe``/``step``
 ==========  ===============================================================================
 
-Conditions: ``nominal`` and ``changed`` (a plant change of
+The online model is kept from one episode to the next of a condition, so with
+``episodes > 1`` it keeps learning while the robot runs, while the frozen model stays as
+pretrained. Conditions: ``nominal`` and ``changed`` (a plant change of
 :data:`~gpdyn.control.walker_model.PLANT_CHANGES`, from the start or at step
 ``change_at``). Logs per step (reward, planning time, model prediction error, predictive
 variance, fallbacks) and per episode (return, length) go to ``metrics.jsonl``; every
@@ -71,6 +74,7 @@ class WalkerRunConfig:
     scale: str = "small"  # learner sizes: "small" (SMALL_SIZES) or "paper" (the learner's defaults)
     planner: str = "mppi"
     steps: int = 100  # control steps per episode (Walker2d episodes end at 1000)
+    episodes: int = 1  # consecutive episodes per controller and condition; the online model is kept across them
     samples: int = 64  # K for the learned model
     sim_samples: int = 32  # K for the true-simulator model (each sample is a MuJoCo rollout)
     horizon: int = 10
@@ -111,9 +115,9 @@ class WalkerRunConfig:
 
     def validate(self) -> None:
         """Raise InputError naming the first bad option."""
-        if self.steps < 1 or self.store_episodes < 1 or self.pretrain_iterations < 0:
-            raise InputError(f"control walker: steps, store_episodes >= 1 and pretrain_iterations >= 0 needed, got "
-                             f"{self.steps}, {self.store_episodes}, {self.pretrain_iterations}")
+        if self.steps < 1 or self.episodes < 1 or self.store_episodes < 1 or self.pretrain_iterations < 0:
+            raise InputError(f"control walker: steps, episodes, store_episodes >= 1 and pretrain_iterations >= 0 needed, "
+                             f"got {self.steps}, {self.episodes}, {self.store_episodes}, {self.pretrain_iterations}")
         plant_change_factor(self.change, self.change_factor)
         if not 0 <= self.change_at < self.steps:
             raise InputError(f"control walker: --change-at must be in [0, steps={self.steps}), got {self.change_at}")
@@ -223,7 +227,7 @@ def _walker_store_for_episodes(path: Path, cfg: WalkerRunConfig):
 
     return EpisodeStore.create(
         path, walker_fields(), source="gpdyn-control", env_id=WALKER_ENV_ID, dt=DT, seed=cfg.seed,
-        episode_keys={"controller": "int64", "condition": "int64", "return": "float64"},
+        episode_keys={"controller": "int64", "condition": "int64", "episode": "int64", "return": "float64"},
         extra_attrs={"controllers": list(CONTROLLERS), "conditions": list(CONDITIONS), "change": cfg.change,
                      "change_at": cfg.change_at},
     )
@@ -239,8 +243,12 @@ def run_walker_episode(
     dynamics: LearnedWalkerDynamics | None,
     updater: OnlineUpdater | None,
     reset_seed: int,
+    episode: int = 0,
 ) -> dict[str, Any]:
-    """One Walker2d episode under ``controller``; logs every step; returns the episode record and its rows."""
+    """One Walker2d episode under ``controller``; logs every step; returns the episode record and its rows.
+
+    ``episode``: its index among the consecutive episodes of ``controller`` and ``condition``.
+    """
     from gpdyn.sim.walker import make_env
 
     env = make_env()
@@ -299,14 +307,16 @@ def run_walker_episode(
         for k, v in (("reward", [reward]), ("terminated", [terminated]), ("truncated", [truncated]),
                      ("next_qpos", sim.data.qpos), ("next_qvel", sim.data.qvel)):
             rows[k].append(np.array(v))
-        run.log(kind="step", robot="walker", controller=controller, condition=condition, t=t, reward=float(reward),
+        run.log(kind="step", robot="walker", controller=controller, condition=condition, episode=episode, t=t,
+                reward=float(reward),
                 changed=bool(change_text), **record)
         bar.set_postfix(ret=f"{total:.0f}", refresh=False)
         if terminated or truncated:
             break
     env.close()
     episode = {
-        "kind": "episode", "robot": "walker", "controller": controller, "condition": condition, "return": total,
+        "kind": "episode", "robot": "walker", "controller": controller, "condition": condition, "episode": episode,
+        "return": total,
         "length": t + 1, "fallbacks": fallbacks, "change": change_text,
         "plan_seconds_mean": float(np.mean(plan_seconds)) if plan_seconds else None,
         "effective_samples_mean": float(np.mean(effective)) if effective else None,
@@ -339,26 +349,30 @@ def run_walker(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None = Non
     residual_reference = (walker_train_inputs(cfg, store_path)
                           if "online" in cfg.controllers and cfg.adapt == "residual" else None)
     episodes_store = _walker_store_for_episodes(run.path / "episodes.zarr", cfg)
-    reset_seed = int(np.random.default_rng([cfg.seed, 8]).integers(2**31 - 1))
+    # episode k starts from the same state for every controller and condition
+    first_reset = int(np.random.default_rng([cfg.seed, 8]).integers(2**31 - 1))
     results = []
     for condition in cfg.conditions:
         for controller in cfg.controllers:
             dyn, updater = dynamics, None
-            if controller == "online":
+            if controller == "online":  # one online model per condition, kept over its episodes
                 assert learner is not None
                 twin = copy_learner(learner, cfg, 23, 9)
                 if cfg.adapt == "residual":
                     twin = walker_residual_gp(twin, residual_reference, cfg)
                 dyn = LearnedWalkerDynamics(twin, dynamics.normalizer, DT, target=cfg.target)
                 updater = OnlineUpdater(twin, batch=cfg.online_batch, updates=cfg.updates)
-            out = run_walker_episode(run, cfg, controller, condition, policy=policy, dynamics=dyn, updater=updater,
-                                     reset_seed=reset_seed)
-            rec = out["record"]
-            episodes_store.append_episode(out["arrays"], controller=CONTROLLERS.index(controller),
-                                          condition=CONDITIONS.index(condition), **{"return": rec["return"]})
-            results.append(rec)
-            print(f"   {condition:<8} {controller:<7} return {rec['return']:8.1f}  length {rec['length']:4d}"
-                  + (f"  plan {1e3 * rec['plan_seconds_mean']:.0f} ms/step" if rec["plan_seconds_mean"] else ""))
+            for episode in range(cfg.episodes):
+                out = run_walker_episode(run, cfg, controller, condition, policy=policy, dynamics=dyn, updater=updater,
+                                         reset_seed=first_reset + episode, episode=episode)
+                rec = out["record"]
+                episodes_store.append_episode(out["arrays"], controller=CONTROLLERS.index(controller),
+                                              condition=CONDITIONS.index(condition), episode=episode,
+                                              **{"return": rec["return"]})
+                results.append(rec)
+                print(f"   {condition:<8} {controller:<7}" + (f" episode {episode}" if cfg.episodes > 1 else "")
+                      + f" return {rec['return']:8.1f}  length {rec['length']:4d}"
+                      + (f"  plan {1e3 * rec['plan_seconds_mean']:.0f} ms/step" if rec["plan_seconds_mean"] else ""))
     if cfg.video:
         _video(run, episodes_store, results)
     report = write_walker_report(run, cfg)
@@ -368,9 +382,9 @@ def run_walker(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None = Non
 def _video(run: RunDir, store: Any, results: list[dict[str, Any]]) -> None:
     from gpdyn.sim.render import render_episode
 
-    # the online controller on the changed plant when it ran, else the last episode
-    index = next((i for i, r in enumerate(results) if r["controller"] == "online" and r["condition"] == "changed"),
-                 len(results) - 1)
+    # the online controller's last episode on the changed plant when it ran (the most it has learned), else the last episode
+    index = max((i for i, r in enumerate(results) if r["controller"] == "online" and r["condition"] == "changed"),
+                default=len(results) - 1)
     path = render_episode(store, index, run.path / "control.mp4")
     print(f"   video: {path}")
 
@@ -410,7 +424,7 @@ def cli_control(args: argparse.Namespace) -> int:
     if args.robot == "walker":
         cfg = WalkerRunConfig(learner=args.learner, seed=args.seed, device=args.device)
         _options(cfg, args, ("steps", "planner", "samples", "sim_samples", "horizon", "noise_std", "temperature",
-                             "control_cost", "uncertainty", "var_weight", "terminal_value", "relative_to_proposal",
+                             "episodes", "control_cost", "uncertainty", "var_weight", "terminal_value", "relative_to_proposal",
                              "proposal_tail", "target", "change", "change_factor", "change_at", "controllers",
                              "conditions", "scale", "adapt", "dtype", "video", "pretrain_iterations"))
         cfg.validate()

@@ -85,33 +85,26 @@ def write_walker_report(run: RunDir, cfg: Any) -> Path:
         "| controller | " + " | ".join(conditions) + " | mean plan time [ms] | effective samples | fallbacks |",
         "|---|" + "---|" * len(conditions) + "---|---|---|",
     ]
-    table: dict[str, dict[str, float]] = {}
+    returns: dict[tuple[str, str], list[float]] = {}
     for ctrl in controllers:
         row, times, effective, falls = [], [], [], 0
         for cond in conditions:
-            eps = episodes.get((cond, ctrl), [])
+            eps = sorted(episodes.get((cond, ctrl), []), key=lambda e: e.get("episode", 0))
             if eps:
-                e = eps[-1]
-                table.setdefault(ctrl, {})[cond] = e["return"]
-                row.append(f"{e['return']:.1f} ({e['length']} steps)")
-                if e.get("plan_seconds_mean"):
-                    times.append(e["plan_seconds_mean"])
-                if e.get("effective_samples_mean"):
-                    effective.append(e["effective_samples_mean"])
-                falls += int(e.get("fallbacks", 0))
+                returns[(cond, ctrl)] = [e["return"] for e in eps]
+                row.append(_returns_cell(eps, cfg.steps))
+                times += [e["plan_seconds_mean"] for e in eps if e.get("plan_seconds_mean")]
+                effective += [e["effective_samples_mean"] for e in eps if e.get("effective_samples_mean")]
+                falls += sum(int(e.get("fallbacks", 0)) for e in eps)
             else:
                 row.append("-")
         t = f"{1e3 * np.mean(times):.1f}" if times else "-"
         ess = f"{np.mean(effective):.1f}" if effective else "-"
         lines.append(f"| {ctrl} | " + " | ".join(row) + f" | {t} | {ess} | {falls if times else '-'} |")
-    if "changed" in conditions and {"frozen", "online"} <= set(table):
-        frozen, online = table["frozen"].get("changed"), table["online"].get("changed")
-        if frozen is not None and online is not None:
-            diff = online - frozen
-            # under 1 % of the frozen return is within the run-to-run spread of a single episode
-            verdict = ("recovers" if diff > 0 else "loses") if abs(diff) > 0.01 * abs(frozen) else "makes no measurable difference to"
-            lines += ["", f"On the changed plant the online-updated model {verdict} return against the frozen one: "
-                          f"{online:.2f} vs {frozen:.2f} ({diff:+.2f})."]
+    if cfg.episodes > 1:
+        lines += ["", f"Cells: mean over {cfg.episodes} consecutive episodes, then each episode's return, with its "
+                      "length where the walker fell. The online model is kept from one episode to the next."]
+    lines += _online_verdict(returns)
     errs = {k: v for k, v in steps.items() if any("model_rmse" in r for r in v)}
     if errs:
         lines += ["", "## Model one-step error (velocity RMSE, mean over the episode)", "",
@@ -121,22 +114,52 @@ def write_walker_report(run: RunDir, cfg: Any) -> Path:
             v = [r["pred_variance"] for r in rs if "pred_variance" in r]
             lines.append(f"| {cond} | {ctrl} | {np.mean(e):.3f} | {np.mean(v):.4f} |")
     plots = [_plot_walker(run.path, steps, conditions, controllers, cfg.change_at, change_label)]
+    if cfg.episodes > 1:
+        plots.append(_plot_walker_episodes(run.path, returns, conditions, controllers))
     if errs:
-        plots.append(_plot_walker_error(run.path, errs, cfg.change_at, change_label))
+        plots.append(_plot_walker_error(run.path, errs, cfg.steps, cfg.change_at, change_label))
     lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     path = run.path / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
+def _returns_cell(eps: list[dict[str, Any]], steps: int) -> str:
+    """One controller's returns on one plant: the return, or the mean then each episode's; lengths where it fell."""
+    each = [f"{e['return']:.1f}" + (f" ({e['length']} steps)" if e["length"] < steps else "") for e in eps]
+    return each[0] if len(eps) == 1 else f"{np.mean([e['return'] for e in eps]):.1f}: " + ", ".join(each)
+
+
+def _online_verdict(returns: dict[tuple[str, str], list[float]]) -> list[str]:
+    """Whether the online model recovers return on the changed plant, against the frozen one, episode by episode."""
+    frozen, online = returns.get(("changed", "frozen")), returns.get(("changed", "online"))
+    if not frozen or not online:
+        return []
+    lines = []
+    spans = [("over all episodes", slice(None))]
+    if len(frozen) > 1:
+        spans.append(("after the first episode (the online model has learned from at least one)", slice(1, None)))
+    for label, span in spans:
+        f, o = float(np.mean(frozen[span])), float(np.mean(online[span]))
+        diff = o - f
+        # under 1 % of the frozen return is within the run-to-run spread of a single episode
+        verdict = ("recovers" if diff > 0 else "loses") if abs(diff) > 0.01 * abs(f) else "makes no measurable difference to"
+        lines += ["", f"On the changed plant, {label}, the online-updated model {verdict} return against the frozen "
+                     f"one: {o:.2f} vs {f:.2f} ({diff:+.2f})."]
+    return lines
+
+
 def _plot_walker(path: Path, steps, conditions, controllers, change_at: int, label: str) -> Path:
     plt = _plt()
     fig, axes = plt.subplots(1, len(conditions), figsize=(5.5 * len(conditions), 3.8), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, cond in zip(axes[0], conditions):
-        for ctrl in controllers:
-            rs = steps.get((cond, ctrl), [])
-            if rs:
-                ax.plot([r["t"] for r in rs], np.cumsum([r["reward"] for r in rs]), label=ctrl)
+        for i, ctrl in enumerate(controllers):
+            by_episode = _by_episode(steps.get((cond, ctrl), []))
+            for k, (episode, rs) in enumerate(by_episode.items()):
+                # one colour per controller; later episodes drawn darker
+                ax.plot([r["t"] for r in rs], np.cumsum([r["reward"] for r in rs]), color=colors[i % len(colors)],
+                        alpha=(k + 1) / len(by_episode), label=ctrl if k == len(by_episode) - 1 else None)
         ax.set_title(f"{cond} plant")
         ax.set_xlabel("control step")
         ax.set_ylabel("return so far")
@@ -146,17 +169,48 @@ def _plot_walker(path: Path, steps, conditions, controllers, change_at: int, lab
     return _save(fig, path / "walker_return.png")
 
 
-def _plot_walker_error(path: Path, errs, change_at: int, label: str) -> Path:
+def _by_episode(rows: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    out: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        out[r.get("episode", 0)].append(r)
+    return dict(sorted(out.items()))
+
+
+def _plot_walker_episodes(path: Path, returns: dict[tuple[str, str], list[float]], conditions, controllers) -> Path:
+    """Return per consecutive episode: does the online model's return climb while the frozen one's stays?"""
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(conditions), figsize=(5.5 * len(conditions), 3.8), squeeze=False)
+    for ax, cond in zip(axes[0], conditions):
+        for ctrl in controllers:
+            r = returns.get((cond, ctrl))
+            if r:
+                ax.plot(np.arange(1, len(r) + 1), r, marker="o", label=ctrl)
+        ax.set_title(f"{cond} plant")
+        ax.set_xlabel("episode")
+        ax.set_ylabel("return")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend(fontsize=8)
+    return _save(fig, path / "walker_episode_returns.png")
+
+
+def _plot_walker_error(path: Path, errs, steps: int, change_at: int, label: str) -> Path:
+    """One-step model error over the control steps of all consecutive episodes (episode k from k x steps)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for (cond, ctrl), rs in sorted(errs.items()):
-        ax.plot([r["t"] for r in rs if "model_rmse" in r], [r["model_rmse"] for r in rs if "model_rmse" in r],
+        rs = [r for r in rs if "model_rmse" in r]
+        ax.plot([r.get("episode", 0) * steps + r["t"] for r in rs], [r["model_rmse"] for r in rs],
                 label=f"{cond}/{ctrl}", linewidth=1)
-    ax.set_xlabel("control step")
+    ax.set_xlabel("control step (episodes laid end to end)")
     ax.set_ylabel("one-step velocity RMSE")
     ax.set_yscale("log")
     ax.legend(fontsize=8)
-    _mark_change(ax, change_at, label)
+    n_episodes = 1 + max((r.get("episode", 0) for rs in errs.values() for r in rs), default=0)
+    for k in range(1, n_episodes):
+        ax.axvline(k * steps, color="0.6", linestyle=":", linewidth=1)
+    if change_at > 0:  # the plant changes at change_at in every episode
+        for k in range(n_episodes):
+            _mark_change(ax, k * steps + change_at, label if k == 0 else "")
     return _save(fig, path / "walker_model_error.png")
 
 

@@ -245,8 +245,9 @@ class EpisodeStore:
         }
 
     # ------------------------------------------------------------------ writing
-    def append_episode(self, episode: Mapping[str, np.ndarray], **episode_values: Any) -> None:
-        """Append one whole episode; see :meth:`append_episodes`."""
+    def append_episode(self, episode: Mapping[str, np.ndarray], /, **episode_values: Any) -> None:
+        """Append one whole episode; see :meth:`append_episodes`. (``episode`` is positional only, so an episode
+        value may itself be named ``episode``.)"""
         self.append_episodes([episode], [episode_values])
 
     def append_episodes(
