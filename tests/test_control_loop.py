@@ -217,14 +217,20 @@ def test_learned_walker_dynamics_inverts_its_training_pairs(target: str, walker_
         LearnedWalkerDynamics(learner, problem.normalizer, target="position")
 
 
-def test_summarize_control_tables_several_seeds(walker_zarr: Path, tmp_path: Path) -> None:
+def _summarize_control():
     import importlib.util
-    from dataclasses import asdict
 
     script = Path(__file__).parents[1] / "scripts" / "summarize_control.py"
     spec = importlib.util.spec_from_file_location("summarize_control", script)
-    summarize_control = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(summarize_control)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_summarize_control_tables_several_seeds(walker_zarr: Path, tmp_path: Path) -> None:
+    from dataclasses import asdict
+
+    summarize_control = _summarize_control()
     runs = []
     for seed in (0, 1):
         cfg = WalkerRunConfig(learner="svi", steps=3, seed=seed, controllers=("trpo", "frozen", "online"), **TINY)
@@ -305,9 +311,11 @@ def test_online_error_replay_scores_frozen_and_residual_models(walker_zarr: Path
 
 
 def test_walker_consecutive_episodes_keep_the_online_model(walker_zarr: Path, tmp_path: Path) -> None:
+    from dataclasses import asdict
+
     cfg = WalkerRunConfig(learner="svdgp", steps=3, episodes=2, controllers=("trpo", "frozen", "online"),
                           conditions=("changed",), **TINY)
-    run = RunDir.create("t", {}, out=tmp_path / "run")
+    run = RunDir.create("t", {"robot": "walker", **asdict(cfg)}, out=tmp_path / "run")
     run_walker(run, cfg, walker_zarr)
     episodes = _records(run, "episode")
     assert [(e["controller"], e["episode"]) for e in episodes] == [
@@ -328,6 +336,14 @@ def test_walker_consecutive_episodes_keep_the_online_model(walker_zarr: Path, tm
     report = (run.path / "report.md").read_text()
     assert "Cells: mean over 2 consecutive episodes" in report and "after the first episode" in report
     assert (run.path / "walker_episode_returns.png").stat().st_size > 0
+    text = _summarize_control().summarize([run.path])
+    returns = {(e["controller"], e["episode"]): e["return"] for e in episodes}
+    for k in (0, 1):
+        row = next(line for line in text.splitlines() if line.startswith(f"| 0 | {k + 1} |"))
+        got = [float(v.split()[0]) for v in row.strip(" |").split("|")[2:]]
+        np.testing.assert_allclose(got, [returns[(c, k)] for c in ("trpo", "frozen", "online")], atol=0.051)
+    second = returns[("online", 1)] - returns[("frozen", 1)]
+    assert f"- episodes 2–2 (after the online model has learned): {second:.1f} ± nan; online wins {int(second > 0)} of 1" in text
 
 
 def test_walker_episodes_must_be_positive() -> None:
