@@ -167,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--proposal-tail", type=int, default=None,
                    help="walker: steps the TRPO policy alone runs through the model after the horizon, before the "
                         "terminal value (default 0)")
+    p.add_argument("--cold-start", dest="warm_start", action="store_const", const=False, default=None,
+                   help="walker: every plan starts afresh from the policy (zero offsets with --relative-to-proposal) "
+                        "instead of the previous plan shifted; the weights then rest on the model's costs alone")
     p.add_argument("--uncertainty", choices=("mean", "penalty", "sample"), default=None, help="walker: use of the predictive variance")
     p.add_argument("--var-weight", type=float, default=None, help="walker: weight of the variance penalty")
     p.add_argument("--terminal-value", action="store_true", default=None,

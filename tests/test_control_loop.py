@@ -110,6 +110,8 @@ def test_cli_control_bad_options_exit_2(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["control", "walker", "--learner", "svdgp", "--steps", "5", "--change-at", "9", "--out", str(tmp_path / "a")]) == 2
     assert "change-at" in capsys.readouterr().err
     assert main(["control", "walker", "--learner", "nope", "--out", str(tmp_path / "b")]) == 2
+    assert main(["control", "walker", "--learner", "svdgp", "--episodes", "0", "--out", str(tmp_path / "d")]) == 2
+    assert "episodes" in capsys.readouterr().err
     assert main(["control", "kuka", "--learner", "svdgp", "--payload", "-1", "--out", str(tmp_path / "c")]) == 2
 
 
@@ -270,7 +272,7 @@ def test_plant_change_factor_scales_the_change_and_bad_factors_are_refused() -> 
 
 def test_walker_planning_relative_to_the_policy_runs_and_is_reported(walker_zarr: Path, tmp_path: Path) -> None:
     cfg = WalkerRunConfig(learner="svdgp", steps=3, relative_to_proposal=True, terminal_value=True, noise_std=0.1,
-                          temperature=5.0, control_cost=1.0, proposal_tail=2,
+                          temperature=5.0, control_cost=1.0, proposal_tail=2, warm_start=False,
                           controllers=("true", "frozen", "online"),
                           conditions=("changed",), **TINY)
     run = RunDir.create("t", {}, out=tmp_path / "run")
@@ -283,7 +285,7 @@ def test_walker_planning_relative_to_the_policy_runs_and_is_reported(walker_zarr
     report = (run.path / "report.md").read_text()
     assert "offsets to the TRPO policy's actions" in report and "TRPO critic as terminal value" in report
     assert "temperature 5," in report and "MPPI control cost x1" in report and "| effective samples |" in report
-    assert "then 2 steps of the TRPO policy through the model" in report
+    assert "then 2 steps of the TRPO policy through the model" in report and "no warm start" in report
     for bad in ({"residual_lengthscale": 0.0}, {"residual_noise": -1.0}):
         with pytest.raises(InputError, match="residual"):
             WalkerRunConfig(**bad).validate()
@@ -346,6 +348,12 @@ def test_walker_consecutive_episodes_keep_the_online_model(walker_zarr: Path, tm
     assert f"- episodes 2–2 (after the online model has learned): {second:.1f} ± nan; online wins {int(second > 0)} of 1" in text
 
 
-def test_walker_episodes_must_be_positive() -> None:
-    with pytest.raises(InputError, match="episodes"):
-        WalkerRunConfig(episodes=0).validate()
+def test_cli_walker_episodes_and_cold_start_reach_the_run(walker_zarr: Path, tmp_path: Path) -> None:
+    import json
+
+    out = tmp_path / "run"
+    assert main(["control", "walker", "--learner", "svdgp", "--store", str(walker_zarr), "--steps", "2", "--episodes", "2",
+                 "--cold-start", "--controllers", "trpo", "--conditions", "changed", "--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["episodes"] == 2 and config["warm_start"] is False
+    assert [(e["controller"], e["episode"]) for e in _records(RunDir(out), "episode")] == [("trpo", 0), ("trpo", 1)]

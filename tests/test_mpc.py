@@ -259,3 +259,25 @@ def test_proposal_tail_scores_the_policy_beyond_the_horizon() -> None:
         MPPI(linear, cost, [-1.0], [1.0], MPCConfig(proposal_tail=5))
     with pytest.raises(MPCConfigError, match="proposal_tail"):
         MPCConfig(proposal_tail=-1).validate()
+
+
+def test_cold_start_plans_from_the_proposal_every_step() -> None:
+    def pd(x: torch.Tensor) -> torch.Tensor:
+        return (-2.0 * (x[:, :1] - 1.0) - 2.0 * x[:, 1:]).clamp(-1, 1)
+
+    x = torch.tensor([0.3, 0.1], dtype=torch.float64)
+    actions = {}
+    for warm in (True, False):
+        cfg = MPCConfig(horizon=8, samples=64, noise_std=0.3, temperature=0.05, relative_to_proposal=True,
+                        warm_start=warm)
+        planner = MPPI(linear, cost, [-1.0], [1.0], cfg, proposal=pd, seed=4)
+        first = planner.plan(x)[0]
+        planner.generator.manual_seed(4)  # the same noise again: only the carried plan can differ
+        actions[warm] = (first, planner.plan(x)[0])
+        assert planner.nominal is not None
+    assert torch.equal(*actions[False])  # nothing is carried from one plan to the next
+    assert not torch.equal(*actions[True])  # the second plan starts from the first, shifted
+    cold = MPCConfig(horizon=15, samples=100, noise_std=0.3, temperature=0.05, relative_to_proposal=True,
+                     warm_start=False)
+    end = run(MPPI(linear, cost, [-1.0], [1.0], cold, proposal=pd, seed=2))
+    assert abs(float(end[0]) - 1.0) < 0.05 and abs(float(end[1])) < 0.1, end

@@ -87,6 +87,7 @@ class WalkerRunConfig:
     proposal_fraction: float = 0.5
     relative_to_proposal: bool = False  # plan offsets to the TRPO policy's closed-loop actions
     proposal_tail: int = 0  # steps the TRPO policy alone runs through the model after the horizon (MPCConfig)
+    warm_start: bool = True  # False: every plan starts from zero offsets / the policy's rollout (MPCConfig)
     terminal_cost: float = 50.0
     terminal_value: bool = False  # subtract the TRPO critic's value of the horizon's last state
     pretrain_iterations: int = 100
@@ -146,6 +147,7 @@ class WalkerRunConfig:
             iterations=self.iterations, terminal_cost=self.terminal_cost, uncertainty=self.uncertainty,
             var_weight=self.var_weight, proposal_fraction=self.proposal_fraction,
             relative_to_proposal=self.relative_to_proposal, proposal_tail=self.proposal_tail,
+            warm_start=self.warm_start,
         )
 
 
@@ -425,7 +427,7 @@ def cli_control(args: argparse.Namespace) -> int:
         cfg = WalkerRunConfig(learner=args.learner, seed=args.seed, device=args.device)
         _options(cfg, args, ("steps", "planner", "samples", "sim_samples", "horizon", "noise_std", "temperature",
                              "episodes", "control_cost", "uncertainty", "var_weight", "terminal_value", "relative_to_proposal",
-                             "proposal_tail", "target", "change", "change_factor", "change_at", "controllers",
+                             "proposal_tail", "warm_start", "target", "change", "change_factor", "change_at", "controllers",
                              "conditions", "scale", "adapt", "dtype", "video", "pretrain_iterations"))
         cfg.validate()
         run = RunDir.create("control-walker", {"robot": "walker", **asdict(cfg)}, out=args.out)

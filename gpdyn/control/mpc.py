@@ -45,7 +45,17 @@ update estimates the KL-regularised optimum around the base distribution (the pr
 planning offsets to it), so the warm-started plan does not drift from the base without a
 cost that pays for it; at 0 (the default) it is dropped. CEM: the cross-entropy method
 (Rubinstein 1999; Chua et al. 2018): refit a diagonal Gaussian over sequences to the elite
-samples for a few iterations. Both warm-start from the previous plan shifted by one step.
+samples for a few iterations. Both warm-start from the previous plan shifted by one step,
+unless ``MPCConfig.warm_start`` is off: then every plan starts again from the initial
+nominal (the proposal's rollout, or zero offsets to it).
+
+Why a cold start (measured in docs/control.md, ninth study): planning offsets ``u`` to the
+proposal with the control cost, the term ``u' Sigma^-1 eps`` of a warm-started ``u`` as
+large as the noise spreads by about ``sqrt(H nu)`` across samples (about 10 for H = 10 and
+6 actions), while the sampled costs over lambda spread by 0.1 or less: the importance weights
+fall on one sample, chosen by its noise, not by the model. With the offsets restarted at
+zero the control term vanishes (the proposal is the base distribution itself) and the
+weights are ``softmax(-cost / lambda)`` of what the model predicts.
 
 A non-finite model prediction never reaches the actuators: a sample whose cost is not
 finite is discarded, and if none is left (or the plan itself is not finite) the planner
@@ -101,6 +111,7 @@ class MPCConfig:
     relative_to_proposal: bool = False  # plan offsets to the proposal's actions (needs a proposal)
     proposal_tail: int = 0  # steps of the proposal alone after the horizon, before the terminal value (module docs)
     keep_nominal: bool = True  # sample 0 replays the nominal plan unperturbed
+    warm_start: bool = True  # start from the previous plan shifted; False: from the initial nominal every step
 
     def validate(self) -> None:
         """Raise :class:`MPCConfigError` naming the first bad option."""
@@ -211,7 +222,7 @@ class Planner:
         """The action ``[nu]`` to apply at ``state [nx]`` and what planning did."""
         t0 = time.perf_counter()
         state = self._check_state(state)
-        if self.nominal is None:
+        if self.nominal is None or not self.config.warm_start:
             self.nominal = self._initial_nominal(state)
         try:
             action, info = self._optimise(state)

@@ -57,6 +57,8 @@ def walker_planner_text(config: dict[str, Any]) -> str:
         parts.append(f"MPPI control cost x{config['control_cost']:g}")
     if config.get("relative_to_proposal"):
         parts.append("offsets to the TRPO policy's actions")
+    if not config.get("warm_start", True):
+        parts.append("no warm start (every plan starts from the policy)")
     if config.get("proposal_tail"):
         parts.append(f"then {config['proposal_tail']} steps of the TRPO policy through the model")
     if config.get("terminal_value"):
