@@ -281,3 +281,27 @@ def test_cold_start_plans_from_the_proposal_every_step() -> None:
                      warm_start=False)
     end = run(MPPI(linear, cost, [-1.0], [1.0], cold, proposal=pd, seed=2))
     assert abs(float(end[0]) - 1.0) < 0.05 and abs(float(end[1])) < 0.1, end
+
+
+def test_log_weight_spreads_say_what_decides_the_mppi_plan() -> None:
+    def pd(x: torch.Tensor) -> torch.Tensor:
+        return (-2.0 * (x[:, :1] - 1.0) - 2.0 * x[:, 1:]).clamp(-1, 1)
+
+    x = torch.tensor([0.3, 0.1], dtype=torch.float64)
+    first = {}
+    for temperature in (0.05, 0.1):
+        cfg = MPCConfig(horizon=8, samples=64, noise_std=0.3, temperature=temperature, relative_to_proposal=True,
+                        control_cost=1.0)
+        info = MPPI(linear, cost, [-1.0], [1.0], cfg, proposal=pd, seed=4).plan(x)[1]
+        first[temperature] = info
+        assert info.control_spread == 0.0  # the first plan's offsets are zero: no control term yet
+    # the same samples: their costs over lambda spread half as much at twice the temperature
+    assert first[0.1].cost_spread == pytest.approx(first[0.05].cost_spread / 2, rel=1e-12)
+    warm = MPPI(linear, cost, [-1.0], [1.0], MPCConfig(horizon=8, samples=64, noise_std=0.3, temperature=0.05,
+                                                       relative_to_proposal=True, control_cost=1.0), proposal=pd, seed=4)
+    infos = [warm.plan(x)[1] for _ in range(3)]
+    assert infos[-1].control_spread > 0  # a carried plan makes the control term differ between samples
+    cold = MPPI(linear, cost, [-1.0], [1.0], MPCConfig(horizon=8, samples=64, noise_std=0.3, temperature=0.05,
+                                                       relative_to_proposal=True, control_cost=1.0, warm_start=False),
+                proposal=pd, seed=4)
+    assert all(cold.plan(x)[1].control_spread == 0.0 for _ in range(3))  # restarted at zero offsets every step

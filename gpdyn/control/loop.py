@@ -268,7 +268,7 @@ def run_walker_episode(
                                device=cfg.device, dtype=dtype, seed=cfg.seed)
     rows: dict[str, list[np.ndarray]] = {k: [] for k in ("qpos", "qvel", "obs", "action", "reward", "terminated",
                                                           "truncated", "next_qpos", "next_qvel")}
-    total, fallbacks, plan_seconds, effective = 0.0, 0, [], []
+    total, fallbacks, plan_seconds, effective, spreads = 0.0, 0, [], [], []
     change_text = ""
     if condition == "changed" and cfg.change_at == 0:
         change_text = apply_plant_change(sim.model, cfg.change, cfg.change_factor)
@@ -289,7 +289,9 @@ def run_walker_episode(
             fallbacks += bool(info.fallback)
             record.update(plan_seconds=info.seconds, plan_cost=info.cost, plan_variance=info.variance,
                           finite_fraction=info.finite_fraction, effective_samples=info.effective_samples,
-                          fallback=info.fallback)
+                          cost_spread=info.cost_spread, control_spread=info.control_spread, fallback=info.fallback)
+            if cfg.planner == "mppi":
+                spreads.append((info.cost_spread, info.control_spread))
         for k, v in (("qpos", sim.data.qpos), ("qvel", sim.data.qvel), ("obs", obs), ("action", action)):
             rows[k].append(np.array(v, dtype=np.float64))
         obs, reward, terminated, truncated, _ = env.step(action)
@@ -322,6 +324,8 @@ def run_walker_episode(
         "length": t + 1, "fallbacks": fallbacks, "change": change_text,
         "plan_seconds_mean": float(np.mean(plan_seconds)) if plan_seconds else None,
         "effective_samples_mean": float(np.mean(effective)) if effective else None,
+        **({"cost_spread_mean": float(np.mean([c for c, _ in spreads])),
+            "control_spread_mean": float(np.mean([c for _, c in spreads]))} if spreads else {}),
         **(dynamics.learner.diagnostics() if isinstance(dynamics, LearnedWalkerDynamics) else {}),
     }
     run.log(**episode)

@@ -153,6 +153,11 @@ class PlanInfo:
     # effective sample size; near 1 means the plan is one sample, noise included), CEM its
     # finite elites
     effective_samples: float = 0.0
+    # MPPI: what spreads its log-weights across the finite samples, in units of lambda: the
+    # sampled costs (std of cost / lambda) and the control-cost term (std of its share);
+    # when the second dwarfs the first, the model's costs do not decide the plan
+    cost_spread: float = 0.0
+    control_spread: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -353,6 +358,10 @@ def _finite_summary(roll: Rollout) -> tuple[Tensor, float]:
     return finite, float(finite.to(roll.costs.dtype).mean())
 
 
+def _finite_std(values: Tensor, finite: Tensor) -> float:
+    return float(values[finite].std()) if int(finite.sum()) > 1 else 0.0
+
+
 class MPPI(Planner):
     """Model-predictive path integral control (Williams et al. 2017); see the module docs."""
 
@@ -365,19 +374,22 @@ class MPPI(Planner):
         if not bool(finite.any()):
             return None, PlanInfo(math.inf, math.inf, 0.0, 0.0, 0.0, fallback="no sample with a finite cost")
         costs = roll.costs
+        lam = self.config.temperature
+        control = torch.zeros_like(costs)
         if self.config.control_cost:
             # lambda * u' Sigma^-1 eps: with the base distribution at zero, the part of
             # lambda/2 * |u + eps|^2_Sigma that differs between samples (Williams et al. 2017)
-            control = (mean / std.pow(2) * roll.noise).sum(dim=(1, 2))
-            costs = costs + self.config.control_cost * self.config.temperature * control
+            control = self.config.control_cost * (mean / std.pow(2) * roll.noise).sum(dim=(1, 2))
+            costs = costs + lam * control
         best = costs.min()
         # softmax(-(J - min J) / lambda); -inf logits (non-finite costs) get zero weight
-        w = torch.softmax(-(costs - best) / self.config.temperature, dim=0)
+        w = torch.softmax(-(costs - best) / lam, dim=0)
         new_plan = (w[:, None, None] * torch.where(finite[:, None, None], roll.actions, 0.0)).sum(0)
         self.nominal = self._shift(new_plan)
         expected = (w * torch.where(finite, costs, 0.0)).sum()
         info = PlanInfo(float(best), float(expected), float((w * torch.where(finite, roll.variance, 0.0)).sum()), frac, 0.0,
-                        effective_samples=float(1.0 / w.pow(2).sum()))
+                        effective_samples=float(1.0 / w.pow(2).sum()), cost_spread=_finite_std(roll.costs / lam, finite),
+                        control_spread=_finite_std(control, finite))
         return new_plan[0], info
 
 

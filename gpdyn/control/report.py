@@ -84,12 +84,13 @@ def write_walker_report(run: RunDir, cfg: Any) -> Path:
         "",
         "## Returns",
         "",
-        "| controller | " + " | ".join(conditions) + " | mean plan time [ms] | effective samples | fallbacks |",
-        "|---|" + "---|" * len(conditions) + "---|---|---|",
+        "| controller | " + " | ".join(conditions)
+        + " | mean plan time [ms] | effective samples | log-weight spread: costs / control term | fallbacks |",
+        "|---|" + "---|" * len(conditions) + "---|---|---|---|",
     ]
     returns: dict[tuple[str, str], list[float]] = {}
     for ctrl in controllers:
-        row, times, effective, falls = [], [], [], 0
+        row, times, effective, spreads, falls = [], [], [], [], 0
         for cond in conditions:
             eps = sorted(episodes.get((cond, ctrl), []), key=lambda e: e.get("episode", 0))
             if eps:
@@ -97,12 +98,14 @@ def write_walker_report(run: RunDir, cfg: Any) -> Path:
                 row.append(_returns_cell(eps, cfg.steps))
                 times += [e["plan_seconds_mean"] for e in eps if e.get("plan_seconds_mean")]
                 effective += [e["effective_samples_mean"] for e in eps if e.get("effective_samples_mean")]
+                spreads += [(e["cost_spread_mean"], e["control_spread_mean"]) for e in eps if "cost_spread_mean" in e]
                 falls += sum(int(e.get("fallbacks", 0)) for e in eps)
             else:
                 row.append("-")
         t = f"{1e3 * np.mean(times):.1f}" if times else "-"
         ess = f"{np.mean(effective):.1f}" if effective else "-"
-        lines.append(f"| {ctrl} | " + " | ".join(row) + f" | {t} | {ess} | {falls if times else '-'} |")
+        spread = " / ".join(f"{np.mean(s):.2f}" for s in zip(*spreads)) if spreads else "-"
+        lines.append(f"| {ctrl} | " + " | ".join(row) + f" | {t} | {ess} | {spread} | {falls if times else '-'} |")
     if cfg.episodes > 1:
         lines += ["", f"Cells: mean over {cfg.episodes} consecutive episodes, then each episode's return, with its "
                       "length where the walker fell. The online model is kept from one episode to the next."]
