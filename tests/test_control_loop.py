@@ -39,6 +39,15 @@ def _records(run: RunDir, kind: str) -> list[dict]:
     return [r for r in run.metrics() if r.get("kind") == kind]
 
 
+def _script(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.parametrize("learner", sorted(LEARNERS))
 def test_walker_loop_runs_with_each_learner(learner: str, walker_zarr: Path, tmp_path: Path) -> None:
     cfg = WalkerRunConfig(learner=learner, steps=3, change_at=1, controllers=("frozen", "online"), conditions=("changed",),
@@ -219,20 +228,10 @@ def test_learned_walker_dynamics_inverts_its_training_pairs(target: str, walker_
         LearnedWalkerDynamics(learner, problem.normalizer, target="position")
 
 
-def _summarize_control():
-    import importlib.util
-
-    script = Path(__file__).parents[1] / "scripts" / "summarize_control.py"
-    spec = importlib.util.spec_from_file_location("summarize_control", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_summarize_control_tables_several_seeds(walker_zarr: Path, tmp_path: Path) -> None:
     from dataclasses import asdict
 
-    summarize_control = _summarize_control()
+    summarize_control = _script("summarize_control")
     runs = []
     for seed in (0, 1):
         cfg = WalkerRunConfig(learner="svi", steps=3, seed=seed, controllers=("trpo", "frozen", "online"), **TINY)
@@ -293,15 +292,10 @@ def test_walker_planning_relative_to_the_policy_runs_and_is_reported(walker_zarr
 
 def test_online_error_replay_scores_frozen_and_residual_models(walker_zarr: Path, tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    import importlib.util
-
     cfg = WalkerRunConfig(learner="svdgp", steps=5, controllers=("trpo",), conditions=("changed",), **TINY)
     run = RunDir.create("t", {}, out=tmp_path / "run")
     run_walker(run, cfg, walker_zarr)
-    script = Path(__file__).parents[1] / "scripts" / "walker_online_error.py"
-    spec = importlib.util.spec_from_file_location("walker_online_error", script)
-    replay = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(replay)
+    replay = _script("walker_online_error")
     assert replay.main(["--store", str(walker_zarr), "--episodes", str(run.path / "episodes.zarr"), "--iterations", "3",
                         "--lengthscales", "1,3", "--noises", "0.01"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line][1:]
@@ -338,7 +332,7 @@ def test_walker_consecutive_episodes_keep_the_online_model(walker_zarr: Path, tm
     report = (run.path / "report.md").read_text()
     assert "Cells: mean over 2 consecutive episodes" in report and "after the first episode" in report
     assert (run.path / "walker_episode_returns.png").stat().st_size > 0
-    text = _summarize_control().summarize([run.path])
+    text = _script("summarize_control").summarize([run.path])
     returns = {(e["controller"], e["episode"]): e["return"] for e in episodes}
     for k in (0, 1):
         row = next(line for line in text.splitlines() if line.startswith(f"| 0 | {k + 1} |"))
@@ -357,3 +351,18 @@ def test_cli_walker_episodes_and_cold_start_reach_the_run(walker_zarr: Path, tmp
     config = json.loads((out / "config.json").read_text())
     assert config["episodes"] == 2 and config["warm_start"] is False
     assert [(e["controller"], e["episode"]) for e in _records(RunDir(out), "episode")] == [("trpo", 0), ("trpo", 1)]
+
+
+def test_walker_sample_ranking_scores_models_against_the_plant(walker_zarr: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ranking = _script("walker_sample_ranking")
+    costs = np.array([3.0, 1.0, 2.0, 5.0])
+    assert ranking.spearman(costs, 2 * costs + 1) == pytest.approx(1.0)
+    assert ranking.spearman(costs, -costs) == pytest.approx(-1.0)
+    assert ranking.mppi_regret(costs, costs, temperature=1e-6) == pytest.approx(0.0)  # picks the truly best
+    assert ranking.mppi_regret(-costs, costs, temperature=1e-6) == pytest.approx(4.0)  # picks the truly worst
+    assert ranking.main(["--store", str(walker_zarr), "--steps", "4", "--every", "2", "--episodes", "2", "--samples", "8",
+                         "--horizon", "2", "--proposal-tail", "1", "--iterations", "3"]) == 0
+    rows = [line.strip("|").split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
+    assert [(r[0].strip(), r[1].strip()) for r in rows] == [("1", "frozen"), ("1", "online"), ("2", "frozen"), ("2", "online")]
+    for r in rows:
+        assert -1.0 <= float(r[4]) <= 1.0 and float(r[5]) >= 0.0 and math.isfinite(float(r[6]))
