@@ -312,27 +312,25 @@ def run_walker_episode(
                      ("next_qpos", sim.data.qpos), ("next_qvel", sim.data.qvel)):
             rows[k].append(np.array(v))
         run.log(kind="step", robot="walker", controller=controller, condition=condition, episode=episode, t=t,
-                reward=float(reward),
-                changed=bool(change_text), **record)
+                reward=float(reward), changed=bool(change_text), **record)
         bar.set_postfix(ret=f"{total:.0f}", refresh=False)
         if terminated or truncated:
             break
     env.close()
-    episode = {
+    summary = {
         "kind": "episode", "robot": "walker", "controller": controller, "condition": condition, "episode": episode,
-        "return": total,
-        "length": t + 1, "fallbacks": fallbacks, "change": change_text,
+        "return": total, "length": t + 1, "fallbacks": fallbacks, "change": change_text,
         "plan_seconds_mean": float(np.mean(plan_seconds)) if plan_seconds else None,
         "effective_samples_mean": float(np.mean(effective)) if effective else None,
         **({"cost_spread_mean": float(np.mean([c for c, _ in spreads])),
             "control_spread_mean": float(np.mean([c for _, c in spreads]))} if spreads else {}),
         **(dynamics.learner.diagnostics() if isinstance(dynamics, LearnedWalkerDynamics) else {}),
     }
-    run.log(**episode)
+    run.log(**summary)
     arrays = {k: np.stack(v).reshape(len(v), -1) for k, v in rows.items()}
     arrays["terminated"] = arrays["terminated"].astype(bool)
     arrays["truncated"] = arrays["truncated"].astype(bool)
-    return {"record": episode, "arrays": arrays}
+    return {"record": summary, "arrays": arrays}
 
 
 def run_walker(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None = None) -> dict[str, Any]:

@@ -51,9 +51,10 @@ nominal (the proposal's rollout, or zero offsets to it).
 
 Why a cold start (measured in docs/control.md, ninth study): planning offsets ``u`` to the
 proposal with the control cost, the term ``u' Sigma^-1 eps`` of a warm-started ``u`` as
-large as the noise spreads by about ``sqrt(H nu)`` across samples (about 10 for H = 10 and
-6 actions), while the sampled costs over lambda spread by 0.1 or less: the importance weights
-fall on one sample, chosen by its noise, not by the model. With the offsets restarted at
+large as the noise spreads by about ``sqrt(H nu)`` across samples (measured 9-10 for H = 10
+and 6 actions), while the sampled costs over lambda spread by 0.1-0.35: the importance
+weights fall on one sample, chosen by its noise, not by the model (``PlanInfo.cost_spread``
+and ``control_spread`` report both). With the offsets restarted at
 zero the control term vanishes (the proposal is the base distribution itself) and the
 weights are ``softmax(-cost / lambda)`` of what the model predicts.
 

@@ -112,7 +112,7 @@ def write_walker_report(run: RunDir, cfg: Any) -> Path:
     lines += _online_verdict(returns)
     errs = {k: v for k, v in steps.items() if any("model_rmse" in r for r in v)}
     if errs:
-        lines += ["", "## Model one-step error (velocity RMSE, mean over the episode)", "",
+        lines += ["", "## Model one-step error (velocity RMSE, mean over the steps of all episodes)", "",
                   "| condition | controller | velocity RMSE | mean predictive variance (sum of 9) |", "|---|---|---|---|"]
         for (cond, ctrl), rs in sorted(errs.items()):
             e = [r["model_rmse"] for r in rs if "model_rmse" in r]
@@ -161,7 +161,7 @@ def _plot_walker(path: Path, steps, conditions, controllers, change_at: int, lab
     for ax, cond in zip(axes[0], conditions):
         for i, ctrl in enumerate(controllers):
             by_episode = _by_episode(steps.get((cond, ctrl), []))
-            for k, (episode, rs) in enumerate(by_episode.items()):
+            for k, rs in enumerate(by_episode.values()):
                 # one colour per controller; later episodes drawn darker
                 ax.plot([r["t"] for r in rs], np.cumsum([r["reward"] for r in rs]), color=colors[i % len(colors)],
                         alpha=(k + 1) / len(by_episode), label=ctrl if k == len(by_episode) - 1 else None)
