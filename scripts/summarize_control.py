@@ -6,8 +6,9 @@ Per seed (and episode, for runs of ``--episodes`` > 1): each controller's return
 condition (episode length in brackets when the walker fell); then mean ± standard error,
 online − frozen on the changed plant paired by seed and episode (over all episodes, per
 episode, and after the first), how often the online model wins, the falls, and the mean
-one-step velocity RMSE of the learned models over each episode's last 50 steps. Reads only ``config.json`` and
-``metrics.jsonl``; a folder without a finished episode table is named in the error.
+one-step velocity RMSE of the learned models over each episode's last 50 steps. Reads
+only ``config.json`` and ``metrics.jsonl``; a folder without a finished episode table is
+named in the error.
 """
 
 from __future__ import annotations

@@ -29,20 +29,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpdyn.control.learning import OnlineUpdater
-from gpdyn.control.loop import WalkerRunConfig, copy_learner, pretrained_walker_model, walker_residual_gp, walker_train_inputs
-from gpdyn.control.mpc import Planner, make_planner
-from gpdyn.control.walker_model import (
-    DT,
-    NU,
-    PLANT_CHANGES,
-    LearnedWalkerDynamics,
-    SimWalkerDynamics,
-    TorchPolicy,
-    WalkerCost,
-    apply_plant_change,
-    state_of,
+from gpdyn.control.loop import (
+    WalkerRunConfig,
+    online_walker_model,
+    pretrained_walker_model,
+    walker_planner,
+    walker_reset_seed,
+    walker_train_inputs,
 )
+from gpdyn.control.mpc import Planner
+from gpdyn.control.walker_model import NU, PLANT_CHANGES, SimWalkerDynamics, apply_plant_change, state_of
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
@@ -75,27 +71,17 @@ def run(cfg: WalkerRunConfig, store: Path, episodes: int, every: int, driver: st
 
     torch.manual_seed(cfg.seed)
     learner, frozen, _ = pretrained_walker_model(cfg, store)
-    online = LearnedWalkerDynamics(walker_residual_gp(copy_learner(learner, cfg, 23, 9), walker_train_inputs(cfg, store), cfg),
-                                   frozen.normalizer, DT, target=cfg.target)
-    updater = OnlineUpdater(online.learner, batch=cfg.online_batch, updates=cfg.updates)
+    online, updater = online_walker_model(learner, frozen, cfg, walker_train_inputs(cfg, store))
     policy = load_policy()
-    proposal = TorchPolicy(policy, cfg.device, torch.float64)
-    first_reset = int(np.random.default_rng([cfg.seed, 8]).integers(2**31 - 1))  # as run_walker's episode k
     rows = []
     for episode in range(episodes):
         env = make_env()
         sim = env.unwrapped
-        obs, _ = env.reset(seed=first_reset + episode)
+        obs, _ = env.reset(seed=walker_reset_seed(cfg.seed, episode))  # as run_walker's episode k
         apply_plant_change(sim.model, cfg.change, cfg.change_factor)
-        cost = WalkerCost(dt=float(sim.dt))
-
-        def planner(model):
-            return make_planner("mppi", model, cost, sim.action_space.low, sim.action_space.high, cfg.mpc(cfg.samples),
-                                proposal=proposal, terminal_value=proposal.value if cfg.terminal_value else None,
-                                device=cfg.device, dtype=torch.float64, seed=cfg.seed)
-
-        acting = planner(online)
-        judges = {"frozen": planner(frozen), "online": planner(online), "true": planner(SimWalkerDynamics(sim.model))}
+        acting = walker_planner(cfg, online, sim, policy, cfg.samples)
+        judges = {name: walker_planner(cfg, model, sim, policy, cfg.samples)
+                  for name, model in (("frozen", frozen), ("online", online), ("true", SimWalkerDynamics(sim.model)))}
         found: dict[str, list[tuple[float, float, float]]] = {"frozen": [], "online": []}
         total, t = 0.0, 0
         for t in range(cfg.steps):

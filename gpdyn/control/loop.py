@@ -213,6 +213,32 @@ def walker_residual_gp(prior: Learner, reference_x: torch.Tensor, cfg: WalkerRun
                       amplitude=1.0, noise=cfg.residual_noise)
 
 
+def online_walker_model(learner: Learner, frozen: LearnedWalkerDynamics, cfg: WalkerRunConfig,
+                        residual_reference: torch.Tensor | None) -> tuple[LearnedWalkerDynamics, OnlineUpdater]:
+    """The online controller's model, a copy of the pretrained ``learner`` (wrapped in a
+    ResidualGP with ``adapt="residual"``), and the updater that feeds it every transition."""
+    twin = copy_learner(learner, cfg, 23, 9)
+    if cfg.adapt == "residual":
+        assert residual_reference is not None
+        twin = walker_residual_gp(twin, residual_reference, cfg)
+    dynamics = LearnedWalkerDynamics(twin, frozen.normalizer, DT, target=cfg.target)
+    return dynamics, OnlineUpdater(twin, batch=cfg.online_batch, updates=cfg.updates)
+
+
+def walker_reset_seed(seed: int, episode: int) -> int:
+    """The reset seed of consecutive episode ``episode``: the same for every controller and condition."""
+    return int(np.random.default_rng([seed, 8]).integers(2**31 - 1)) + episode
+
+
+def walker_planner(cfg: WalkerRunConfig, model: Any, sim: Any, policy: Any, samples: int):
+    """The configured MPPI/CEM planner on ``model`` with the Walker2d reward of env ``sim``, the TRPO
+    policy as proposal and (with ``terminal_value``) its critic after the horizon."""
+    proposal = TorchPolicy(policy, cfg.device, DTYPES[cfg.dtype])
+    return make_planner(cfg.planner, model, WalkerCost(dt=float(sim.dt)), sim.action_space.low, sim.action_space.high,
+                        cfg.mpc(samples), proposal=proposal, terminal_value=proposal.value if cfg.terminal_value else None,
+                        device=cfg.device, dtype=DTYPES[cfg.dtype], seed=cfg.seed)
+
+
 def copy_learner(learner: Learner, cfg: WalkerRunConfig, input_dim: int, output_dim: int) -> Learner:
     """A new learner of the same kind and sizes holding ``learner``'s state (the contract's checkpoint)."""
     twin = build_learner(cfg.learner, input_dim, output_dim, scale=cfg.scale, device=cfg.device,
@@ -257,15 +283,11 @@ def run_walker_episode(
     sim = env.unwrapped
     obs, _ = env.reset(seed=reset_seed)
     dtype = DTYPES[cfg.dtype]
-    cost = WalkerCost(dt=float(sim.dt))
     planner = None
-    if controller != "trpo":
-        model = SimWalkerDynamics(sim.model) if controller == "true" else dynamics
-        samples = cfg.sim_samples if controller == "true" else cfg.samples
-        proposal = TorchPolicy(policy, cfg.device, dtype)
-        planner = make_planner(cfg.planner, model, cost, sim.action_space.low, sim.action_space.high, cfg.mpc(samples),
-                               proposal=proposal, terminal_value=proposal.value if cfg.terminal_value else None,
-                               device=cfg.device, dtype=dtype, seed=cfg.seed)
+    if controller == "true":
+        planner = walker_planner(cfg, SimWalkerDynamics(sim.model), sim, policy, cfg.sim_samples)
+    elif controller != "trpo":
+        planner = walker_planner(cfg, dynamics, sim, policy, cfg.samples)
     rows: dict[str, list[np.ndarray]] = {k: [] for k in ("qpos", "qvel", "obs", "action", "reward", "terminated",
                                                           "truncated", "next_qpos", "next_qvel")}
     total, fallbacks, plan_seconds, effective, spreads = 0.0, 0, [], [], []
@@ -353,22 +375,16 @@ def run_walker(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None = Non
     residual_reference = (walker_train_inputs(cfg, store_path)
                           if "online" in cfg.controllers and cfg.adapt == "residual" else None)
     episodes_store = _walker_store_for_episodes(run.path / "episodes.zarr", cfg)
-    # episode k starts from the same state for every controller and condition
-    first_reset = int(np.random.default_rng([cfg.seed, 8]).integers(2**31 - 1))
     results = []
     for condition in cfg.conditions:
         for controller in cfg.controllers:
             dyn, updater = dynamics, None
             if controller == "online":  # one online model per condition, kept over its episodes
                 assert learner is not None
-                twin = copy_learner(learner, cfg, 23, 9)
-                if cfg.adapt == "residual":
-                    twin = walker_residual_gp(twin, residual_reference, cfg)
-                dyn = LearnedWalkerDynamics(twin, dynamics.normalizer, DT, target=cfg.target)
-                updater = OnlineUpdater(twin, batch=cfg.online_batch, updates=cfg.updates)
+                dyn, updater = online_walker_model(learner, dynamics, cfg, residual_reference)
             for episode in range(cfg.episodes):
                 out = run_walker_episode(run, cfg, controller, condition, policy=policy, dynamics=dyn, updater=updater,
-                                         reset_seed=first_reset + episode, episode=episode)
+                                         reset_seed=walker_reset_seed(cfg.seed, episode), episode=episode)
                 rec = out["record"]
                 episodes_store.append_episode(out["arrays"], controller=CONTROLLERS.index(controller),
                                               condition=CONDITIONS.index(condition), episode=episode,
@@ -450,5 +466,5 @@ def cli_control(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["CONDITIONS", "CONTROLLERS", "WalkerRunConfig", "cli_control", "control_demo", "pretrained_walker_model",
-           "run_walker", "run_walker_episode"]
+__all__ = ["CONDITIONS", "CONTROLLERS", "WalkerRunConfig", "cli_control", "control_demo", "online_walker_model",
+           "pretrained_walker_model", "run_walker", "run_walker_episode", "walker_planner", "walker_reset_seed"]
