@@ -153,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="walker: consecutive episodes per controller and condition (default 1); the online model is "
                         "kept across them, the frozen one stays as pretrained")
     p.add_argument("--planner", choices=("mppi", "cem"), default=None, help="walker: MPC planner (default mppi)")
+    p.add_argument("--cost", choices=("reward", "track"), default=None,
+                   help="walker: what the planner minimises, minus the Walker2d reward (default) or the distance of the "
+                        "predicted next velocities to those of the nominal plant under the TRPO policy (policy transfer)")
     p.add_argument("--samples", type=int, default=None, help="walker: K sampled sequences (default 64; paper 1000)")
     p.add_argument("--sim-samples", type=int, default=None, help="walker: K for the true-simulator MPC (default 32)")
     p.add_argument("--horizon", type=int, default=None, help="walker: H steps (default 10; paper 30)")

@@ -29,6 +29,7 @@ KUKA (:mod:`gpdyn.control.kuka_control`): computed-torque tracking, see there.
 from __future__ import annotations
 
 import argparse
+import copy
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ from gpdyn.control.walker_model import (
     QVEL_INPUTS,
     TARGETS,
     LearnedWalkerDynamics,
+    NominalTrackingCost,
     SimWalkerDynamics,
     TorchPolicy,
     WalkerCost,
@@ -58,6 +60,9 @@ from gpdyn.gp.online import DTYPES, nmse
 from gpdyn.runs import RunDir
 
 CONTROLLERS = ("trpo", "true", "frozen", "online")
+# what the planners minimise: "reward" = minus the Walker2d reward (WalkerCost), "track" = the
+# distance to the nominal plant's next velocities under the policy (NominalTrackingCost)
+COSTS = ("reward", "track")
 CONDITIONS = ("nominal", "changed")
 ADAPT = ("steps", "residual")
 
@@ -73,6 +78,7 @@ class WalkerRunConfig:
     target: str = "change"  # the learner's outputs: "change" (qvel[t+1] - qvel[t]) or "velocity" (qvel[t+1], walker-1 as is)
     scale: str = "small"  # learner sizes: "small" (SMALL_SIZES) or "paper" (the learner's defaults)
     planner: str = "mppi"
+    cost: str = "reward"  # COSTS: the Walker2d reward, or tracking the nominal plant under the policy
     steps: int = 100  # control steps per episode (Walker2d episodes end at 1000)
     episodes: int = 1  # consecutive episodes per controller and condition; the online model is kept across them
     samples: int = 64  # K for the learned model
@@ -128,6 +134,11 @@ class WalkerRunConfig:
                 raise InputError(f"control walker: {name} {bad or '(none)'} not in {', '.join(allowed)}")
         if self.target not in TARGETS:
             raise InputError(f"control walker: target must be one of {', '.join(TARGETS)}, got '{self.target}'")
+        if self.cost not in COSTS:
+            raise InputError(f"control walker: cost must be one of {', '.join(COSTS)}, got '{self.cost}'")
+        if self.cost == "track" and self.terminal_value:
+            raise InputError("control walker: --terminal-value adds the critic's reward units to a cost in velocity "
+                             "units; it does not apply with --cost track")
         if self.adapt not in ADAPT:
             raise InputError(f"control walker: adapt must be one of {', '.join(ADAPT)}, got '{self.adapt}'")
         if self.window < 4 or self.updates < 0 or not (self.residual_lengthscale > 0 and self.residual_noise > 0):
@@ -230,11 +241,18 @@ def walker_reset_seed(seed: int, episode: int) -> int:
     return int(np.random.default_rng([seed, 8]).integers(2**31 - 1)) + episode
 
 
-def walker_planner(cfg: WalkerRunConfig, model: Any, sim: Any, policy: Any, samples: int):
-    """The configured MPPI/CEM planner on ``model`` with the Walker2d reward of env ``sim``, the TRPO
-    policy as proposal and (with ``terminal_value``) its critic after the horizon."""
+def walker_planner(cfg: WalkerRunConfig, model: Any, sim: Any, policy: Any, samples: int, reference: Any = None):
+    """The configured MPPI/CEM planner on ``model`` with the TRPO policy as proposal and, as the
+    cost, the Walker2d reward of env ``sim`` (with ``terminal_value``, the policy's critic after
+    the horizon) or, with ``cost="track"``, the distance to what the nominal model ``reference``
+    does under the policy."""
     proposal = TorchPolicy(policy, cfg.device, DTYPES[cfg.dtype])
-    return make_planner(cfg.planner, model, WalkerCost(dt=float(sim.dt)), sim.action_space.low, sim.action_space.high,
+    task = WalkerCost(dt=float(sim.dt))
+    if cfg.cost == "track":
+        if reference is None:
+            raise InputError("control walker: --cost track needs a nominal reference model")
+        task = NominalTrackingCost(reference, proposal, task)
+    return make_planner(cfg.planner, model, task, sim.action_space.low, sim.action_space.high,
                         cfg.mpc(samples), proposal=proposal, terminal_value=proposal.value if cfg.terminal_value else None,
                         device=cfg.device, dtype=DTYPES[cfg.dtype], seed=cfg.seed)
 
@@ -272,10 +290,13 @@ def run_walker_episode(
     updater: OnlineUpdater | None,
     reset_seed: int,
     episode: int = 0,
+    reference: LearnedWalkerDynamics | None = None,
 ) -> dict[str, Any]:
     """One Walker2d episode under ``controller``; logs every step; returns the episode record and its rows.
 
     ``episode``: its index among the consecutive episodes of ``controller`` and ``condition``.
+    ``reference``: the pretrained model, the nominal plant the learned controllers track with
+    ``cost="track"`` (the true controller tracks a copy of the simulator made before the change).
     """
     from gpdyn.sim.walker import make_env
 
@@ -285,9 +306,10 @@ def run_walker_episode(
     dtype = DTYPES[cfg.dtype]
     planner = None
     if controller == "true":
-        planner = walker_planner(cfg, SimWalkerDynamics(sim.model), sim, policy, cfg.sim_samples)
+        nominal_sim = SimWalkerDynamics(copy.deepcopy(sim.model)) if cfg.cost == "track" else None
+        planner = walker_planner(cfg, SimWalkerDynamics(sim.model), sim, policy, cfg.sim_samples, nominal_sim)
     elif controller != "trpo":
-        planner = walker_planner(cfg, dynamics, sim, policy, cfg.samples)
+        planner = walker_planner(cfg, dynamics, sim, policy, cfg.samples, reference)
     rows: dict[str, list[np.ndarray]] = {k: [] for k in ("qpos", "qvel", "obs", "action", "reward", "terminated",
                                                           "truncated", "next_qpos", "next_qvel")}
     total, fallbacks, plan_seconds, effective, spreads = 0.0, 0, [], [], []
@@ -384,7 +406,8 @@ def run_walker(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None = Non
                 dyn, updater = online_walker_model(learner, dynamics, cfg, residual_reference)
             for episode in range(cfg.episodes):
                 out = run_walker_episode(run, cfg, controller, condition, policy=policy, dynamics=dyn, updater=updater,
-                                         reset_seed=walker_reset_seed(cfg.seed, episode), episode=episode)
+                                         reset_seed=walker_reset_seed(cfg.seed, episode), episode=episode,
+                                         reference=dynamics)
                 rec = out["record"]
                 episodes_store.append_episode(out["arrays"], controller=CONTROLLERS.index(controller),
                                               condition=CONDITIONS.index(condition), episode=episode,
@@ -443,7 +466,7 @@ def cli_control(args: argparse.Namespace) -> int:
         raise InputError(f"--learner '{args.learner}' unknown; choose one of {', '.join(LEARNERS)}")
     if args.robot == "walker":
         cfg = WalkerRunConfig(learner=args.learner, seed=args.seed, device=args.device)
-        _options(cfg, args, ("steps", "planner", "samples", "sim_samples", "horizon", "noise_std", "temperature",
+        _options(cfg, args, ("steps", "planner", "cost", "samples", "sim_samples", "horizon", "noise_std", "temperature",
                              "episodes", "control_cost", "uncertainty", "var_weight", "terminal_value", "relative_to_proposal",
                              "proposal_tail", "warm_start", "target", "change", "change_factor", "change_at", "controllers",
                              "conditions", "scale", "adapt", "dtype", "video", "pretrain_iterations"))
@@ -466,5 +489,5 @@ def cli_control(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["CONDITIONS", "CONTROLLERS", "WalkerRunConfig", "cli_control", "control_demo", "online_walker_model",
+__all__ = ["CONDITIONS", "CONTROLLERS", "COSTS", "WalkerRunConfig", "cli_control", "control_demo", "online_walker_model",
            "pretrained_walker_model", "run_walker", "run_walker_episode", "walker_planner", "walker_reset_seed"]

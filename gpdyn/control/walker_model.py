@@ -77,6 +77,37 @@ class WalkerCost:
         return -reward, done
 
 
+@dataclass(frozen=True)
+class NominalTrackingCost:
+    """Track the nominal plant under the policy: the cost of a step is how far the next
+    velocities the planner's model predicts for a candidate action lie from those the
+    nominal plant (``reference``) reaches under the policy's own action from the same state,
+    ``|v'_model(s, a) - v'_nominal(s, pi(s))|^2`` (physical units), with the task's termination.
+
+    The policy was trained on the nominal plant, so on a changed plant the best action is
+    the one that makes the changed plant move as the nominal one would: policy transfer by
+    a learned dynamics correction (Christiano et al. 2016, "Transfer from simulation to real
+    world through learning deep inverse dynamics model"). A model that does not know of the
+    change (``reference`` itself, the frozen model) scores the policy's action best; a model
+    that has learned the change asks for the action that undoes it, e.g. more control on a
+    weakened motor. The true controller tracks a copy of the simulator made before the
+    change; the learned ones track the pretrained model, whose own errors then cancel to
+    first order in the difference.
+    """
+
+    reference: Callable[[Tensor, Tensor], Tensor | tuple[Tensor, Tensor]]
+    policy: Callable[[Tensor], Tensor]
+    task: WalkerCost = WalkerCost()
+
+    def __call__(self, state: Tensor, action: Tensor, next_state: Tensor) -> tuple[Tensor, Tensor]:
+        with torch.no_grad():
+            nominal = self.reference(state, torch.clamp(self.policy(state), -1.0, 1.0))
+        if isinstance(nominal, tuple):  # a probabilistic model: its mean
+            nominal = nominal[0]
+        error = (next_state[..., NQ:] - nominal[..., NQ:].to(next_state.dtype)).pow(2).sum(-1)
+        return error, ~self.task.healthy(next_state)
+
+
 def state_of(data: mujoco.MjData) -> np.ndarray:
     """The planning state ``[qpos, qvel]`` (18) of a simulator."""
     return np.concatenate([data.qpos, data.qvel])
@@ -275,6 +306,7 @@ __all__ = [
     "QVEL_INPUTS",
     "TARGETS",
     "LearnedWalkerDynamics",
+    "NominalTrackingCost",
     "SimWalkerDynamics",
     "TorchPolicy",
     "WalkerCost",
