@@ -347,9 +347,9 @@ def test_cli_walker_episodes_and_cold_start_reach_the_run(walker_zarr: Path, tmp
 
     out = tmp_path / "run"
     assert main(["control", "walker", "--learner", "svdgp", "--store", str(walker_zarr), "--steps", "2", "--episodes", "2",
-                 "--cold-start", "--controllers", "trpo", "--conditions", "changed", "--out", str(out)]) == 0
+                 "--cold-start", "--cost", "track", "--controllers", "trpo", "--conditions", "changed", "--out", str(out)]) == 0
     config = json.loads((out / "config.json").read_text())
-    assert config["episodes"] == 2 and config["warm_start"] is False
+    assert config["episodes"] == 2 and config["warm_start"] is False and config["cost"] == "track"
     assert [(e["controller"], e["episode"]) for e in _records(RunDir(out), "episode")] == [("trpo", 0), ("trpo", 1)]
 
 
@@ -366,3 +366,53 @@ def test_walker_sample_ranking_scores_models_against_the_plant(walker_zarr: Path
     assert [(r[0].strip(), r[1].strip()) for r in rows] == [("1", "frozen"), ("1", "online"), ("2", "frozen"), ("2", "online")]
     for r in rows:
         assert -1.0 <= float(r[4]) <= 1.0 and float(r[5]) >= 0.0 and math.isfinite(float(r[6]))
+
+
+def test_tracking_cost_asks_a_weakened_motor_for_the_control_that_undoes_it() -> None:
+    import copy
+
+    from gpdyn.control.walker_model import NominalTrackingCost, SimWalkerDynamics, apply_plant_change, state_of
+    from gpdyn.sim.walker import make_env
+
+    env = make_env()
+    env.reset(seed=3)
+    sim = env.unwrapped
+    for _ in range(5):  # off the reset pose, feet on the ground or not
+        env.step(0.3 * np.ones(6))
+    nominal = SimWalkerDynamics(copy.deepcopy(sim.model))
+    apply_plant_change(sim.model, "weak_motor", 0.25)
+    weak = SimWalkerDynamics(sim.model)
+    state = torch.as_tensor(state_of(sim.data))[None].expand(3, -1).contiguous()
+    policy_action = torch.tensor([0.2, -0.1, 0.3, -0.2, 0.1, 0.0], dtype=torch.float64)
+    cost = NominalTrackingCost(nominal, lambda x: policy_action.expand(x.shape[0], -1))
+    undo = policy_action.clone()
+    undo[0] /= 0.25  # four times the control on the hip at a quarter strength: the same torque
+    candidates = torch.stack([policy_action, undo, -policy_action])
+    costs, done = cost(state, candidates, weak(state, candidates))
+    assert float(costs[1]) < 1e-10 < float(costs[0]) < float(costs[2])
+    assert not bool(done.any())
+    same, _ = NominalTrackingCost(nominal, lambda x: policy_action.expand(x.shape[0], -1))(
+        state, candidates, nominal(state, candidates))
+    assert float(same[0]) == 0.0 and float(same[1]) > 0  # on the nominal plant the policy's own action is the best
+    env.close()
+
+
+def test_walker_tracking_cost_with_the_frozen_model_is_the_policy(walker_zarr: Path, tmp_path: Path) -> None:
+    # CEM returns its best sample; with the pretrained model tracking itself, zero offsets cost
+    # exactly 0, so the frozen controller acts as the TRPO policy does, step for step
+    cfg = WalkerRunConfig(learner="svdgp", steps=4, planner="cem", cost="track", relative_to_proposal=True,
+                          warm_start=False, controllers=("trpo", "true", "frozen", "online"), conditions=("changed",),
+                          change="weak_motor", change_factor=0.3, **{**TINY, "horizon": 1})
+    run = RunDir.create("t", {}, out=tmp_path / "run")
+    run_walker(run, cfg, walker_zarr)
+    store = EpisodeStore.open(run.path / "episodes.zarr")
+    actions = [store.episode(i, ["action"])["action"] for i in range(4)]
+    np.testing.assert_allclose(actions[2], actions[0], atol=1e-12)
+    assert not np.allclose(actions[1], actions[0])  # the true model knows the hip is weak
+    steps = _records(run, "step")
+    assert not any(s.get("fallback") for s in steps)
+    assert "`--cost track`" in (run.path / "report.md").read_text()
+    with pytest.raises(InputError, match="terminal-value"):
+        WalkerRunConfig(cost="track", terminal_value=True).validate()
+    with pytest.raises(InputError, match="cost must be one of"):
+        WalkerRunConfig(cost="regret").validate()

@@ -53,6 +53,8 @@ def walker_planner_text(config: dict[str, Any]) -> str:
              f"H = {config['horizon']}, noise {config.get('noise_std', 0.2):g}, "
              f"temperature {config['temperature']:g}, uncertainty `{config['uncertainty']}`"
              + (f" (weight {config['var_weight']:g})" if config["uncertainty"] == "penalty" else "")]
+    if config.get("cost", "reward") == "track":
+        parts.append("cost: distance to the nominal plant's next velocities under the TRPO policy (`--cost track`)")
     if config.get("control_cost"):
         parts.append(f"MPPI control cost x{config['control_cost']:g}")
     if config.get("relative_to_proposal"):
