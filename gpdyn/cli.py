@@ -156,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cost", choices=("reward", "track"), default=None,
                    help="walker: what the planner minimises, minus the Walker2d reward (default) or the distance of the "
                         "predicted next velocities to those of the nominal plant under the TRPO policy (policy transfer)")
+    p.add_argument("--track-offset-weight", type=float, default=None,
+                   help="walker, --cost track: price of an action offset to the policy, (rad/s)^2 per unit^2 (default 10)")
     p.add_argument("--samples", type=int, default=None, help="walker: K sampled sequences (default 64; paper 1000)")
     p.add_argument("--sim-samples", type=int, default=None, help="walker: K for the true-simulator MPC (default 32)")
     p.add_argument("--horizon", type=int, default=None, help="walker: H steps (default 10; paper 30)")

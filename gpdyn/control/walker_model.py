@@ -82,7 +82,8 @@ class NominalTrackingCost:
     """Track the nominal plant under the policy: the cost of a step is how far the next
     velocities the planner's model predicts for a candidate action lie from those the
     nominal plant (``reference``) reaches under the policy's own action from the same state,
-    ``|v'_model(s, a) - v'_nominal(s, pi(s))|^2`` (physical units), with the task's termination.
+    ``|v'_model(s, a) - v'_nominal(s, pi(s))|^2`` (physical units), plus ``offset_weight`` times the
+    squared action offset to the policy ``|a - pi(s)|^2``, with the task's termination.
 
     The policy was trained on the nominal plant, so on a changed plant the best action is
     the one that makes the changed plant move as the nominal one would: policy transfer by
@@ -92,19 +93,25 @@ class NominalTrackingCost:
     that has learned the change asks for the action that undoes it, e.g. more control on a
     weakened motor. The true controller tracks a copy of the simulator made before the
     change; the learned ones track the pretrained model, whose own errors then cancel to
-    first order in the difference.
+    first order in the difference. The offset price is a trust region: a model's error in how
+    the plant answers an action (poorly identified from policy rollouts) otherwise buys large
+    offsets for small predicted gains.
     """
 
     reference: Callable[[Tensor, Tensor], Tensor | tuple[Tensor, Tensor]]
     policy: Callable[[Tensor], Tensor]
     task: WalkerCost = WalkerCost()
+    offset_weight: float = 0.0
 
     def __call__(self, state: Tensor, action: Tensor, next_state: Tensor) -> tuple[Tensor, Tensor]:
         with torch.no_grad():
-            nominal = self.reference(state, torch.clamp(self.policy(state), -1.0, 1.0))
+            policy_action = torch.clamp(self.policy(state), -1.0, 1.0)
+            nominal = self.reference(state, policy_action)
         if isinstance(nominal, tuple):  # a probabilistic model: its mean
             nominal = nominal[0]
         error = (next_state[..., NQ:] - nominal[..., NQ:].to(next_state.dtype)).pow(2).sum(-1)
+        if self.offset_weight:
+            error = error + self.offset_weight * (action - policy_action).pow(2).sum(-1)
         return error, ~self.task.healthy(next_state)
 
 
