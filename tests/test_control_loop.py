@@ -347,9 +347,10 @@ def test_cli_walker_episodes_and_cold_start_reach_the_run(walker_zarr: Path, tmp
 
     out = tmp_path / "run"
     assert main(["control", "walker", "--learner", "svdgp", "--store", str(walker_zarr), "--steps", "2", "--episodes", "2",
-                 "--cold-start", "--cost", "track", "--controllers", "trpo", "--conditions", "changed", "--out", str(out)]) == 0
+                 "--cold-start", "--cost", "track", "--track-offset-weight", "3", "--controllers", "trpo", "--conditions", "changed", "--out", str(out)]) == 0
     config = json.loads((out / "config.json").read_text())
     assert config["episodes"] == 2 and config["warm_start"] is False and config["cost"] == "track"
+    assert config["track_offset_weight"] == 3.0
     assert [(e["controller"], e["episode"]) for e in _records(RunDir(out), "episode")] == [("trpo", 0), ("trpo", 1)]
 
 
@@ -394,6 +395,10 @@ def test_tracking_cost_asks_a_weakened_motor_for_the_control_that_undoes_it() ->
     same, _ = NominalTrackingCost(nominal, lambda x: policy_action.expand(x.shape[0], -1))(
         state, candidates, nominal(state, candidates))
     assert float(same[0]) == 0.0 and float(same[1]) > 0  # on the nominal plant the policy's own action is the best
+    priced, _ = NominalTrackingCost(nominal, lambda x: policy_action.expand(x.shape[0], -1), offset_weight=10.0)(
+        state, candidates, weak(state, candidates))
+    offsets = (candidates - policy_action).pow(2).sum(-1)
+    torch.testing.assert_close(priced, costs + 10.0 * offsets)
     env.close()
 
 
@@ -411,8 +416,10 @@ def test_walker_tracking_cost_with_the_frozen_model_is_the_policy(walker_zarr: P
     assert not np.allclose(actions[1], actions[0])  # the true model knows the hip is weak
     steps = _records(run, "step")
     assert not any(s.get("fallback") for s in steps)
-    assert "`--cost track`" in (run.path / "report.md").read_text()
+    assert "`--cost track`), action offsets priced x10" in (run.path / "report.md").read_text()
     with pytest.raises(InputError, match="terminal-value"):
         WalkerRunConfig(cost="track", terminal_value=True).validate()
     with pytest.raises(InputError, match="cost must be one of"):
         WalkerRunConfig(cost="regret").validate()
+    with pytest.raises(InputError, match="track_offset_weight"):
+        WalkerRunConfig(cost="track", track_offset_weight=-1.0).validate()

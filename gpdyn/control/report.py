@@ -54,7 +54,8 @@ def walker_planner_text(config: dict[str, Any]) -> str:
              f"temperature {config['temperature']:g}, uncertainty `{config['uncertainty']}`"
              + (f" (weight {config['var_weight']:g})" if config["uncertainty"] == "penalty" else "")]
     if config.get("cost", "reward") == "track":
-        parts.append("cost: distance to the nominal plant's next velocities under the TRPO policy (`--cost track`)")
+        parts.append("cost: distance to the nominal plant's next velocities under the TRPO policy (`--cost track`), "
+                     f"action offsets priced x{config.get('track_offset_weight', 0):g}")
     if config.get("control_cost"):
         parts.append(f"MPPI control cost x{config['control_cost']:g}")
     if config.get("relative_to_proposal"):
