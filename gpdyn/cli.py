@@ -193,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="minibatch steps on the stored data before control (default 100)")
     p.add_argument("--adapt", choices=("residual", "steps"), default=None,
                    help="online model: an exact GP on the frozen model's residuals (default), or the learner's own steps")
+    p.add_argument("--residual-gate", action="store_true", default=None,
+                   help="walker, --adapt residual: add the residual GP to an output's prediction only while it has "
+                        "predicted that output better than the frozen model (prequential errors)")
     p.add_argument("--dtype", choices=("float64", "float32"), default=None)
     p.add_argument("--video", action="store_true", default=None, help="walker: MP4 of the online episode on the changed plant")
     _add_device(p)

@@ -184,6 +184,36 @@ def test_residual_gp_adapts_to_a_changed_function_at_once() -> None:
             ResidualGP(prior, x, **bad)
 
 
+def test_gated_residual_gp_uses_the_residual_only_where_it_predicts_better() -> None:
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(200, 3, generator=gen, dtype=torch.float64)
+    prior = make_learner("exact", 3, 2, max_points=500)
+    prior.observe(x, torch.zeros(200, 2, dtype=torch.float64))  # the prior predicts 0 for both outputs
+    t = torch.linspace(0, 6, 120, dtype=torch.float64)
+    path = torch.stack([t.sin(), t.cos(), 0.1 * t], -1)
+    # output 0 changed smoothly (a residual the GP can learn); output 1 is white noise around
+    # the prior (a residual the GP can only overfit)
+    targets = torch.stack([1.0 + 0.5 * path[:, 0], 0.3 * torch.randn(len(t), generator=gen, dtype=torch.float64)], -1)
+    res = ResidualGP(prior, x, window=400, amplitude=1.0, noise=1e-4, gated=True, refit_iters=0)
+    plain = ResidualGP(prior, x, window=400, amplitude=1.0, noise=1e-4, refit_iters=0)
+    assert res.gate().tolist() == [False, False]  # nothing seen: the prior alone
+    for i in range(len(t)):
+        for model in (res, plain):
+            model.observe(path[i : i + 1], targets[i : i + 1])
+    assert res.gate().tolist() == [True, False]
+    assert res.diagnostics()["residual_outputs"] == 1.0
+    probe = path[:1] + 0.05
+    gated_mean, plain_mean = res.predict(probe)[0], plain.predict(probe)[0]
+    torch.testing.assert_close(gated_mean[:, 0], plain_mean[:, 0])  # the learnt output keeps its residual
+    torch.testing.assert_close(gated_mean[:, 1], prior.predict(probe)[0][:, 1])  # the noise output does not
+    twin = ResidualGP(make_learner("exact", 3, 2, max_points=500), x, window=400, amplitude=1.0, noise=1e-4, gated=True)
+    twin.load_state_dict(res.state_dict())
+    assert twin.gate().tolist() == [True, False]
+    with pytest.raises(InputError, match="gate_decay"):
+        ResidualGP(prior, x, gated=True, gate_decay=1.0)
+
+
 def test_walker_loop_with_residual_adaptation(walker_zarr: Path, tmp_path: Path) -> None:
     cfg = WalkerRunConfig(learner="svdgp", steps=4, change_at=1, adapt="residual", window=8,
                           controllers=("online",), conditions=("changed",), **TINY)

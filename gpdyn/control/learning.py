@@ -152,6 +152,15 @@ class ResidualGP(Learner):
     units). Every ``refit_every`` observed samples, ``refit_iters`` Adam steps on the
     residual log marginal likelihood refine them (``refit_iters=0``: never). When the
     window is full, the GP is rebuilt from its newest ``window // 2`` samples.
+
+    ``gated``: the residual joins an output's prediction only while it has predicted that
+    output better than the prior alone. Every observed sample is first predicted (before
+    the GP conditions on it), and an exponential average with decay ``gate_decay`` per
+    sample keeps both squared errors per output, prior alone and prior + residual (a
+    prequential comparison, Dawid 1984). A residual GP whose kernel outruns the residual's
+    structure (the pretrained model's own errors vary faster than its lengthscales) then
+    stays out instead of adding confident, wrong corrections; one that captures a real
+    plant change, such as a weakened motor, goes in after a few samples.
     """
 
     name = "residual"
@@ -168,6 +177,8 @@ class ResidualGP(Learner):
         refit_every: int = 100,
         refit_iters: int = 10,
         lr: float = 0.05,
+        gated: bool = False,
+        gate_decay: float = 0.98,
     ) -> None:
         super().__init__(prior.input_dim, prior.output_dim, device=prior.device, dtype=prior.dtype, seed=prior.seed)
         factor = torch.as_tensor(lengthscale_factor, dtype=prior.dtype).reshape(-1)
@@ -177,7 +188,7 @@ class ResidualGP(Learner):
         options = {"window": (window, window >= 4),
                    "amplitude": (amplitude, amplitude > 0), "noise": (noise, noise > 0),
                    "refit_every": (refit_every, refit_every >= 1), "refit_iters": (refit_iters, refit_iters >= 0),
-                   "lr": (lr, lr > 0)}
+                   "lr": (lr, lr > 0), "gate_decay": (gate_decay, 0 < gate_decay < 1)}
         for name, (value, ok) in options.items():
             if not (ok and math.isfinite(float(value))):
                 raise LearnerError(f"ResidualGP: option {name}={value!r} is out of range")
@@ -192,13 +203,26 @@ class ResidualGP(Learner):
             "noise": float(noise),
         }
         self.config.update(window=self.window, lengthscale_factor=factor.tolist(), amplitude=float(amplitude),
-                           noise=float(noise), refit_every=int(refit_every), refit_iters=int(refit_iters), lr=float(lr))
+                           noise=float(noise), refit_every=int(refit_every), refit_iters=int(refit_iters), lr=float(lr),
+                           gated=bool(gated), gate_decay=float(gate_decay))
         self.residual = self._fresh()
         self.observed = 0
+        # gated: averaged squared one-step errors per output, [prior alone, prior + residual]
+        self.gate_errors = torch.zeros(2, prior.output_dim, device=prior.device, dtype=prior.dtype)
 
     def diagnostics(self) -> dict[str, float]:
-        """The frozen prior's counters and how many residual samples are conditioned on."""
-        return {**self.prior.diagnostics(), "residual_points": float(self.residual.n)}
+        """The frozen prior's counters, how many residual samples are conditioned on and (gated)
+        on how many outputs the residual is used."""
+        out = {**self.prior.diagnostics(), "residual_points": float(self.residual.n)}
+        if self.config["gated"]:
+            out["residual_outputs"] = float(self.gate().sum())
+        return out
+
+    def gate(self) -> Tensor:
+        """``[output_dim]`` bool: the outputs whose prediction includes the residual."""
+        if not self.config["gated"]:
+            return torch.ones(self.output_dim, dtype=torch.bool, device=self.device)
+        return self.gate_errors[1] < self.gate_errors[0]
 
     def _fresh(self) -> ExactOnlineGP:
         gp = ExactOnlineGP(self.input_dim, self.output_dim, device=self.device, dtype=self.dtype, seed=self.seed,
@@ -217,6 +241,12 @@ class ResidualGP(Learner):
         self.check_xy(x, y, "observe")
         self.check_finite("observe", x=x, y=y)
         r = y - self._prior_mean(x)
+        if self.config["gated"]:
+            with torch.no_grad():
+                r_pred = self.residual.predict(x)[0] if self.residual.n else torch.zeros_like(r)
+            for row in range(x.shape[0]):  # one sample at a time, in the order they were seen
+                errors = torch.stack([r[row].pow(2), (r[row] - r_pred[row]).pow(2)])
+                self.gate_errors = self.config["gate_decay"] * self.gate_errors + (1 - self.config["gate_decay"]) * errors
         gp = self.residual
         if gp.n + x.shape[0] > self.window:
             keep = max(0, self.window // 2 - x.shape[0])
@@ -241,7 +271,8 @@ class ResidualGP(Learner):
         if self.residual.n == 0:
             return mean, var
         r_mean, r_var = self.residual.predict(x)
-        return mean + r_mean, var + r_var
+        use = self.gate().to(mean.dtype)
+        return mean + use * r_mean, var + use * r_var
 
     def vlb(self, x: Tensor, y: Tensor) -> Tensor:
         """Held-out log likelihood per point of the residual GP on ``y - prior(x)``."""
@@ -251,7 +282,7 @@ class ResidualGP(Learner):
     def state_dict(self) -> dict[str, Any]:
         return {"name": self.name, "prior": self.prior.state_dict(), "residual": self.residual.state_dict(),
                 "hyper": {k: (v.clone() if isinstance(v, Tensor) else v) for k, v in self.hyper.items()},
-                "observed": self.observed}
+                "observed": self.observed, "gate_errors": self.gate_errors.clone()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("name") != self.name:
@@ -261,6 +292,9 @@ class ResidualGP(Learner):
         self.residual = self._fresh()
         self.residual.load_state_dict(state["residual"])
         self.observed = int(state["observed"])
+        saved = state.get("gate_errors")  # checkpoints from before the gate have none
+        self.gate_errors = (torch.zeros_like(self.gate_errors) if saved is None
+                            else saved.clone().to(self.device, self.dtype))
 
 
 __all__ = ["SMALL_SIZES", "OnlineUpdater", "ResidualGP", "build_learner", "pretrain_learner"]

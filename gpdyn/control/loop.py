@@ -111,6 +111,9 @@ class WalkerRunConfig:
     # per-input choices: changed plant 2.04 (x1) -> 1.77, nominal 1.69 -> 1.59 (docs/control.md)
     residual_lengthscale: float = 3.0
     residual_noise: float = 1e-3  # ResidualGP noise variance, normalised output units
+    # ResidualGP: use the residual on an output only while it predicts it better than the
+    # frozen model (ResidualGP.gated; tenth study in docs/control.md)
+    residual_gate: bool = False
     store_episodes: int = 4  # collected into the run folder when no store is given
     change: str = "torso_mass"
     change_factor: float | None = None  # None: the change's own (torso mass x1.3, friction x0.5, motor x0.5)
@@ -227,7 +230,7 @@ def walker_train_inputs(cfg: WalkerRunConfig, store: str | Path) -> torch.Tensor
 def walker_residual_gp(prior: Learner, reference_x: torch.Tensor, cfg: WalkerRunConfig) -> ResidualGP:
     """The online model of ``adapt="residual"``: an exact GP on ``prior``'s residuals."""
     return ResidualGP(prior, reference_x, window=cfg.window, lengthscale_factor=cfg.residual_lengthscale,
-                      amplitude=1.0, noise=cfg.residual_noise)
+                      amplitude=1.0, noise=cfg.residual_noise, gated=cfg.residual_gate)
 
 
 def online_walker_model(learner: Learner, frozen: LearnedWalkerDynamics, cfg: WalkerRunConfig,
@@ -473,7 +476,7 @@ def cli_control(args: argparse.Namespace) -> int:
     if args.robot == "walker":
         cfg = WalkerRunConfig(learner=args.learner, seed=args.seed, device=args.device)
         _options(cfg, args, ("steps", "planner", "cost", "samples", "sim_samples", "horizon", "noise_std", "temperature",
-                             "episodes", "control_cost", "track_offset_weight", "uncertainty", "var_weight", "terminal_value", "relative_to_proposal",
+                             "episodes", "control_cost", "track_offset_weight", "residual_gate", "uncertainty", "var_weight", "terminal_value", "relative_to_proposal",
                              "proposal_tail", "warm_start", "target", "change", "change_factor", "change_at", "controllers",
                              "conditions", "scale", "adapt", "dtype", "video", "pretrain_iterations"))
         cfg.validate()
