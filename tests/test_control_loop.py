@@ -377,10 +377,11 @@ def test_cli_walker_episodes_and_cold_start_reach_the_run(walker_zarr: Path, tmp
 
     out = tmp_path / "run"
     assert main(["control", "walker", "--learner", "svdgp", "--store", str(walker_zarr), "--steps", "2", "--episodes", "2",
-                 "--cold-start", "--cost", "track", "--track-offset-weight", "3", "--controllers", "trpo", "--conditions", "changed", "--out", str(out)]) == 0
+                 "--cold-start", "--cost", "track", "--track-offset-weight", "3", "--residual-gate",
+                 "--controllers", "trpo", "--conditions", "changed", "--out", str(out)]) == 0
     config = json.loads((out / "config.json").read_text())
     assert config["episodes"] == 2 and config["warm_start"] is False and config["cost"] == "track"
-    assert config["track_offset_weight"] == 3.0
+    assert config["track_offset_weight"] == 3.0 and config["residual_gate"] is True
     assert [(e["controller"], e["episode"]) for e in _records(RunDir(out), "episode")] == [("trpo", 0), ("trpo", 1)]
 
 
@@ -429,6 +430,11 @@ def test_tracking_cost_asks_a_weakened_motor_for_the_control_that_undoes_it() ->
         state, candidates, weak(state, candidates))
     offsets = (candidates - policy_action).pow(2).sum(-1)
     torch.testing.assert_close(priced, costs + 10.0 * offsets)
+    # samples from different states (later planned steps) are scored each against its own reference
+    apart = torch.cat([state[:1], weak(state[:1], undo[None])])
+    pair = cost(apart, undo.expand(2, -1), weak(apart, undo.expand(2, -1)))[0]
+    alone = [float(cost(apart[i : i + 1], undo[None], weak(apart[i : i + 1], undo[None]))[0]) for i in range(2)]
+    np.testing.assert_allclose(pair.numpy(), alone, rtol=1e-12, atol=1e-12)
     env.close()
 
 

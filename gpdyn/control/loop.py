@@ -476,9 +476,10 @@ def cli_control(args: argparse.Namespace) -> int:
     if args.robot == "walker":
         cfg = WalkerRunConfig(learner=args.learner, seed=args.seed, device=args.device)
         _options(cfg, args, ("steps", "planner", "cost", "samples", "sim_samples", "horizon", "noise_std", "temperature",
-                             "episodes", "control_cost", "track_offset_weight", "residual_gate", "uncertainty", "var_weight", "terminal_value", "relative_to_proposal",
-                             "proposal_tail", "warm_start", "target", "change", "change_factor", "change_at", "controllers",
-                             "conditions", "scale", "adapt", "dtype", "video", "pretrain_iterations"))
+                             "episodes", "control_cost", "track_offset_weight", "residual_gate", "uncertainty",
+                             "var_weight", "terminal_value", "relative_to_proposal", "proposal_tail", "warm_start",
+                             "target", "change", "change_factor", "change_at", "controllers", "conditions", "scale",
+                             "adapt", "dtype", "video", "pretrain_iterations"))
         cfg.validate()
         run = RunDir.create("control-walker", {"robot": "walker", **asdict(cfg)}, out=args.out)
         print(f"gpdyn control walker: run folder {run.path}")

@@ -104,9 +104,12 @@ class NominalTrackingCost:
     offset_weight: float = 0.0
 
     def __call__(self, state: Tensor, action: Tensor, next_state: Tensor) -> tuple[Tensor, Tensor]:
+        # the first planned step starts every sample from the measured state (with H = 1, every
+        # step does): the policy and the reference then run once, not K times
+        origin = state[:1] if bool((state == state[:1]).all()) else state
         with torch.no_grad():
-            policy_action = torch.clamp(self.policy(state), -1.0, 1.0)
-            nominal = self.reference(state, policy_action)
+            policy_action = torch.clamp(self.policy(origin), -1.0, 1.0)  # Walker2d's action box
+            nominal = self.reference(origin, policy_action)
         if isinstance(nominal, tuple):  # a probabilistic model: its mean
             nominal = nominal[0]
         error = (next_state[..., NQ:] - nominal[..., NQ:].to(next_state.dtype)).pow(2).sum(-1)
