@@ -92,8 +92,9 @@ class NominalTrackingCost:
     change (``reference`` itself, the frozen model) scores the policy's action best; a model
     that has learned the change asks for the action that undoes it, e.g. more control on a
     weakened motor. The true controller tracks a copy of the simulator made before the
-    change; the learned ones track the pretrained model, whose own errors then cancel to
-    first order in the difference. The offset price is a trust region: a model's error in how
+    change; the learned ones track the pretrained model, whose own errors cancel in the
+    difference only while the online model keeps them (docs/control.md, tenth study). The
+    offset price is a trust region: a model's error in how
     the plant answers an action (poorly identified from policy rollouts) otherwise buys large
     offsets for small predicted gains.
     """
