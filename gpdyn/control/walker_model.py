@@ -94,9 +94,9 @@ class NominalTrackingCost:
     weakened motor. The true controller tracks a copy of the simulator made before the
     change; the learned ones track the pretrained model, whose own errors cancel in the
     difference only while the online model keeps them (docs/control.md, tenth study). The
-    offset price is a trust region: a model's error in how
-    the plant answers an action (poorly identified from policy rollouts) otherwise buys large
-    offsets for small predicted gains.
+    offset price is a trust region: a model's error in how the plant answers an action
+    (poorly identified from policy rollouts) otherwise buys large offsets for small
+    predicted gains.
     """
 
     reference: Callable[[Tensor, Tensor], Tensor | tuple[Tensor, Tensor]]
