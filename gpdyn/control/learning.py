@@ -244,9 +244,10 @@ class ResidualGP(Learner):
         if self.config["gated"]:
             with torch.no_grad():
                 r_pred = self.residual.predict(x)[0] if self.residual.n else torch.zeros_like(r)
+            decay = self.config["gate_decay"]
             for row in range(x.shape[0]):  # one sample at a time, in the order they were seen
-                errors = torch.stack([r[row].pow(2), (r[row] - r_pred[row]).pow(2)])
-                self.gate_errors = self.config["gate_decay"] * self.gate_errors + (1 - self.config["gate_decay"]) * errors
+                errors = torch.stack([r[row].pow(2), (r[row] - r_pred[row]).pow(2)])  # [prior alone, with residual]
+                self.gate_errors = decay * self.gate_errors + (1 - decay) * errors
         gp = self.residual
         if gp.n + x.shape[0] > self.window:
             keep = max(0, self.window // 2 - x.shape[0])
