@@ -196,6 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--residual-gate", action="store_true", default=None,
                    help="walker, --adapt residual: add the residual GP to an output's prediction only while it has "
                         "predicted that output better than the frozen model (prequential errors)")
+    p.add_argument("--residual-kernel", choices=("se", "linear"), default=None,
+                   help="walker, --adapt residual: the residual GP's kernel, SE over all inputs (default) or linear "
+                        "over the action alone (a bias plus a gain per action: how the plant answers the action)")
     p.add_argument("--dtype", choices=("float64", "float32"), default=None)
     p.add_argument("--video", action="store_true", default=None, help="walker: MP4 of the online episode on the changed plant")
     _add_device(p)

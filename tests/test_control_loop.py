@@ -214,6 +214,45 @@ def test_gated_residual_gp_uses_the_residual_only_where_it_predicts_better() -> 
         ResidualGP(prior, x, gated=True, gate_decay=1.0)
 
 
+def test_linear_residual_gp_learns_how_the_plant_answers_the_action() -> None:
+    """A weakened actuator is a gain on one action column: the linear kernel over the action
+    learns it from on-policy samples and predicts actions the policy never took."""
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(2)
+
+    def plant(z: torch.Tensor, gain: float) -> torch.Tensor:  # inputs [state (2), action (2)]
+        return torch.stack([z[:, 0].sin() + gain * z[:, 2], z[:, 1].cos() + z[:, 3]], -1)
+
+    x = torch.randn(400, 4, generator=gen, dtype=torch.float64)
+    prior = make_learner("exact", 4, 2, max_points=500)
+    prior.set_hyperparameters(lengthscale=2.0, amplitude=4.0, noise=1e-4)  # a close fit of the nominal plant
+    prior.observe(x, plant(x, 1.0))
+    states = torch.randn(160, 2, generator=gen, dtype=torch.float64)
+    on_policy = torch.cat([states, torch.tanh(2 * states)], -1)  # the action follows the state
+    res = ResidualGP(prior, x, window=100, noise=1e-4, kernel="linear", linear_inputs=[2, 3])
+    for i in range(len(on_policy)):
+        res.observe(on_policy[i : i + 1], plant(on_policy[i : i + 1], 0.3))
+    assert res.residual.n == 100 and res.observed == 160  # a sliding window
+    # the posterior mean is ridge regression on [1, action] over the window
+    phi = torch.cat([torch.ones(100, 1, dtype=torch.float64), on_policy[-100:, 2:]], -1)
+    r = plant(on_policy[-100:], 0.3) - prior.predict(on_policy[-100:])[0]
+    ridge = torch.linalg.solve(phi.T @ phi + 1e-4 * torch.eye(3, dtype=torch.float64), phi.T @ r)
+    torch.testing.assert_close(res.residual.predict(on_policy[:5])[0], on_policy[:5].new_ones(5, 1).mul(ridge[0])
+                               + on_policy[:5, 2:] @ ridge[1:])
+    off_policy = torch.cat([torch.randn(50, 2, generator=gen, dtype=torch.float64),
+                            2 * torch.rand(50, 2, generator=gen, dtype=torch.float64) - 1], -1)
+    prior_error = (prior.predict(off_policy)[0] - plant(off_policy, 0.3)).abs().mean()
+    online_error = (res.predict(off_policy)[0] - plant(off_policy, 0.3)).abs().mean()
+    assert prior_error > 0.1 and online_error < 0.05 * prior_error
+    assert (res.residual.predict(off_policy)[1] > 0).all()
+    twin = ResidualGP(prior, x, window=100, noise=1e-4, kernel="linear", linear_inputs=[2, 3])
+    twin.load_state_dict(res.state_dict())
+    torch.testing.assert_close(twin.predict(off_policy), res.predict(off_policy))
+    for bad in ({"kernel": "nope"}, {"kernel": "linear"}, {"kernel": "linear", "linear_inputs": [4]}):
+        with pytest.raises(InputError, match="ResidualGP"):
+            ResidualGP(prior, x, **bad)
+
+
 def test_walker_loop_with_residual_adaptation(walker_zarr: Path, tmp_path: Path) -> None:
     cfg = WalkerRunConfig(learner="svdgp", steps=4, change_at=1, adapt="residual", window=8,
                           controllers=("online",), conditions=("changed",), **TINY)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from gpdyn.errors import InputError
 from gpdyn.gp import Learner, LearnerError, make_learner
+from gpdyn.gp.base import LOG_2PI, cholesky
 from gpdyn.gp.exact import ExactOnlineGP
 from gpdyn.gp.kernels import median_lengthscale
 
@@ -53,6 +54,7 @@ SMALL_SIZES: dict[str, dict[str, Any]] = {
     "exact": {"max_points": 1500},
 }
 SCALES = ("small", "paper")
+RESIDUAL_KERNELS = ("se", "linear")  # ResidualGP's residual model: an exact SE-ARD GP, or a linear-kernel GP
 
 
 def build_learner(
@@ -142,6 +144,79 @@ class OnlineUpdater:
         return metrics
 
 
+class LinearKernelGP:
+    """A GP with a linear kernel over some input columns: the residual model of
+    ``ResidualGP(kernel="linear")``.
+
+    ``k(x, x') = prior_var (1 + x_S . x_S')`` over the input columns ``S`` (a bias plus a
+    dot product), computed in weight space as Bayesian linear regression on the features
+    ``phi(x) = [1, x_S]`` with weights ``w ~ N(0, prior_var I)`` per output and noise
+    variance ``noise`` (Rasmussen & Williams 2006, Sec. 2.1.1):
+    ``A = phi^T phi / noise + I / prior_var``, mean ``phi(x*) A^-1 phi^T y / noise``,
+    latent variance ``phi(x*) A^-1 phi(x*)^T``. It conditions on its last ``window``
+    samples, a sliding window (the oldest sample leaves as a new one comes), and has no
+    hyperparameters to refit: ``step`` does nothing.
+
+    With ``S`` the action columns it models ``r(s, a) = b + W a``: how the plant's answer to
+    the action differs from the prior's. That is the change a weakened motor makes (a
+    smaller gain on one column of the action), and policy rollouts identify it because
+    the action sweeps its range over every gait cycle. The prior's own errors vary with
+    the state along the trajectory and average out as noise.
+    """
+
+    def __init__(self, input_dim: int, output_dim: int, columns: Sequence[int], *, window: int, noise: float,
+                 prior_var: float = 1.0, device: torch.device, dtype: torch.dtype) -> None:
+        self.input_dim, self.output_dim, self.device, self.dtype = input_dim, output_dim, device, dtype
+        self.columns = torch.as_tensor(list(columns), dtype=torch.long, device=device)
+        self.window, self.noise, self.prior_var = int(window), float(noise), float(prior_var)
+        self.features = torch.zeros(0, 1 + len(self.columns), device=device, dtype=dtype)
+        self.targets = torch.zeros(0, output_dim, device=device, dtype=dtype)
+        self._refresh()
+
+    @property
+    def n(self) -> int:
+        return self.features.shape[0]
+
+    def _phi(self, x: Tensor) -> Tensor:
+        return torch.cat([torch.ones_like(x[..., :1]), x[..., self.columns]], dim=-1)
+
+    def _refresh(self) -> None:
+        """The weights' posterior, mean ``[F, P]`` and the Cholesky factor of ``A``."""
+        eye = torch.eye(self.features.shape[1], device=self.device, dtype=self.dtype)
+        self._chol = cholesky(self.features.T @ self.features / self.noise + eye / self.prior_var)
+        self._weights = torch.cholesky_solve(self.features.T @ self.targets / self.noise, self._chol)
+
+    def observe(self, x: Tensor, y: Tensor) -> None:
+        self.features = torch.cat([self.features, self._phi(x)])[-self.window:]
+        self.targets = torch.cat([self.targets, y])[-self.window:]
+        self._refresh()
+
+    def step(self, x: Tensor, y: Tensor) -> dict[str, float]:
+        return {"refit": 0.0}
+
+    @torch.no_grad()
+    def predict(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Latent mean and variance ``[..., P]``."""
+        phi = self._phi(x)
+        half = torch.linalg.solve_triangular(self._chol, phi.reshape(-1, phi.shape[-1]).T, upper=False)
+        var = half.pow(2).sum(0).reshape(phi.shape[:-1] + (1,))
+        return phi @ self._weights, var.expand(phi.shape[:-1] + (self.output_dim,))
+
+    def vlb(self, x: Tensor, y: Tensor) -> Tensor:
+        """Held-out log predictive density per output, ``[P]``: each point's own, averaged over the points."""
+        mean, var = self.predict(x)
+        var = var + self.noise
+        return (-0.5 * ((y - mean).pow(2) / var + var.log() + LOG_2PI)).reshape(-1, self.output_dim).mean(0)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"features": self.features.clone(), "targets": self.targets.clone()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.features = state["features"].clone().to(self.device, self.dtype)
+        self.targets = state["targets"].clone().to(self.device, self.dtype)
+        self._refresh()
+
+
 class ResidualGP(Learner):
     """A frozen ``prior`` learner plus an exact GP on its residuals over the last ``window`` samples.
 
@@ -161,6 +236,11 @@ class ResidualGP(Learner):
     structure (the pretrained model's own errors vary faster than its lengthscales) then
     stays out instead of adding confident, wrong corrections; one that captures a real
     plant change, such as a weakened motor, goes in after a few samples.
+
+    ``kernel``: ``"se"`` (above) or ``"linear"``, a :class:`LinearKernelGP` over the input
+    columns ``linear_inputs`` with noise variance ``noise`` and a sliding window of
+    ``window`` samples (``lengthscale_factor``, ``amplitude`` and the refits are the SE
+    kernel's and are not used).
     """
 
     name = "residual"
@@ -179,6 +259,8 @@ class ResidualGP(Learner):
         lr: float = 0.05,
         gated: bool = False,
         gate_decay: float = 0.98,
+        kernel: str = "se",
+        linear_inputs: Sequence[int] = (),
     ) -> None:
         super().__init__(prior.input_dim, prior.output_dim, device=prior.device, dtype=prior.dtype, seed=prior.seed)
         factor = torch.as_tensor(lengthscale_factor, dtype=prior.dtype).reshape(-1)
@@ -192,6 +274,12 @@ class ResidualGP(Learner):
         for name, (value, ok) in options.items():
             if not (ok and math.isfinite(float(value))):
                 raise LearnerError(f"ResidualGP: option {name}={value!r} is out of range")
+        if kernel not in RESIDUAL_KERNELS:
+            raise LearnerError(f"ResidualGP: kernel must be one of {', '.join(RESIDUAL_KERNELS)}, got {kernel!r}")
+        linear_inputs = [int(i) for i in linear_inputs]
+        if kernel == "linear" and not (linear_inputs and all(0 <= i < prior.input_dim for i in linear_inputs)):
+            raise LearnerError(f"ResidualGP: kernel 'linear' needs linear_inputs, columns in [0, {prior.input_dim}), "
+                               f"got {linear_inputs}")
         if reference_x.ndim != 2 or reference_x.shape[1] != prior.input_dim or reference_x.shape[0] < 2:
             raise LearnerError(f"ResidualGP: reference_x must be [N >= 2, {prior.input_dim}], got {tuple(reference_x.shape)}")
         self.prior = prior
@@ -204,7 +292,8 @@ class ResidualGP(Learner):
         }
         self.config.update(window=self.window, lengthscale_factor=factor.tolist(), amplitude=float(amplitude),
                            noise=float(noise), refit_every=int(refit_every), refit_iters=int(refit_iters), lr=float(lr),
-                           gated=bool(gated), gate_decay=float(gate_decay))
+                           gated=bool(gated), gate_decay=float(gate_decay), kernel=kernel,
+                           linear_inputs=linear_inputs)
         self.residual = self._fresh()
         self.observed = 0
         # gated: averaged squared one-step errors per output, [prior alone, prior + residual]
@@ -224,7 +313,10 @@ class ResidualGP(Learner):
             return torch.ones(self.output_dim, dtype=torch.bool, device=self.device)
         return self.gate_errors[1] < self.gate_errors[0]
 
-    def _fresh(self) -> ExactOnlineGP:
+    def _fresh(self) -> ExactOnlineGP | LinearKernelGP:
+        if self.config["kernel"] == "linear":
+            return LinearKernelGP(self.input_dim, self.output_dim, self.config["linear_inputs"], window=self.window,
+                                  noise=self.config["noise"], device=self.device, dtype=self.dtype)
         gp = ExactOnlineGP(self.input_dim, self.output_dim, device=self.device, dtype=self.dtype, seed=self.seed,
                            lr=self.config["lr"], refit_every=self.config["refit_every"],
                            refit_iters=self.config["refit_iters"], max_points=self.window,
@@ -237,7 +329,7 @@ class ResidualGP(Learner):
             return self.prior.predict(x)[0]
 
     def observe(self, x: Tensor, y: Tensor) -> None:
-        """Condition the residual GP on ``y - prior(x)`` (rebuilding from the newest half when full)."""
+        """Condition the residual GP on ``y - prior(x)`` (the SE kernel's GP is rebuilt from its newest half when full)."""
         self.check_xy(x, y, "observe")
         self.check_finite("observe", x=x, y=y)
         r = y - self._prior_mean(x)
@@ -249,7 +341,7 @@ class ResidualGP(Learner):
                 errors = torch.stack([r[row].pow(2), (r[row] - r_pred[row]).pow(2)])  # [prior alone, with residual]
                 self.gate_errors = decay * self.gate_errors + (1 - decay) * errors
         gp = self.residual
-        if gp.n + x.shape[0] > self.window:
+        if isinstance(gp, ExactOnlineGP) and gp.n + x.shape[0] > self.window:
             keep = max(0, self.window // 2 - x.shape[0])
             state = gp.state_dict()
             old_x, old_r = state["X"][gp.n - keep :], state["Y"][gp.n - keep :]
@@ -298,4 +390,4 @@ class ResidualGP(Learner):
                             else saved.clone().to(self.device, self.dtype))
 
 
-__all__ = ["SMALL_SIZES", "OnlineUpdater", "ResidualGP", "build_learner", "pretrain_learner"]
+__all__ = ["RESIDUAL_KERNELS", "SMALL_SIZES", "LinearKernelGP", "OnlineUpdater", "ResidualGP", "build_learner", "pretrain_learner"]

@@ -129,6 +129,7 @@ def state_of(data: mujoco.MjData) -> np.ndarray:
 # ``as_change_of(QVEL_INPUTS)``), "velocity" = qvel[t+1] (walker-1 as in the paper).
 TARGETS = ("change", "velocity")
 QVEL_INPUTS = slice(NQ - 1, NQ - 1 + NV)  # qvel's columns in the walker-1 input
+ACTION_INPUTS = slice(NQ - 1 + NV, NQ - 1 + NV + NU)  # the action's columns in the walker-1 input
 
 
 class LearnedWalkerDynamics:
@@ -310,6 +311,7 @@ def apply_plant_change(model: mujoco.MjModel, name: str, factor: float | None = 
 
 
 __all__ = [
+    "ACTION_INPUTS",
     "DT",
     "NU",
     "NX",
