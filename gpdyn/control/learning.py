@@ -235,7 +235,14 @@ class ResidualGP(Learner):
     prequential comparison, Dawid 1984). A residual GP whose kernel outruns the residual's
     structure (the pretrained model's own errors vary faster than its lengthscales) then
     stays out instead of adding confident, wrong corrections; one that captures a real
-    plant change, such as a weakened motor, goes in after a few samples.
+    plant change, such as a weakened motor, goes in after a few samples. ``gate_z > 0``
+    asks for evidence: the average of the per-sample improvement ``d = e_prior - e_with``
+    must exceed ``gate_z`` standard errors (weighted mean and variance of ``d`` under the
+    same exponential weights, effective sample size ``(sum w)^2 / sum w^2``). The first
+    few samples then cannot switch the residual in: the pretrained model's own errors are
+    correlated from one step to the next, so a residual fitted to a handful of them
+    predicts the next one better by chance and the controller would chase it.
+    ``gate_z = 0`` is the plain comparison of the two averages.
 
     ``kernel``: ``"se"`` (above) or ``"linear"``, a :class:`LinearKernelGP` over the input
     columns ``linear_inputs`` with noise variance ``noise`` and a sliding window of
@@ -259,6 +266,7 @@ class ResidualGP(Learner):
         lr: float = 0.05,
         gated: bool = False,
         gate_decay: float = 0.98,
+        gate_z: float = 0.0,
         kernel: str = "se",
         linear_inputs: Sequence[int] = (),
     ) -> None:
@@ -270,7 +278,8 @@ class ResidualGP(Learner):
         options = {"window": (window, window >= 4),
                    "amplitude": (amplitude, amplitude > 0), "noise": (noise, noise > 0),
                    "refit_every": (refit_every, refit_every >= 1), "refit_iters": (refit_iters, refit_iters >= 0),
-                   "lr": (lr, lr > 0), "gate_decay": (gate_decay, 0 < gate_decay < 1)}
+                   "lr": (lr, lr > 0), "gate_decay": (gate_decay, 0 < gate_decay < 1),
+                   "gate_z": (gate_z, gate_z >= 0)}
         for name, (value, ok) in options.items():
             if not (ok and math.isfinite(float(value))):
                 raise LearnerError(f"ResidualGP: option {name}={value!r} is out of range")
@@ -292,12 +301,14 @@ class ResidualGP(Learner):
         }
         self.config.update(window=self.window, lengthscale_factor=factor.tolist(), amplitude=float(amplitude),
                            noise=float(noise), refit_every=int(refit_every), refit_iters=int(refit_iters), lr=float(lr),
-                           gated=bool(gated), gate_decay=float(gate_decay), kernel=kernel,
+                           gated=bool(gated), gate_decay=float(gate_decay), gate_z=float(gate_z),
+                           kernel=kernel,
                            linear_inputs=linear_inputs)
         self.residual = self._fresh()
         self.observed = 0
-        # gated: averaged squared one-step errors per output, [prior alone, prior + residual]
-        self.gate_errors = torch.zeros(2, prior.output_dim, device=prior.device, dtype=prior.dtype)
+        # gated: exponentially weighted sums per output of d = (error of the prior alone)^2 -
+        # (error with the residual)^2, of d^2, of the weights and of their squares
+        self.gate_sums = torch.zeros(4, prior.output_dim, device=prior.device, dtype=prior.dtype)
 
     def diagnostics(self) -> dict[str, float]:
         """The frozen prior's counters, how many residual samples are conditioned on and (gated)
@@ -311,7 +322,11 @@ class ResidualGP(Learner):
         """``[output_dim]`` bool: the outputs whose prediction includes the residual."""
         if not self.config["gated"]:
             return torch.ones(self.output_dim, dtype=torch.bool, device=self.device)
-        return self.gate_errors[1] < self.gate_errors[0]
+        sum_d, sum_dd, sum_w, sum_ww = self.gate_sums
+        mean = sum_d / sum_w.clamp_min(1e-300)
+        spread = (sum_dd / sum_w.clamp_min(1e-300) - mean.pow(2)).clamp_min(0)
+        standard_error = (spread * sum_ww).sqrt() / sum_w.clamp_min(1e-300)  # sqrt(var / n_eff)
+        return (sum_w > 0) & (mean > self.config["gate_z"] * standard_error)
 
     def _fresh(self) -> ExactOnlineGP | LinearKernelGP:
         if self.config["kernel"] == "linear":
@@ -337,9 +352,10 @@ class ResidualGP(Learner):
             with torch.no_grad():
                 r_pred = self.residual.predict(x)[0] if self.residual.n else torch.zeros_like(r)
             decay = self.config["gate_decay"]
+            weights = torch.tensor([decay, decay, decay, decay**2], device=self.device, dtype=self.dtype)[:, None]
             for row in range(x.shape[0]):  # one sample at a time, in the order they were seen
-                errors = torch.stack([r[row].pow(2), (r[row] - r_pred[row]).pow(2)])  # [prior alone, with residual]
-                self.gate_errors = decay * self.gate_errors + (1 - decay) * errors
+                d = r[row].pow(2) - (r[row] - r_pred[row]).pow(2)
+                self.gate_sums = weights * self.gate_sums + torch.stack([d, d * d, torch.ones_like(d), torch.ones_like(d)])
         gp = self.residual
         if isinstance(gp, ExactOnlineGP) and gp.n + x.shape[0] > self.window:
             keep = max(0, self.window // 2 - x.shape[0])
@@ -375,7 +391,7 @@ class ResidualGP(Learner):
     def state_dict(self) -> dict[str, Any]:
         return {"name": self.name, "prior": self.prior.state_dict(), "residual": self.residual.state_dict(),
                 "hyper": {k: (v.clone() if isinstance(v, Tensor) else v) for k, v in self.hyper.items()},
-                "observed": self.observed, "gate_errors": self.gate_errors.clone()}
+                "observed": self.observed, "gate_sums": self.gate_sums.clone()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("name") != self.name:
@@ -385,9 +401,9 @@ class ResidualGP(Learner):
         self.residual = self._fresh()
         self.residual.load_state_dict(state["residual"])
         self.observed = int(state["observed"])
-        saved = state.get("gate_errors")  # checkpoints from before the gate have none
-        self.gate_errors = (torch.zeros_like(self.gate_errors) if saved is None
-                            else saved.clone().to(self.device, self.dtype))
+        saved = state.get("gate_sums")  # older checkpoints have none: the gate starts over
+        self.gate_sums = (torch.zeros_like(self.gate_sums) if saved is None
+                          else saved.clone().to(self.device, self.dtype))
 
 
 __all__ = ["RESIDUAL_KERNELS", "SMALL_SIZES", "LinearKernelGP", "OnlineUpdater", "ResidualGP", "build_learner", "pretrain_learner"]

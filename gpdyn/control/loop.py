@@ -122,6 +122,9 @@ class WalkerRunConfig:
     # ResidualGP: use the residual on an output only while it predicts it better than the
     # frozen model (ResidualGP.gated; tenth study in docs/control.md)
     residual_gate: bool = False
+    # the gate's evidence: the residual's average improvement must exceed this many standard
+    # errors (ResidualGP.gate_z; 0 = the plain comparison of the tenth study)
+    residual_gate_z: float = 0.0
     store_episodes: int = 4  # collected into the run folder when no store is given
     change: str = "torso_mass"
     change_factor: float | None = None  # None: the change's own (torso mass x1.3, friction x0.5, motor x0.5)
@@ -161,6 +164,8 @@ class WalkerRunConfig:
         if self.residual_kernel not in RESIDUAL_KERNELS:
             raise InputError(f"control walker: residual_kernel must be one of {', '.join(RESIDUAL_KERNELS)}, "
                              f"got '{self.residual_kernel}'")
+        if not (self.residual_gate_z >= 0 and np.isfinite(self.residual_gate_z)):
+            raise InputError(f"control walker: residual_gate_z must be finite and >= 0, got {self.residual_gate_z}")
         noise_ok = self.residual_noise is None or (self.residual_noise > 0 and np.isfinite(self.residual_noise))
         if self.window < 4 or self.updates < 0 or not (self.residual_lengthscale > 0 and noise_ok):
             raise InputError(f"control walker: need window >= 4, updates >= 0, residual_lengthscale > 0 and "
@@ -243,7 +248,8 @@ def walker_residual_gp(prior: Learner, reference_x: torch.Tensor, cfg: WalkerRun
     """The online model of ``adapt="residual"``: an exact GP on ``prior``'s residuals."""
     noise = RESIDUAL_NOISE[cfg.residual_kernel] if cfg.residual_noise is None else cfg.residual_noise
     return ResidualGP(prior, reference_x, window=cfg.window, lengthscale_factor=cfg.residual_lengthscale,
-                      amplitude=1.0, noise=noise, gated=cfg.residual_gate, kernel=cfg.residual_kernel,
+                      amplitude=1.0, noise=noise, gated=cfg.residual_gate, gate_z=cfg.residual_gate_z,
+                      kernel=cfg.residual_kernel,
                       linear_inputs=range(prior.input_dim)[ACTION_INPUTS])
 
 
