@@ -212,6 +212,33 @@ def test_gated_residual_gp_uses_the_residual_only_where_it_predicts_better() -> 
     assert twin.gate().tolist() == [True, False]
     with pytest.raises(InputError, match="gate_decay"):
         ResidualGP(prior, x, gated=True, gate_decay=1.0)
+    with pytest.raises(InputError, match="gate_z"):
+        ResidualGP(prior, x, gated=True, gate_z=-1.0)
+
+
+def test_residual_gate_asks_for_evidence() -> None:
+    """gate_z = 0 compares the two averaged squared errors; gate_z > 0 keeps the residual out
+    until its improvement is that many standard errors above zero."""
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(200, 3, generator=gen, dtype=torch.float64)
+    prior = make_learner("exact", 3, 2, max_points=500)
+    prior.observe(x, torch.zeros(200, 2, dtype=torch.float64))
+    t = torch.linspace(0, 6, 120, dtype=torch.float64)
+    path = torch.stack([t.sin(), t.cos(), 0.1 * t], -1)
+    targets = torch.stack([1.0 + 0.5 * path[:, 0], 0.3 * torch.randn(len(t), generator=gen, dtype=torch.float64)], -1)
+    plain = ResidualGP(prior, x, window=400, amplitude=1.0, noise=1e-4, gated=True, refit_iters=0)
+    strict = ResidualGP(prior, x, window=400, amplitude=1.0, noise=1e-4, gated=True, gate_z=2.0, refit_iters=0)
+    averages = torch.zeros(2, 2, dtype=torch.float64)  # [prior alone, with residual] x output
+    for i in range(len(t)):
+        r_pred = plain.residual.predict(path[i : i + 1])[0][0] if plain.residual.n else torch.zeros(2, dtype=torch.float64)
+        averages = 0.98 * averages + 0.02 * torch.stack([targets[i].pow(2), (targets[i] - r_pred).pow(2)])
+        for model in (plain, strict):
+            model.observe(path[i : i + 1], targets[i : i + 1])
+        assert plain.gate().tolist() == (averages[1] < averages[0]).tolist()
+        if i < 2:
+            assert strict.gate().tolist() == [False, False]  # two samples are no evidence
+    assert strict.gate().tolist() == [True, False]
 
 
 def test_linear_residual_gp_learns_how_the_plant_answers_the_action() -> None:
