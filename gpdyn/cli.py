@@ -196,6 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--residual-gate", action="store_true", default=None,
                    help="walker, --adapt residual: add the residual GP to an output's prediction only while it has "
                         "predicted that output better than the frozen model (prequential errors)")
+    p.add_argument("--residual-gate-z", type=float, default=None,
+                   help="walker, with --residual-gate: the residual goes in only once its average improvement is "
+                        "this many standard errors above zero (default 0: the plain comparison)")
+    p.add_argument("--residual-forget", type=float, default=None,
+                   help="walker, --residual-kernel linear: weight forget**k on a transition k steps old (default 1: none)")
     p.add_argument("--residual-kernel", choices=("se", "linear"), default=None,
                    help="walker, --adapt residual: the residual GP's kernel, SE over all inputs (default) or linear "
                         "over the action alone (a bias plus a gain per action: how the plant answers the action)")

@@ -280,9 +280,10 @@ def test_linear_residual_gp_learns_how_the_plant_answers_the_action() -> None:
             ResidualGP(prior, x, **bad)
 
 
-def test_walker_loop_with_residual_adaptation(walker_zarr: Path, tmp_path: Path) -> None:
-    cfg = WalkerRunConfig(learner="svdgp", steps=4, change_at=1, adapt="residual", window=8,
-                          controllers=("online",), conditions=("changed",), **TINY)
+@pytest.mark.parametrize("kernel", ["se", "linear"])
+def test_walker_loop_with_residual_adaptation(kernel: str, walker_zarr: Path, tmp_path: Path) -> None:
+    cfg = WalkerRunConfig(learner="svdgp", steps=4, change_at=1, adapt="residual", window=8, residual_kernel=kernel,
+                          residual_gate=True, residual_gate_z=1.0, controllers=("online",), conditions=("changed",), **TINY)
     run = RunDir.create("t", {}, out=tmp_path / "run")
     run_walker(run, cfg, walker_zarr)
     steps = _records(run, "step")
@@ -290,6 +291,9 @@ def test_walker_loop_with_residual_adaptation(walker_zarr: Path, tmp_path: Path)
     assert all("update_seconds" in s for s in steps)
     with pytest.raises(InputError, match="adapt"):
         WalkerRunConfig(adapt="nope").validate()
+    for bad in ({"residual_kernel": "nope"}, {"residual_forget": 0.0}, {"residual_gate_z": -1.0}):
+        with pytest.raises(InputError, match=next(iter(bad))):
+            WalkerRunConfig(**bad).validate()
 
 
 @pytest.mark.parametrize("target", ["change", "velocity"])
@@ -444,10 +448,12 @@ def test_cli_walker_episodes_and_cold_start_reach_the_run(walker_zarr: Path, tmp
     out = tmp_path / "run"
     assert main(["control", "walker", "--learner", "svdgp", "--store", str(walker_zarr), "--steps", "2", "--episodes", "2",
                  "--cold-start", "--cost", "track", "--track-offset-weight", "3", "--residual-gate",
+                 "--residual-gate-z", "2", "--residual-kernel", "linear", "--residual-forget", "0.98",
                  "--controllers", "trpo", "--conditions", "changed", "--out", str(out)]) == 0
     config = json.loads((out / "config.json").read_text())
     assert config["episodes"] == 2 and config["warm_start"] is False and config["cost"] == "track"
     assert config["track_offset_weight"] == 3.0 and config["residual_gate"] is True
+    assert config["residual_gate_z"] == 2.0 and config["residual_kernel"] == "linear" and config["residual_forget"] == 0.98
     assert [(e["controller"], e["episode"]) for e in _records(RunDir(out), "episode")] == [("trpo", 0), ("trpo", 1)]
 
 

@@ -155,7 +155,9 @@ class LinearKernelGP:
     ``A = phi^T phi / noise + I / prior_var``, mean ``phi(x*) A^-1 phi^T y / noise``,
     latent variance ``phi(x*) A^-1 phi(x*)^T``. It conditions on its last ``window``
     samples, a sliding window (the oldest sample leaves as a new one comes), and has no
-    hyperparameters to refit: ``step`` does nothing.
+    hyperparameters to refit: ``step`` does nothing. ``forget < 1`` weighs a sample seen
+    ``k`` samples ago by ``forget**k`` (its noise variance divided by that: recursive
+    least squares with forgetting), so that the fit follows a plant that changes.
 
     With ``S`` the action columns it models ``r(s, a) = b + W a``: how the plant's answer to
     the action differs from the prior's. That is the change a weakened motor makes (a
@@ -165,10 +167,10 @@ class LinearKernelGP:
     """
 
     def __init__(self, input_dim: int, output_dim: int, columns: Sequence[int], *, window: int, noise: float,
-                 prior_var: float = 1.0, device: torch.device, dtype: torch.dtype) -> None:
+                 prior_var: float = 1.0, forget: float = 1.0, device: torch.device, dtype: torch.dtype) -> None:
         self.input_dim, self.output_dim, self.device, self.dtype = input_dim, output_dim, device, dtype
         self.columns = torch.as_tensor(list(columns), dtype=torch.long, device=device)
-        self.window, self.noise, self.prior_var = int(window), float(noise), float(prior_var)
+        self.window, self.noise, self.prior_var, self.forget = int(window), float(noise), float(prior_var), float(forget)
         self.features = torch.zeros(0, 1 + len(self.columns), device=device, dtype=dtype)
         self.targets = torch.zeros(0, output_dim, device=device, dtype=dtype)
         self._refresh()
@@ -183,8 +185,10 @@ class LinearKernelGP:
     def _refresh(self) -> None:
         """The weights' posterior, mean ``[F, P]`` and the Cholesky factor of ``A``."""
         eye = torch.eye(self.features.shape[1], device=self.device, dtype=self.dtype)
-        self._chol = cholesky(self.features.T @ self.features / self.noise + eye / self.prior_var)
-        self._weights = torch.cholesky_solve(self.features.T @ self.targets / self.noise, self._chol)
+        age = torch.arange(self.n - 1, -1, -1, device=self.device, dtype=self.dtype)
+        weighted = self.features * (self.forget**age / self.noise)[:, None]
+        self._chol = cholesky(weighted.T @ self.features + eye / self.prior_var)
+        self._weights = torch.cholesky_solve(weighted.T @ self.targets, self._chol)
 
     def observe(self, x: Tensor, y: Tensor) -> None:
         self.features = torch.cat([self.features, self._phi(x)])[-self.window:]
@@ -245,8 +249,8 @@ class ResidualGP(Learner):
     ``gate_z = 0`` is the plain comparison of the two averages.
 
     ``kernel``: ``"se"`` (above) or ``"linear"``, a :class:`LinearKernelGP` over the input
-    columns ``linear_inputs`` with noise variance ``noise`` and a sliding window of
-    ``window`` samples (``lengthscale_factor``, ``amplitude`` and the refits are the SE
+    columns ``linear_inputs`` with noise variance ``noise``, a sliding window of
+    ``window`` samples and forgetting factor ``forget`` (1: none) (``lengthscale_factor``, ``amplitude`` and the refits are the SE
     kernel's and are not used).
     """
 
@@ -269,6 +273,7 @@ class ResidualGP(Learner):
         gate_z: float = 0.0,
         kernel: str = "se",
         linear_inputs: Sequence[int] = (),
+        forget: float = 1.0,
     ) -> None:
         super().__init__(prior.input_dim, prior.output_dim, device=prior.device, dtype=prior.dtype, seed=prior.seed)
         factor = torch.as_tensor(lengthscale_factor, dtype=prior.dtype).reshape(-1)
@@ -279,7 +284,7 @@ class ResidualGP(Learner):
                    "amplitude": (amplitude, amplitude > 0), "noise": (noise, noise > 0),
                    "refit_every": (refit_every, refit_every >= 1), "refit_iters": (refit_iters, refit_iters >= 0),
                    "lr": (lr, lr > 0), "gate_decay": (gate_decay, 0 < gate_decay < 1),
-                   "gate_z": (gate_z, gate_z >= 0)}
+                   "gate_z": (gate_z, gate_z >= 0), "forget": (forget, 0 < forget <= 1)}
         for name, (value, ok) in options.items():
             if not (ok and math.isfinite(float(value))):
                 raise LearnerError(f"ResidualGP: option {name}={value!r} is out of range")
@@ -303,7 +308,7 @@ class ResidualGP(Learner):
                            noise=float(noise), refit_every=int(refit_every), refit_iters=int(refit_iters), lr=float(lr),
                            gated=bool(gated), gate_decay=float(gate_decay), gate_z=float(gate_z),
                            kernel=kernel,
-                           linear_inputs=linear_inputs)
+                           linear_inputs=linear_inputs, forget=float(forget))
         self.residual = self._fresh()
         self.observed = 0
         # gated: exponentially weighted sums per output of d = (error of the prior alone)^2 -
@@ -331,7 +336,8 @@ class ResidualGP(Learner):
     def _fresh(self) -> ExactOnlineGP | LinearKernelGP:
         if self.config["kernel"] == "linear":
             return LinearKernelGP(self.input_dim, self.output_dim, self.config["linear_inputs"], window=self.window,
-                                  noise=self.config["noise"], device=self.device, dtype=self.dtype)
+                                  noise=self.config["noise"], forget=self.config["forget"], device=self.device,
+                                  dtype=self.dtype)
         gp = ExactOnlineGP(self.input_dim, self.output_dim, device=self.device, dtype=self.dtype, seed=self.seed,
                            lr=self.config["lr"], refit_every=self.config["refit_every"],
                            refit_iters=self.config["refit_iters"], max_points=self.window,

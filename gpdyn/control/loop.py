@@ -119,6 +119,7 @@ class WalkerRunConfig:
     # ResidualGP: the residual's kernel, RESIDUAL_KERNELS: "se" over all inputs, or "linear" over the
     # action alone, r(s, a) = b + W a (eleventh study in docs/control.md)
     residual_kernel: str = "se"
+    residual_forget: float = 1.0  # linear kernel: weight forget**k on a sample k steps old (LinearKernelGP)
     # ResidualGP: use the residual on an output only while it predicts it better than the
     # frozen model (ResidualGP.gated; tenth study in docs/control.md)
     residual_gate: bool = False
@@ -164,6 +165,8 @@ class WalkerRunConfig:
         if self.residual_kernel not in RESIDUAL_KERNELS:
             raise InputError(f"control walker: residual_kernel must be one of {', '.join(RESIDUAL_KERNELS)}, "
                              f"got '{self.residual_kernel}'")
+        if not 0 < self.residual_forget <= 1:
+            raise InputError(f"control walker: residual_forget must be in (0, 1], got {self.residual_forget}")
         if not (self.residual_gate_z >= 0 and np.isfinite(self.residual_gate_z)):
             raise InputError(f"control walker: residual_gate_z must be finite and >= 0, got {self.residual_gate_z}")
         noise_ok = self.residual_noise is None or (self.residual_noise > 0 and np.isfinite(self.residual_noise))
@@ -249,7 +252,7 @@ def walker_residual_gp(prior: Learner, reference_x: torch.Tensor, cfg: WalkerRun
     noise = RESIDUAL_NOISE[cfg.residual_kernel] if cfg.residual_noise is None else cfg.residual_noise
     return ResidualGP(prior, reference_x, window=cfg.window, lengthscale_factor=cfg.residual_lengthscale,
                       amplitude=1.0, noise=noise, gated=cfg.residual_gate, gate_z=cfg.residual_gate_z,
-                      kernel=cfg.residual_kernel,
+                      kernel=cfg.residual_kernel, forget=cfg.residual_forget,
                       linear_inputs=range(prior.input_dim)[ACTION_INPUTS])
 
 
@@ -496,8 +499,8 @@ def cli_control(args: argparse.Namespace) -> int:
     if args.robot == "walker":
         cfg = WalkerRunConfig(learner=args.learner, seed=args.seed, device=args.device)
         _options(cfg, args, ("steps", "planner", "cost", "samples", "sim_samples", "horizon", "noise_std", "temperature",
-                             "episodes", "control_cost", "track_offset_weight", "residual_gate", "residual_kernel",
-                             "uncertainty",
+                             "episodes", "control_cost", "track_offset_weight", "residual_gate", "residual_gate_z",
+                             "residual_kernel", "residual_forget", "uncertainty",
                              "var_weight", "terminal_value", "relative_to_proposal", "proposal_tail", "warm_start",
                              "target", "change", "change_factor", "change_at", "controllers", "conditions", "scale",
                              "adapt", "dtype", "video", "pretrain_iterations"))
