@@ -17,7 +17,7 @@ from synthetic import make_kuka_store, make_walker_store
 from gpdyn.cli import main
 from gpdyn.control.kuka_control import KukaRunConfig, run_kuka
 from gpdyn.control.learning import ResidualGP
-from gpdyn.control.loop import WalkerRunConfig, pretrained_walker_model, run_walker, run_walker_episode
+from gpdyn.control.loop import WalkerRunConfig, plant_change_step, pretrained_walker_model, run_walker, run_walker_episode
 from gpdyn.control.walker_model import LearnedWalkerDynamics
 from gpdyn.data.store import EpisodeStore
 from gpdyn.errors import InputError
@@ -278,6 +278,17 @@ def test_linear_residual_gp_learns_how_the_plant_answers_the_action() -> None:
     for bad in ({"kernel": "nope"}, {"kernel": "linear"}, {"kernel": "linear", "linear_inputs": [4]}):
         with pytest.raises(InputError, match="ResidualGP"):
             ResidualGP(prior, x, **bad)
+
+
+def test_a_plant_changed_in_mid_episode_stays_changed(walker_zarr: Path, tmp_path: Path) -> None:
+    cfg = WalkerRunConfig(steps=4, episodes=2, change_at=2, controllers=("trpo",), conditions=("changed",), **TINY)
+    # change_at counts the condition's steps over its episodes: after a fall at step 1 it comes at step 1
+    assert [plant_change_step(cfg, "changed", elapsed) for elapsed in (0, 1, 4)] == [2, 1, 0]
+    assert plant_change_step(cfg, "nominal", 0) is None
+    run = RunDir.create("t", {}, out=tmp_path / "run")
+    run_walker(run, cfg, walker_zarr)
+    changed = [(s["episode"], s["t"], s["changed"]) for s in _records(run, "step")]
+    assert changed == [(0, 0, False), (0, 1, False), (0, 2, True), (0, 3, True)] + [(1, t, True) for t in range(4)]
 
 
 @pytest.mark.parametrize("kernel", ["se", "linear"])

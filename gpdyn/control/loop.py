@@ -129,7 +129,9 @@ class WalkerRunConfig:
     store_episodes: int = 4  # collected into the run folder when no store is given
     change: str = "torso_mass"
     change_factor: float | None = None  # None: the change's own (torso mass x1.3, friction x0.5, motor x0.5)
-    change_at: int = 0  # 0: the plant is changed from the start; t > 0: at control step t
+    # 0: the plant is changed from the start; t > 0: at control step t of the condition's run,
+    # counted over its consecutive episodes, and it stays changed in the episodes after
+    change_at: int = 0
     controllers: tuple[str, ...] = CONTROLLERS
     conditions: tuple[str, ...] = CONDITIONS
     seed: int = 0
@@ -323,10 +325,13 @@ def run_walker_episode(
     reset_seed: int,
     episode: int = 0,
     reference: LearnedWalkerDynamics | None = None,
+    change_step: int | None = None,
 ) -> dict[str, Any]:
     """One Walker2d episode under ``controller``; logs every step; returns the episode record and its rows.
 
     ``episode``: its index among the consecutive episodes of ``controller`` and ``condition``.
+    ``change_step``: the step at which the plant change is applied (0: before the first;
+    None: never), see :func:`plant_change_step`.
     ``reference``: the pretrained model, the nominal plant the learned controllers track with
     ``cost="track"`` (the true controller tracks a copy of the simulator made before the change).
     """
@@ -346,12 +351,12 @@ def run_walker_episode(
                                                           "truncated", "next_qpos", "next_qvel")}
     total, fallbacks, plan_seconds, effective, spreads = 0.0, 0, [], [], []
     change_text = ""
-    if condition == "changed" and cfg.change_at == 0:
+    if change_step == 0:
         change_text = apply_plant_change(sim.model, cfg.change, cfg.change_factor)
     bar = tqdm(range(cfg.steps), desc=f"{condition}/{controller}", disable=not cfg.progress, leave=False)
     t = 0
     for t in bar:
-        if condition == "changed" and cfg.change_at > 0 and t == cfg.change_at:
+        if change_step is not None and t == change_step > 0:
             change_text = apply_plant_change(sim.model, cfg.change, cfg.change_factor)
         s = state_of(sim.data)
         record: dict[str, Any] = {}
@@ -409,6 +414,15 @@ def run_walker_episode(
     return {"record": summary, "arrays": arrays}
 
 
+def plant_change_step(cfg: WalkerRunConfig, condition: str, elapsed: int) -> int | None:
+    """The step of an episode at which the plant changes, after ``elapsed`` control steps of
+    the condition's earlier episodes: ``cfg.change_at`` counts steps over the consecutive
+    episodes, so a plant changed in mid-episode stays changed in the episodes after (a motor
+    that weakens does not mend at the next reset). 0: changed from the start; None: the
+    nominal condition."""
+    return max(0, cfg.change_at - elapsed) if condition == "changed" else None
+
+
 def run_walker(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None = None) -> dict[str, Any]:
     """The whole Walker2d experiment into ``run``: pretrain, every controller x condition, report."""
     from gpdyn.control.report import write_walker_report
@@ -436,11 +450,13 @@ def run_walker(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None = Non
             if controller == "online":  # one online model per condition, kept over its episodes
                 assert learner is not None
                 dyn, updater = online_walker_model(learner, dynamics, cfg, residual_reference)
+            elapsed = 0  # control steps of this controller and condition so far
             for episode in range(cfg.episodes):
                 out = run_walker_episode(run, cfg, controller, condition, policy=policy, dynamics=dyn, updater=updater,
                                          reset_seed=walker_reset_seed(cfg.seed, episode), episode=episode,
-                                         reference=dynamics)
+                                         reference=dynamics, change_step=plant_change_step(cfg, condition, elapsed))
                 rec = out["record"]
+                elapsed += rec["length"]
                 episodes_store.append_episode(out["arrays"], controller=CONTROLLERS.index(controller),
                                               condition=CONDITIONS.index(condition), episode=episode,
                                               **{"return": rec["return"]})
@@ -524,4 +540,4 @@ def cli_control(args: argparse.Namespace) -> int:
 
 
 __all__ = ["CONDITIONS", "CONTROLLERS", "COSTS", "WalkerRunConfig", "cli_control", "control_demo", "online_walker_model",
-           "pretrained_walker_model", "run_walker", "run_walker_episode", "walker_planner", "walker_reset_seed"]
+           "plant_change_step", "pretrained_walker_model", "run_walker", "run_walker_episode", "walker_planner", "walker_reset_seed"]

@@ -83,7 +83,8 @@ def write_walker_report(run: RunDir, cfg: Any) -> Path:
         f"Learner `{cfg.learner}` ({cfg.scale} sizes, target `{cfg.target}`), {walker_planner_text(asdict(cfg))}; "
         f"{cfg.steps} control steps per episode, device `{cfg.device}`; online model `{cfg.adapt}`.",
         f"Plant change in the `changed` condition: {change_label}, "
-        + ("from the start." if cfg.change_at == 0 else f"at step {cfg.change_at}."),
+        + ("from the start." if cfg.change_at == 0 else f"at step {cfg.change_at}"
+           + (", counted over the consecutive episodes; it stays changed after." if cfg.episodes > 1 else ".")),
         "",
         "## Returns",
         "",
@@ -216,9 +217,7 @@ def _plot_walker_error(path: Path, errs, steps: int, change_at: int, label: str)
     n_episodes = 1 + max((r.get("episode", 0) for rs in errs.values() for r in rs), default=0)
     for k in range(1, n_episodes):
         ax.axvline(k * steps, color="0.6", linestyle=":", linewidth=1)
-    if change_at > 0:  # the plant changes at change_at in every episode
-        for k in range(n_episodes):
-            _mark_change(ax, k * steps + change_at, label if k == 0 else "")
+    _mark_change(ax, change_at, label)  # once: the plant stays changed in the episodes after
     return _save(fig, path / "walker_model_error.png")
 
 
