@@ -18,7 +18,7 @@ as its eq. (18) requires).
 Fast adaptation (:class:`ResidualGP`): the pretrained learner stays frozen as a prior
 mean and an exact GP conditions on the residual ``y - prior(x)`` of every new sample
 (a rank-q Cholesky update, no optimiser step), over a sliding window of the most
-recent samples. One Adam step per control step barely moves a variational model
+recent samples, or a linear-kernel GP over the action (:class:`LinearKernelGP`). One Adam step per control step barely moves a variational model
 (measured in docs/control.md); exact conditioning changes the prediction at the very
 next step, and the window lets it forget the plant before a change.
 """
@@ -160,10 +160,11 @@ class LinearKernelGP:
     least squares with forgetting), so that the fit follows a plant that changes.
 
     With ``S`` the action columns it models ``r(s, a) = b + W a``: how the plant's answer to
-    the action differs from the prior's. That is the change a weakened motor makes (a
-    smaller gain on one column of the action), and policy rollouts identify it because
-    the action sweeps its range over every gait cycle. The prior's own errors vary with
-    the state along the trajectory and average out as noise.
+    the action differs from the prior's, a bias and a gain per action, the form of the
+    change a weakened motor makes. Unlike an SE kernel over all inputs it cannot follow
+    the prior's own errors as they vary with the state along a trajectory. Those that
+    correlate with the action along a gait still enter ``W`` (docs/control.md, eleventh
+    study), which is why it is used behind ResidualGP's evidence gate.
     """
 
     def __init__(self, input_dim: int, output_dim: int, columns: Sequence[int], *, window: int, noise: float,
@@ -222,7 +223,7 @@ class LinearKernelGP:
 
 
 class ResidualGP(Learner):
-    """A frozen ``prior`` learner plus an exact GP on its residuals over the last ``window`` samples.
+    """A frozen ``prior`` learner plus a GP on its residuals over the last ``window`` samples.
 
     ``predict`` = prior mean + residual mean, prior variance + residual variance. The
     residual GP's SE-ARD hyperparameters are set, not fitted to the first sample: median-
@@ -240,7 +241,7 @@ class ResidualGP(Learner):
     structure (the pretrained model's own errors vary faster than its lengthscales) then
     stays out instead of adding confident, wrong corrections; one that captures a real
     plant change, such as a weakened motor, goes in after a few samples. ``gate_z > 0``
-    asks for evidence: the average of the per-sample improvement ``d = e_prior - e_with``
+    asks for evidence: the average of the per-sample improvement ``d = e_prior^2 - e_with^2``
     must exceed ``gate_z`` standard errors (weighted mean and variance of ``d`` under the
     same exponential weights, effective sample size ``(sum w)^2 / sum w^2``). The first
     few samples then cannot switch the residual in: the pretrained model's own errors are
@@ -250,8 +251,8 @@ class ResidualGP(Learner):
 
     ``kernel``: ``"se"`` (above) or ``"linear"``, a :class:`LinearKernelGP` over the input
     columns ``linear_inputs`` with noise variance ``noise``, a sliding window of
-    ``window`` samples and forgetting factor ``forget`` (1: none) (``lengthscale_factor``, ``amplitude`` and the refits are the SE
-    kernel's and are not used).
+    ``window`` samples and forgetting factor ``forget`` (1: none). ``lengthscale_factor``,
+    ``amplitude`` and the refits belong to the SE kernel and are not used.
     """
 
     name = "residual"
@@ -307,8 +308,7 @@ class ResidualGP(Learner):
         self.config.update(window=self.window, lengthscale_factor=factor.tolist(), amplitude=float(amplitude),
                            noise=float(noise), refit_every=int(refit_every), refit_iters=int(refit_iters), lr=float(lr),
                            gated=bool(gated), gate_decay=float(gate_decay), gate_z=float(gate_z),
-                           kernel=kernel,
-                           linear_inputs=linear_inputs, forget=float(forget))
+                           kernel=kernel, linear_inputs=linear_inputs, forget=float(forget))
         self.residual = self._fresh()
         self.observed = 0
         # gated: exponentially weighted sums per output of d = (error of the prior alone)^2 -

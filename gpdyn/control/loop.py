@@ -68,7 +68,7 @@ CONDITIONS = ("nominal", "changed")
 ADAPT = ("steps", "residual")
 # ResidualGP noise variance by kernel, normalised output units. SE: small, so the residual
 # follows the samples it has seen; linear: about the pretrained model's own held-out error
-# (test nMSE 0.28 on walker20), the noise a global action effect is averaged out of
+# (test nMSE 0.28 on walker20), which the bias and gains are fitted through
 RESIDUAL_NOISE = {"se": 1e-3, "linear": 0.3}
 
 
@@ -250,7 +250,7 @@ def walker_train_inputs(cfg: WalkerRunConfig, store: str | Path) -> torch.Tensor
 
 
 def walker_residual_gp(prior: Learner, reference_x: torch.Tensor, cfg: WalkerRunConfig) -> ResidualGP:
-    """The online model of ``adapt="residual"``: an exact GP on ``prior``'s residuals."""
+    """The online model of ``adapt="residual"``: a ResidualGP on ``prior`` with the configured kernel and gate."""
     noise = RESIDUAL_NOISE[cfg.residual_kernel] if cfg.residual_noise is None else cfg.residual_noise
     return ResidualGP(prior, reference_x, window=cfg.window, lengthscale_factor=cfg.residual_lengthscale,
                       amplitude=1.0, noise=noise, gated=cfg.residual_gate, gate_z=cfg.residual_gate_z,
