@@ -16,7 +16,7 @@ from synthetic import make_kuka_store, make_walker_store
 
 from gpdyn.cli import main
 from gpdyn.control.kuka_control import KukaRunConfig, run_kuka
-from gpdyn.control.learning import ResidualGP
+from gpdyn.control.learning import LinearKernelGP, ResidualGP
 from gpdyn.control.loop import WalkerRunConfig, plant_change_step, pretrained_walker_model, run_walker, run_walker_episode
 from gpdyn.control.walker_model import LearnedWalkerDynamics
 from gpdyn.data.store import EpisodeStore
@@ -275,9 +275,28 @@ def test_linear_residual_gp_learns_how_the_plant_answers_the_action() -> None:
     twin = ResidualGP(prior, x, window=100, noise=1e-4, kernel="linear", linear_inputs=[2, 3])
     twin.load_state_dict(res.state_dict())
     torch.testing.assert_close(twin.predict(off_policy), res.predict(off_policy))
-    for bad in ({"kernel": "nope"}, {"kernel": "linear"}, {"kernel": "linear", "linear_inputs": [4]}):
+    for bad in ({"kernel": "nope"}, {"kernel": "linear"}, {"kernel": "linear", "linear_inputs": [4]},
+                {"kernel": "linear", "linear_inputs": [2], "forget": 0.0}):
         with pytest.raises(InputError, match="ResidualGP"):
             ResidualGP(prior, x, **bad)
+
+
+def test_linear_kernel_gp_forgetting_is_weighted_bayesian_linear_regression() -> None:
+    gen = torch.Generator().manual_seed(4)
+    x, y = torch.randn(30, 3, generator=gen, dtype=torch.float64), torch.randn(30, 2, generator=gen, dtype=torch.float64)
+    gp = LinearKernelGP(3, 2, [1, 2], window=20, noise=0.5, prior_var=2.0, forget=0.9,
+                        device=torch.device("cpu"), dtype=torch.float64)
+    for i in range(30):
+        gp.observe(x[i : i + 1], y[i : i + 1])
+    phi = torch.cat([torch.ones(20, 1, dtype=torch.float64), x[-20:, 1:]], -1)  # the window: the last 20
+    w = 0.9 ** torch.arange(19, -1, -1, dtype=torch.float64) / 0.5  # weight / noise, newest last
+    precision = phi.T @ (w[:, None] * phi) + torch.eye(3, dtype=torch.float64) / 2.0
+    mean_weights = torch.linalg.solve(precision, phi.T @ (w[:, None] * y[-20:]))
+    probe = torch.randn(4, 3, generator=gen, dtype=torch.float64)
+    probe_phi = torch.cat([torch.ones(4, 1, dtype=torch.float64), probe[:, 1:]], -1)
+    mean, var = gp.predict(probe)
+    torch.testing.assert_close(mean, probe_phi @ mean_weights)
+    torch.testing.assert_close(var[:, 0], (probe_phi @ torch.linalg.solve(precision, probe_phi.T)).diagonal())
 
 
 def test_a_plant_changed_in_mid_episode_stays_changed(walker_zarr: Path, tmp_path: Path) -> None:
