@@ -81,7 +81,9 @@ def write_walker_report(run: RunDir, cfg: Any) -> Path:
         "# Walker2d online control",
         "",
         f"Learner `{cfg.learner}` ({cfg.scale} sizes, target `{cfg.target}`), {walker_planner_text(asdict(cfg))}; "
-        f"{cfg.steps} control steps per episode, device `{cfg.device}`; online model `{cfg.adapt}`.",
+        f"{cfg.steps} control steps per episode, device `{cfg.device}`; online model `{cfg.adapt}`"
+        + (f" ({cfg.residual_kernel} kernel" + (f", gated, z = {cfg.residual_gate_z:g}" if cfg.residual_gate else "") + ")."
+           if cfg.adapt == "residual" else "."),
         f"Plant change in the `changed` condition: {change_label}, "
         + ("from the start." if cfg.change_at == 0 else f"at step {cfg.change_at}"
            + (", counted over the consecutive episodes; it stays changed after." if cfg.episodes > 1 else ".")),
@@ -206,10 +208,12 @@ def _plot_walker_error(path: Path, errs, steps: int, change_at: int, label: str)
     """One-step model error over the control steps of all consecutive episodes (episode k from k x steps)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 3.8))
-    for (cond, ctrl), rs in sorted(errs.items()):
-        rs = [r for r in rs if "model_rmse" in r]
-        ax.plot([r.get("episode", 0) * steps + r["t"] for r in rs], [r["model_rmse"] for r in rs],
-                label=f"{cond}/{ctrl}", linewidth=1)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, ((cond, ctrl), rs) in enumerate(sorted(errs.items())):
+        # one line per episode, so that a fall leaves a gap instead of a line to the next episode
+        for k, (episode, ers) in enumerate(_by_episode([r for r in rs if "model_rmse" in r]).items()):
+            ax.plot([episode * steps + r["t"] for r in ers], [r["model_rmse"] for r in ers], color=colors[i % len(colors)],
+                    label=f"{cond}/{ctrl}" if k == 0 else None, linewidth=1)
     ax.set_xlabel("control step (episodes laid end to end)")
     ax.set_ylabel("one-step velocity RMSE")
     ax.set_yscale("log")
