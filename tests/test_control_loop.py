@@ -284,7 +284,7 @@ def test_linear_residual_gp_learns_how_the_plant_answers_the_action() -> None:
 def test_linear_kernel_gp_forgetting_is_weighted_bayesian_linear_regression() -> None:
     gen = torch.Generator().manual_seed(4)
     x, y = torch.randn(30, 3, generator=gen, dtype=torch.float64), torch.randn(30, 2, generator=gen, dtype=torch.float64)
-    gp = LinearKernelGP(3, 2, [1, 2], window=20, noise=0.5, prior_var=2.0, forget=0.9,
+    gp = LinearKernelGP(2, [1, 2], window=20, noise=0.5, prior_var=2.0, forget=0.9,
                         device=torch.device("cpu"), dtype=torch.float64)
     for i in range(30):
         gp.observe(x[i : i + 1], y[i : i + 1])

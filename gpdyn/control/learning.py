@@ -167,9 +167,9 @@ class LinearKernelGP:
     study), which is why it is used behind ResidualGP's evidence gate.
     """
 
-    def __init__(self, input_dim: int, output_dim: int, columns: Sequence[int], *, window: int, noise: float,
+    def __init__(self, output_dim: int, columns: Sequence[int], *, window: int, noise: float,
                  prior_var: float = 1.0, forget: float = 1.0, device: torch.device, dtype: torch.dtype) -> None:
-        self.input_dim, self.output_dim, self.device, self.dtype = input_dim, output_dim, device, dtype
+        self.output_dim, self.device, self.dtype = output_dim, device, dtype
         self.columns = torch.as_tensor(list(columns), dtype=torch.long, device=device)
         self.window, self.noise, self.prior_var, self.forget = int(window), float(noise), float(prior_var), float(forget)
         self.features = torch.zeros(0, 1 + len(self.columns), device=device, dtype=dtype)
@@ -335,7 +335,7 @@ class ResidualGP(Learner):
 
     def _fresh(self) -> ExactOnlineGP | LinearKernelGP:
         if self.config["kernel"] == "linear":
-            return LinearKernelGP(self.input_dim, self.output_dim, self.config["linear_inputs"], window=self.window,
+            return LinearKernelGP(self.output_dim, self.config["linear_inputs"], window=self.window,
                                   noise=self.config["noise"], forget=self.config["forget"], device=self.device,
                                   dtype=self.dtype)
         gp = ExactOnlineGP(self.input_dim, self.output_dim, device=self.device, dtype=self.dtype, seed=self.seed,
