@@ -18,9 +18,10 @@ as its eq. (18) requires).
 Fast adaptation (:class:`ResidualGP`): the pretrained learner stays frozen as a prior
 mean and an exact GP conditions on the residual ``y - prior(x)`` of every new sample
 (a rank-q Cholesky update, no optimiser step), over a sliding window of the most
-recent samples, or a linear-kernel GP over the action (:class:`LinearKernelGP`). One Adam step per control step barely moves a variational model
-(measured in docs/control.md); exact conditioning changes the prediction at the very
-next step, and the window lets it forget the plant before a change.
+recent samples, or a linear-kernel GP over the action (:class:`LinearKernelGP`). One
+Adam step per control step barely moves a variational model (measured in
+docs/control.md); exact conditioning changes the prediction at the very next step, and
+the window lets it forget the plant before a change.
 """
 
 from __future__ import annotations
@@ -299,7 +300,8 @@ class ResidualGP(Learner):
             raise LearnerError(f"ResidualGP: reference_x must be [N >= 2, {prior.input_dim}], got {tuple(reference_x.shape)}")
         self.prior = prior
         self.window = int(window)
-        self.hyper = {
+        # the SE kernel's hyperparameters (the linear kernel has none to set or refit)
+        self.hyper = {} if kernel != "se" else {
             "lengthscale": (factor.to(prior.device) * median_lengthscale(reference_x.to(prior.device, prior.dtype),
                                                                          generator=self.generator)).expand(prior.output_dim, -1).clone(),
             "amplitude": float(amplitude),
