@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpdyn.control.report import walker_planner_text
+from gpdyn.experiments.control_report import walker_planner_text
 
 
 Episodes = dict[tuple[str, str], list[dict]]  # (condition, controller) -> episode records in episode order

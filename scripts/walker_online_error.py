@@ -27,14 +27,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpdyn.control.loop import (
+from gpdyn.experiments.control_walker import (
     CONDITIONS,
     WalkerRunConfig,
     pretrained_walker_model,
     walker_train_inputs,
     walker_residual_gp,
 )
-from gpdyn.control.walker_model import DT, LearnedWalkerDynamics
+from gpdyn.robots.walker import DT, LearnedWalkerDynamics
 from gpdyn.data.store import EpisodeStore
 
 

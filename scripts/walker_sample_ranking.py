@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpdyn.control.loop import (
+from gpdyn.experiments.control_walker import (
     WalkerRunConfig,
     online_walker_model,
     pretrained_walker_model,
@@ -38,7 +38,7 @@ from gpdyn.control.loop import (
     walker_train_inputs,
 )
 from gpdyn.control.mpc import Planner
-from gpdyn.control.walker_model import NU, PLANT_CHANGES, SimWalkerDynamics, apply_plant_change, state_of
+from gpdyn.robots.walker import NU, PLANT_CHANGES, SimWalkerDynamics, apply_plant_change, state_of
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpdyn.control.loop import CONTROLLERS, WalkerRunConfig, pretrained_walker_model
-from gpdyn.control.walker_model import QVEL_INPUTS, TARGETS, LearnedWalkerDynamics
+from gpdyn.experiments.control_walker import CONTROLLERS, WalkerRunConfig, pretrained_walker_model
+from gpdyn.robots.walker import QVEL_INPUTS, TARGETS, LearnedWalkerDynamics
 from gpdyn.data.store import EpisodeStore
 
 

@@ -15,10 +15,10 @@ import torch
 from synthetic import make_kuka_store, make_walker_store
 
 from gpdyn.cli import main
-from gpdyn.control.kuka_control import KukaRunConfig, run_kuka
-from gpdyn.control.learning import LinearKernelGP, ResidualGP
-from gpdyn.control.loop import WalkerRunConfig, plant_change_step, pretrained_walker_model, run_walker, run_walker_episode
-from gpdyn.control.walker_model import LearnedWalkerDynamics
+from gpdyn.experiments.control_arm import KukaRunConfig, run_kuka
+from gpdyn.gp.residual import LinearKernelGP, ResidualGP
+from gpdyn.experiments.control_walker import WalkerRunConfig, plant_change_step, pretrained_walker_model, run_walker, run_walker_episode
+from gpdyn.robots.walker import LearnedWalkerDynamics
 from gpdyn.data.store import EpisodeStore
 from gpdyn.errors import InputError
 from gpdyn.gp import LEARNERS, make_learner
@@ -126,8 +126,8 @@ def test_cli_control_bad_options_exit_2(tmp_path: Path, capsys: pytest.CaptureFi
 
 def test_kuka_pd_gains_keep_the_sampled_loop_stable() -> None:
     """Gains on the diagonal of M made the 100 Hz loop unstable (the old 0.05 rad 'true model' error)."""
-    from envs.kuka import KukaIiwaEnv
-    from gpdyn.control.kuka_control import inertia_matrix, pd_gains, sampled_loop_radius
+    from gpdyn.robots.arm_env import KukaIiwaEnv
+    from gpdyn.experiments.control_arm import inertia_matrix, pd_gains, sampled_loop_radius
 
     env = KukaIiwaEnv(family="kuka1", pattern_seed=0)
     poses = env.pattern.evaluate(np.arange(0.0, 4.0, 0.05), 1.0)[0]
@@ -330,7 +330,7 @@ def test_walker_loop_with_residual_adaptation(kernel: str, walker_zarr: Path, tm
 def test_learned_walker_dynamics_inverts_its_training_pairs(target: str, walker_zarr: Path) -> None:
     """What the learner is trained on maps back to the observed next velocity, for either target."""
     from gpdyn.data.problems import load_problem
-    from gpdyn.control.walker_model import QVEL_INPUTS
+    from gpdyn.robots.walker import QVEL_INPUTS
 
     problem = load_problem(walker_zarr, "walker-1")
     if target == "change":
@@ -381,7 +381,7 @@ def test_summarize_control_tables_several_seeds(walker_zarr: Path, tmp_path: Pat
 
 
 def test_plant_change_factor_scales_the_change_and_bad_factors_are_refused() -> None:
-    from gpdyn.control.walker_model import apply_plant_change
+    from gpdyn.robots.walker import apply_plant_change
     from gpdyn.sim.walker import make_env
 
     env = make_env()
@@ -505,7 +505,7 @@ def test_walker_sample_ranking_scores_models_against_the_plant(walker_zarr: Path
 def test_tracking_cost_asks_a_weakened_motor_for_the_control_that_undoes_it() -> None:
     import copy
 
-    from gpdyn.control.walker_model import NominalTrackingCost, SimWalkerDynamics, apply_plant_change, state_of
+    from gpdyn.robots.walker import NominalTrackingCost, SimWalkerDynamics, apply_plant_change, state_of
     from gpdyn.sim.walker import make_env
 
     env = make_env()

@@ -108,7 +108,7 @@ def _replay(run: RunDir, seed: int) -> dict[str, Any]:
 
 
 def _control(run: RunDir, seed: int) -> dict[str, Any]:
-    from gpdyn.control.loop import control_demo
+    from gpdyn.experiments.control_walker import control_demo
 
     result = control_demo(run.path / "control", seed=seed, store=run.path / "walker.zarr")
     print(f"   report: {result['report']}")

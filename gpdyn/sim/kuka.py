@@ -3,7 +3,7 @@
 The real KUKA1/KUKA2 datasets (Meier et al. 2014, used in SVDGP Section 5 and
 Appendix C.1) record a 7-DOF KUKA arm "performing rhythmic motions at various
 speeds": inputs are joint positions, velocities and accelerations (21), outputs
-the 7 joint torques. Here the arm is the MJCF model ``envs/kuka_iiwa.xml`` and the
+the 7 joint torques. Here the arm is the MJCF model ``gpdyn/robots/assets/kuka_iiwa.xml`` and the
 motion is a sum of sinusoids per joint with seeded frequencies, phases and
 amplitudes, played at several speed factors. Torques come from
 ``mujoco.mj_inverse`` at each sample, i.e. the generalised force that realises the
@@ -29,14 +29,12 @@ import mujoco
 import numpy as np
 from tqdm import tqdm
 
-from envs import KUKA_ENV_ID
 from gpdyn.data.kuka_schema import N_JOINTS, OFFLINE, ONLINE, kuka_episode_keys, kuka_fields
 from gpdyn.data.store import EpisodeStore
 from gpdyn.errors import InputError
 from gpdyn.runs import run_for_args
 
-MODEL_PATH = Path(__file__).resolve().parents[2] / "envs" / "kuka_iiwa.xml"
-ENV_ID = KUKA_ENV_ID
+ENV_ID = "gpdyn/KukaIiwa-v0"  # registered with gymnasium by gpdyn.robots.arm_env
 SIM_TIMESTEP = 0.001
 DEFAULT_RATE_HZ = 100.0
 DEFAULT_PAYLOAD_OFFSET = (0.0, 0.0, 0.05)
@@ -55,12 +53,10 @@ class KukaConfigError(InputError):
 
 # ---------------------------------------------------------------------------- model
 def model_path() -> Path:
-    """The MJCF file, from the source tree or the installed ``envs`` package."""
-    if MODEL_PATH.exists():
-        return MODEL_PATH
+    """The shipped iiwa MJCF file (package data of :mod:`gpdyn.robots`)."""
     from importlib import resources
 
-    return Path(str(resources.files("envs").joinpath("kuka_iiwa.xml")))
+    return Path(str(resources.files("gpdyn.robots").joinpath("assets", "kuka_iiwa.xml")))
 
 
 def load_model(payload_kg: float = 0.0, payload_offset: Sequence[float] = DEFAULT_PAYLOAD_OFFSET) -> mujoco.MjModel:
@@ -493,7 +489,7 @@ def collect_kuka(
             "torque_source": "mujoco.mj_inverse on the true state",
             "tau_scale": [1.0] * N_JOINTS,
             "limits": {k: v.tolist() for k, v in limits.items()},
-            "model_file": MODEL_PATH.name,
+            "model_file": model_path().name,
         },
     )
     with tqdm(total=offline + online, desc=f"kuka {fam.name}", unit="sample", disable=not progress) as bar:

@@ -33,7 +33,7 @@ POLICY_FORMAT = "gpdyn.policy"
 POLICY_VERSION = 1
 WALKER_ENV_ID = "Walker2d-v5"
 #: the folder of the shipped policy and its training checkpoints
-POLICY_DIR = Path(__file__).resolve().parents[2] / "policies"
+POLICY_DIR = Path(__file__).resolve().parents[1] / "policies"  # package data
 SHIPPED_POLICY = POLICY_DIR / "walker2d_trpo.pt"
 CHECKPOINT_DIR = POLICY_DIR / "checkpoints"
 

@@ -1,6 +1,6 @@
 """Gymnasium environment of the KUKA LBR iiwa 14 arm under joint-torque control.
 
-The plant is ``envs/kuka_iiwa.xml`` (1 ms Euler steps, implicit joint damping);
+The plant is ``gpdyn/robots/assets/kuka_iiwa.xml`` (1 ms Euler steps, implicit joint damping);
 one environment step holds the commanded torques for ``frame_skip`` simulation
 steps (default 10: a 100 Hz control rate). The task is tracking the rhythmic
 reference motion of a gpdyn trajectory family (see :mod:`gpdyn.sim.kuka`): the
@@ -20,11 +20,13 @@ from typing import Any
 
 import mujoco
 import numpy as np
+import gymnasium
 from gymnasium import spaces
 from gymnasium.envs.mujoco.mujoco_env import MujocoEnv
 
 from gpdyn.sim.kuka import (
     DEFAULT_PAYLOAD_OFFSET,
+    ENV_ID,
     get_family,
     load_model,
     model_limits,
@@ -117,5 +119,9 @@ class KukaIiwaEnv(MujocoEnv):
     def _get_reset_info(self) -> dict[str, Any]:
         return self._info()
 
+
+if ENV_ID not in gymnasium.registry:  # gymnasium.make("gpdyn/KukaIiwa-v0") after importing this module
+    gymnasium.register(id=ENV_ID, entry_point="gpdyn.robots.arm_env:KukaIiwaEnv",
+                       max_episode_steps=1000)  # 10 s at the default 100 Hz control rate
 
 __all__ = ["KukaIiwaEnv"]

@@ -16,14 +16,14 @@ online      MPC with the same learned model, updated at every step from the tran
 The online model is kept from one episode to the next of a condition, so with
 ``episodes > 1`` it keeps learning while the robot runs, while the frozen model stays as
 pretrained. Conditions: ``nominal`` and ``changed`` (a plant change of
-:data:`~gpdyn.control.walker_model.PLANT_CHANGES`, from the start or at step
+:data:`~gpdyn.robots.walker.PLANT_CHANGES`, from the start or at step
 ``change_at``). Logs per step (reward, planning time, model prediction error, predictive
 variance, fallbacks) and per episode (return, length) go to ``metrics.jsonl``; every
 episode is also stored in ``episodes.zarr`` (the Walker2d store layout), from which the
 optional video is rendered. ``report.md`` and plots are written at the end
-(:mod:`gpdyn.control.report`).
+(:mod:`gpdyn.experiments.control_report`).
 
-KUKA (:mod:`gpdyn.control.kuka_control`): computed-torque tracking, see there.
+KUKA (:mod:`gpdyn.experiments.control_arm`): computed-torque tracking, see there.
 """
 
 from __future__ import annotations
@@ -39,9 +39,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from gpdyn.control.learning import RESIDUAL_KERNELS, OnlineUpdater, ResidualGP, build_learner, pretrain_learner
+from gpdyn.gp.residual import RESIDUAL_KERNELS, ResidualGP
+from gpdyn.gp.training import OnlineUpdater, build_learner, pretrain_learner
 from gpdyn.control.mpc import MPCConfig, make_planner
-from gpdyn.control.walker_model import (
+from gpdyn.robots.walker import (
     ACTION_INPUTS,
     DT,
     QVEL_INPUTS,
@@ -425,7 +426,7 @@ def plant_change_step(cfg: WalkerRunConfig, condition: str, elapsed: int) -> int
 
 def run_walker(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None = None) -> dict[str, Any]:
     """The whole Walker2d experiment into ``run``: pretrain, every controller x condition, report."""
-    from gpdyn.control.report import write_walker_report
+    from gpdyn.experiments.control_report import write_walker_report
     from gpdyn.sim.policy import load_policy
 
     cfg.validate()
@@ -525,7 +526,7 @@ def cli_control(args: argparse.Namespace) -> int:
         print(f"gpdyn control walker: run folder {run.path}")
         result = run_walker(run, cfg, args.store)
     else:
-        from gpdyn.control.kuka_control import KukaRunConfig, run_kuka
+        from gpdyn.experiments.control_arm import KukaRunConfig, run_kuka
 
         kcfg = KukaRunConfig(learner=args.learner, seed=args.seed, device=args.device)
         _options(kcfg, args, ("steps", "change_at", "payload", "controllers", "scale", "adapt", "dtype", "pretrain_iterations"))

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from gpdyn.control.mpc import MPCConfig, make_planner
-from gpdyn.control.walker_model import DT, LearnedWalkerDynamics, TorchPolicy, WalkerCost
+from gpdyn.robots.walker import DT, LearnedWalkerDynamics, TorchPolicy, WalkerCost
 from gpdyn.data.problems import Normalizer
 from gpdyn.errors import InputError
 from gpdyn.gp import make_learner

@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--video", action="store_true", default=None, help="walker: MP4 of the online episode on the changed plant")
     _add_device(p)
     _add_out(p)
-    p.set_defaults(handler="gpdyn.control.loop:cli_control")
+    p.set_defaults(handler="gpdyn.experiments.control_walker:cli_control")
 
     bench = sub.add_parser("bench", help="benchmarks that print ratios measured in one run").add_subparsers(
         dest="target", metavar="TARGET", required=True
@@ -216,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     for target, handler, text in (
         ("learners", "gpdyn.experiments.bench_learners:cli_bench", "time and memory per step of the learners"),
         ("wiski", "gpdyn.experiments.bench_wiski:cli_bench", "WISKI update cost against n, beside the exact GP"),
-        ("mpc", "gpdyn.control.bench:cli_bench", "MPC control steps per second with learned models"),
+        ("mpc", "gpdyn.experiments.bench_mpc:cli_bench", "MPC control steps per second with learned models"),
     ):
         p = bench.add_parser(target, help=text)
         if target == "learners":

@@ -38,7 +38,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from gpdyn.control.learning import OnlineUpdater, ResidualGP, build_learner, pretrain_learner
+from gpdyn.gp.residual import ResidualGP
+from gpdyn.gp.training import OnlineUpdater, build_learner, pretrain_learner
 from gpdyn.errors import InputError
 from gpdyn.gp import Learner
 from gpdyn.gp.online import DTYPES
@@ -180,8 +181,8 @@ def _kuka_problem(run: RunDir, cfg: KukaRunConfig, store: str | Path | None):
 
 def run_kuka(run: RunDir, cfg: KukaRunConfig, store: str | Path | None = None) -> dict[str, Any]:
     """Pretrain, track with every controller (payload added mid-run), write the report."""
-    from envs.kuka import KukaIiwaEnv
-    from gpdyn.control.report import write_kuka_report
+    from gpdyn.robots.arm_env import KukaIiwaEnv
+    from gpdyn.experiments.control_report import write_kuka_report
     from gpdyn.sim.kuka import inverse_dynamics
 
     cfg.validate()
