@@ -1,0 +1,73 @@
+"""The one device and dtype policy of gpdyn: every entry point resolves ``--device``,
+``--dtype`` and ``--threads`` here, before any work starts.
+
+- device: ``cpu`` or ``cuda[:i]``; a CUDA device on a machine (or torch build) without
+  CUDA, an index past the last GPU, and any other device type are refused with an
+  :class:`~gpdyn.errors.InputError` naming the option.
+- dtype: float64 on the CPU (numerical identities, small problems) and float32 on CUDA
+  (throughput), unless one is named.
+- threads: torch CPU threads, 1 by default: on small machines a second thread gains
+  little and collapses when another process is busy.
+- :func:`sync`: waits for a device's queued work, for timing only (never in hot paths).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from gpdyn.errors import InputError
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64}
+DEVICE_TYPES = ("cpu", "cuda")
+MAX_THREADS = 4 * (os.cpu_count() or 1)  # far past any gain; larger counts crash some BLAS builds
+
+
+def resolve_device(name: str | torch.device, option: str = "--device") -> torch.device:
+    """The torch device named ``name``, checked to exist on this machine."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as err:
+        raise InputError(f"{option} '{name}': not a torch device ({err})") from err
+    if device.type not in DEVICE_TYPES:
+        raise InputError(f"{option} '{name}': gpdyn runs on {' or '.join(DEVICE_TYPES)}, not '{device.type}'")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = f"torch {torch.__version__}, CUDA {torch.version.cuda or 'none'}"
+            raise InputError(f"{option} {name}: CUDA is not available on this machine ({build}); use --device cpu")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())  # pin it: checks compare exact devices
+        elif device.index >= torch.cuda.device_count():
+            raise InputError(f"{option} {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
+def resolve_dtype(name: str | torch.dtype | None, device: str | torch.device = "cpu", option: str = "--dtype") -> torch.dtype:
+    """``name`` as a torch dtype; ``None``: float32 on CUDA, float64 on the CPU."""
+    if isinstance(name, torch.dtype):
+        if name not in DTYPES.values():
+            raise InputError(f"{option} {name}: choose one of {', '.join(DTYPES)}")
+        return name
+    if name is None:
+        return torch.float32 if torch.device(device).type == "cuda" else torch.float64
+    if name not in DTYPES:
+        raise InputError(f"{option} '{name}': choose one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def set_threads(threads: int, option: str = "--threads") -> None:
+    """Set torch's CPU thread count, refusing counts that cannot help (or crash the BLAS)."""
+    if not 1 <= int(threads) <= MAX_THREADS:
+        raise InputError(f"{option} {threads}: must be between 1 and {MAX_THREADS} on this machine")
+    torch.set_num_threads(int(threads))
+
+
+def sync(device: str | torch.device) -> None:
+    """Wait for the work queued on ``device`` (CUDA); nothing on the CPU. For timing only."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+__all__ = ["DTYPES", "resolve_device", "resolve_dtype", "set_threads", "sync"]
