@@ -17,7 +17,7 @@ from gpdyn.runs import RunDir
 
 DESIGN_COMMANDS = [
     "demo", "collect walker", "collect kuka", "import kuka-ilgr", "import sarcos", "inspect", "learn",
-    "replay", "control", "bench learners", "bench wiski", "bench mpc", "report", "render", "doctor",
+    "replay", "control walker", "control kuka", "bench learners", "bench wiski", "bench mpc", "report", "render", "doctor",
 ]
 
 
