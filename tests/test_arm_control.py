@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from synthetic import make_kuka_store
-
 import numpy as np
 import pytest
+from synthetic import make_kuka_store
 
-from gpdyn.experiments.control_arm import KukaRunConfig, run_kuka
 from gpdyn.errors import InputError
+from gpdyn.experiments.control_arm import KukaRunConfig, run_kuka
 from gpdyn.runs import RunDir
+
+
+def _records(run: RunDir, kind: str) -> list[dict]:
+    return [r for r in run.metrics() if r.get("kind") == kind]
 
 
 def test_kuka_tracking_runs_and_reports_rmse(tmp_path: Path) -> None:
