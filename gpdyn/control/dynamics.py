@@ -1,0 +1,280 @@
+"""Models for control: a learner with its problem's normaliser, and forward dynamics on top of it.
+
+- :class:`LearnedModel`: the one wrapper of a :class:`~gpdyn.gp.base.Learner` and the
+  :class:`~gpdyn.data.problems.Normalizer` of the problem it was trained on. Callers speak
+  physical units; the learner sees normalised ones. With ``delta_columns`` the learner's
+  target is the change of those input columns, ``y - x[..., delta_columns]`` (PILCO's and
+  PETS' usual dynamics target: away from its data the GP's zero prior mean then says "the
+  state persists" instead of reverting to the training mean), and ``predict`` adds them back.
+  Every controller's learned model is one: the walker's forward dynamics below, the arm's
+  inverse dynamics (computed torque).
+- :class:`StateLayout`: how a robot's planning state ``[qpos (nq), qvel (nv)]`` and action
+  become a model input ``[qpos[position_inputs], qvel, action]``, and the control step ``dt``.
+  Each robot gives its own (e.g. :data:`gpdyn.robots.walker.LAYOUT`).
+- :class:`LearnedDynamics`: forward dynamics from a learned model of the next velocities;
+  positions follow by the trapezoid rule ``q' = q + dt/2 (v + v')``.
+- :class:`SimDynamics`: the true simulator as a batched model (``mujoco.rollout`` from
+  copied states), for any ``MjModel`` whose control step holds the action for ``frame_skip``
+  simulator steps.
+
+Forward models map ``(state [K, nx], action [K, nu])`` to the next state ``[K, nx]`` (the
+simulator) or to ``(mean, variance)`` of it (learned), as :mod:`gpdyn.control.mpc` expects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import mujoco
+import numpy as np
+import torch
+from torch import Tensor
+
+from gpdyn.data.problems import Normalizer
+from gpdyn.errors import InputError
+from gpdyn.gp.base import Learner
+
+# What a forward model's learner predicts: "change" = qvel[t+1] - qvel[t] (delta target),
+# "velocity" = qvel[t+1] itself (walker-1 as in the SVDGP paper).
+TARGETS = ("change", "velocity")
+
+
+class LearnedModel:
+    """A learner and its problem's normaliser: predictions and training pairs in physical units.
+
+    ``delta_columns`` (a slice or indices of the input): the learner was trained on
+    ``y - x[..., delta_columns]``; :meth:`predict` adds those columns back and
+    :meth:`training_pair` subtracts them, so both speak of ``y`` itself. The normaliser's
+    output statistics are those of what the learner was trained on.
+    """
+
+    def __init__(self, learner: Learner, normalizer: Normalizer, delta_columns: slice | Sequence[int] | None = None) -> None:
+        d, p = learner.input_dim, learner.output_dim
+        shapes = {k: np.shape(getattr(normalizer, k)) for k in ("x_mean", "x_std", "y_mean", "y_std")}
+        want = {"x_mean": (d,), "x_std": (d,), "y_mean": (p,), "y_std": (p,)}
+        bad = [f"{k} {shapes[k]} (want {want[k]})" for k in want if shapes[k] != want[k]]
+        if bad:
+            raise InputError(f"LearnedModel: the normaliser does not fit the {learner.name or 'learner'} "
+                             f"({d} -> {p}): {', '.join(bad)}")
+        self.learner, self.normalizer = learner, normalizer
+        kw = {"device": learner.device, "dtype": learner.dtype}
+        # the statistics live on the learner's device once, not copied there at every call
+        self._x_mean, self._x_std = (torch.as_tensor(np.asarray(normalizer.x_mean), **kw),
+                                     torch.as_tensor(np.asarray(normalizer.x_std), **kw))
+        self._y_mean, self._y_std = (torch.as_tensor(np.asarray(normalizer.y_mean), **kw),
+                                     torch.as_tensor(np.asarray(normalizer.y_std), **kw))
+        self.delta_columns: slice | Tensor | None = None
+        if delta_columns is not None:
+            if isinstance(delta_columns, slice):
+                width = len(range(d)[delta_columns])
+                self.delta_columns = delta_columns
+            else:
+                cols = [int(c) for c in delta_columns]
+                if any(not 0 <= c < d for c in cols):
+                    raise InputError(f"LearnedModel: delta_columns {cols} outside the {d} inputs")
+                width = len(cols)
+                self.delta_columns = torch.as_tensor(cols, device=learner.device, dtype=torch.long)
+            if width != p:
+                raise InputError(f"LearnedModel: delta_columns {delta_columns} select {width} inputs for {p} outputs")
+
+    @property
+    def device(self) -> torch.device:
+        return self.learner.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.learner.dtype
+
+    @property
+    def input_dim(self) -> int:
+        return self.learner.input_dim
+
+    @property
+    def output_dim(self) -> int:
+        return self.learner.output_dim
+
+    def _tensor(self, a: Tensor | np.ndarray, name: str, width: int) -> Tensor:
+        t = torch.as_tensor(a, device=self.device, dtype=self.dtype)
+        if t.ndim == 0 or t.shape[-1] != width:
+            raise InputError(f"LearnedModel: {name} has shape {tuple(t.shape)}, its last axis must be {width}")
+        return t
+
+    def predict(self, x_raw: Tensor | np.ndarray) -> tuple[Tensor, Tensor]:
+        """Mean and variance of ``y`` in physical units, ``[..., P]`` each, from raw inputs ``[..., D]``."""
+        x = self._tensor(x_raw, "x", self.input_dim)
+        flat = x.reshape(-1, self.input_dim)
+        mean, var = self.learner.predict((flat - self._x_mean) / self._x_std)
+        mean = (mean * self._y_std + self._y_mean).reshape(*x.shape[:-1], self.output_dim)
+        var = (var * self._y_std**2).reshape(*x.shape[:-1], self.output_dim)
+        if self.delta_columns is not None:  # the known input is exact: it adds to the mean only
+            mean = mean + x[..., self.delta_columns]
+        return mean, var
+
+    def training_pair(self, x_raw: Tensor | np.ndarray, y_raw: Tensor | np.ndarray) -> tuple[Tensor, Tensor]:
+        """Observed raw ``x [..., D]`` and ``y [..., P]`` as the learner's normalised ``(x [N, D], y [N, P])``."""
+        x = self._tensor(x_raw, "x", self.input_dim).reshape(-1, self.input_dim)
+        y = self._tensor(y_raw, "y", self.output_dim).reshape(-1, self.output_dim)
+        if x.shape[0] != y.shape[0]:
+            raise InputError(f"LearnedModel.training_pair: {x.shape[0]} inputs but {y.shape[0]} targets")
+        if self.delta_columns is not None:
+            y = y - x[:, self.delta_columns]
+        return (x - self._x_mean) / self._x_std, (y - self._y_mean) / self._y_std
+
+    def diagnostics(self) -> dict[str, float]:
+        """The learner's counters (see :meth:`gpdyn.gp.base.Learner.diagnostics`)."""
+        return self.learner.diagnostics()
+
+
+@dataclass(frozen=True)
+class StateLayout:
+    """A robot's planning state ``[qpos (nq), qvel (nv)]``, its action (nu), control step ``dt``, and
+    the forward model's input ``[qpos[position_inputs], qvel, action]``.
+
+    ``position_inputs`` leaves out positions the dynamics do not depend on (Walker2d's x
+    position: the walker-1 problem drops it).
+    """
+
+    nq: int
+    nv: int
+    nu: int
+    dt: float
+    position_inputs: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if min(self.nq, self.nv, self.nu) < 1 or not (np.isfinite(self.dt) and self.dt > 0):
+            raise InputError(f"StateLayout: need nq, nv, nu >= 1 and dt > 0, got {self.nq}, {self.nv}, {self.nu}, {self.dt}")
+        if any(not 0 <= i < self.nq for i in self.position_inputs):
+            raise InputError(f"StateLayout: position_inputs {self.position_inputs} outside the {self.nq} positions")
+
+    @property
+    def nx(self) -> int:
+        return self.nq + self.nv
+
+    @property
+    def input_dim(self) -> int:
+        return len(self.position_inputs) + self.nv + self.nu
+
+    @property
+    def velocity_inputs(self) -> slice:
+        """qvel's columns in the model input."""
+        return slice(len(self.position_inputs), len(self.position_inputs) + self.nv)
+
+    @property
+    def action_inputs(self) -> slice:
+        """The action's columns in the model input."""
+        start = len(self.position_inputs) + self.nv
+        return slice(start, start + self.nu)
+
+    def features(self, state: Tensor, action: Tensor) -> Tensor:
+        """The model input ``[qpos[position_inputs], qvel, action]`` of ``state [..., nx]``, ``action [..., nu]``."""
+        return torch.cat([state[..., self._positions], state[..., self.nq :], action.to(state.dtype)], dim=-1)
+
+    @property
+    def _positions(self) -> slice | list[int]:
+        # a run of columns as a slice: a view, where a list of indices would copy in the planner's hot path
+        cols = list(self.position_inputs)
+        if cols and cols == list(range(cols[0], cols[0] + len(cols))):
+            return slice(cols[0], cols[0] + len(cols))
+        return cols
+
+
+class LearnedDynamics:
+    """Forward dynamics from a learned model of the next velocities, positions by the trapezoid rule.
+
+    ``model`` maps :meth:`StateLayout.features` to ``qvel`` at t+1 (physical units; with the
+    delta target its ``delta_columns`` are the layout's velocity inputs). Positions
+    follow by ``q' = q + dt/2 (v + v')``, exact for a velocity linear over the step; it needs
+    ``nq == nv`` (hinge and slide joints, no quaternions). Calling returns ``(next_state,
+    variance)``, the position variance through the same rule, for the uncertainty-aware planners.
+    """
+
+    def __init__(self, model: LearnedModel, layout: StateLayout) -> None:
+        if layout.nq != layout.nv:
+            raise InputError(f"LearnedDynamics: the trapezoid rule needs nq == nv, the layout has {layout.nq}, {layout.nv}")
+        if model.input_dim != layout.input_dim or model.output_dim != layout.nv:
+            raise InputError(f"LearnedDynamics: the model maps {model.input_dim} -> {model.output_dim}, the layout needs "
+                             f"{layout.input_dim} -> {layout.nv}")
+        self.model, self.layout = model, layout
+
+    @classmethod
+    def from_learner(cls, learner: Learner, normalizer: Normalizer, layout: StateLayout,
+                     target: str = "change") -> LearnedDynamics:
+        """Dynamics from a learner trained on ``target`` (:data:`TARGETS`) with ``normalizer``'s statistics."""
+        if target not in TARGETS:
+            raise InputError(f"LearnedDynamics: target must be one of {', '.join(TARGETS)}, got '{target}'")
+        delta = layout.velocity_inputs if target == "change" else None
+        return cls(LearnedModel(learner, normalizer, delta), layout)
+
+    @property
+    def learner(self) -> Learner:
+        return self.model.learner
+
+    @property
+    def normalizer(self) -> Normalizer:
+        return self.model.normalizer
+
+    def predict_velocity(self, state: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
+        """Mean and variance of qvel at t+1 in physical units, ``[K, nv]`` each."""
+        return self.model.predict(self.layout.features(state, action))
+
+    def training_pair(self, state: Tensor, action: Tensor, next_state: Tensor) -> tuple[Tensor, Tensor]:
+        """Observed transitions as the learner's normalised ``(x [N, D], y [N, nv])``."""
+        kw = {"device": self.model.device, "dtype": self.model.dtype}
+        state, action, next_state = (torch.as_tensor(a, **kw) for a in (state, action, next_state))
+        return self.model.training_pair(self.layout.features(state, action), next_state[..., self.layout.nq :])
+
+    def __call__(self, state: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
+        """``(next_state [K, nx], variance [K, nx])``."""
+        v1, var_v = self.predict_velocity(state, action)
+        v1, var_v = v1.to(state.dtype), var_v.to(state.dtype)
+        nq, half = self.layout.nq, 0.5 * self.layout.dt
+        q1 = state[..., :nq] + half * (state[..., nq:] + v1)
+        return torch.cat([q1, v1], dim=-1), torch.cat([half**2 * var_v, var_v], dim=-1)
+
+
+class SimDynamics:
+    """The true simulator as a batched forward model: ``mujoco.rollout`` from copied states.
+
+    State ``[qpos (nq), qvel (nv)]`` of ``model``. Uses the plant's own ``MjModel`` (so plant
+    changes made to it in place apply) and a scratch ``MjData`` (``mujoco.rollout`` overwrites
+    the data it is given). One step holds the action for ``frame_skip`` simulator steps, as a
+    gymnasium MuJoCo env's ``step`` does. Models with actuator activation state are refused:
+    the planning state does not carry it.
+    """
+
+    def __init__(self, model: mujoco.MjModel, frame_skip: int) -> None:
+        from mujoco import rollout
+
+        if int(frame_skip) < 1:
+            raise InputError(f"SimDynamics: frame_skip must be >= 1, got {frame_skip}")
+        if model.na:
+            raise InputError(f"SimDynamics: the model has {model.na} actuator activation states, which [qpos, qvel] "
+                             "does not carry")
+        self._rollout = rollout.rollout
+        self.model, self.frame_skip = model, int(frame_skip)
+        self.scratch = mujoco.MjData(model)
+        self.nstate = mujoco.mj_stateSize(model, mujoco.mjtState.mjSTATE_FULLPHYSICS)
+        # FULLPHYSICS layout: time, qpos, qvel, act (none here), ...
+        self._q = slice(1, 1 + model.nq)
+        self._v = slice(1 + model.nq, 1 + model.nq + model.nv)
+
+    def __call__(self, state: Tensor, action: Tensor) -> Tensor:
+        s = state.detach().cpu().numpy().astype(np.float64)
+        if s.ndim != 2 or s.shape[1] != self.model.nq + self.model.nv:
+            raise InputError(f"SimDynamics: state has shape {s.shape}, want [K, {self.model.nq + self.model.nv}]")
+        init = np.zeros((s.shape[0], self.nstate))
+        init[:, self._q], init[:, self._v] = s[:, : self.model.nq], s[:, self.model.nq :]
+        ctrl = np.repeat(action.detach().cpu().numpy().astype(np.float64)[:, None, :], self.frame_skip, axis=1)
+        out, _ = self._rollout(self.model, self.scratch, init, ctrl)
+        last = out[:, -1]
+        nxt = np.concatenate([last[:, self._q], last[:, self._v]], axis=1)
+        return torch.as_tensor(nxt, device=state.device, dtype=state.dtype)
+
+
+def state_of(data: mujoco.MjData) -> np.ndarray:
+    """The planning state ``[qpos, qvel]`` of a simulator."""
+    return np.concatenate([data.qpos, data.qvel])
+
+
+__all__ = ["TARGETS", "LearnedDynamics", "LearnedModel", "SimDynamics", "StateLayout", "state_of"]

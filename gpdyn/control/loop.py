@@ -1,0 +1,124 @@
+"""The one online control loop: act -> step the simulator -> observe (learn) -> act again.
+
+A :class:`Controller` is anything with a ``name`` and ``reset``/``act``/``observe``/``summary``;
+:func:`run_episode` runs one episode of any gymnasium-style environment under it, for
+every robot (Walker2d MPC, arm computed torque). Robot- and experiment-specific parts come
+in as arguments: a plant change (``before_step``), extra columns per step (``rows``),
+where logs go (``log``) and what labels them (``tags``). The loop knows no controller by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+from tqdm import tqdm
+
+from gpdyn.errors import InputError
+
+
+class Controller(Protocol):
+    """An online controller. Subclasses inherit the defaults of ``reset``, ``observe`` and ``summary``.
+
+    - ``reset(env)``: a new episode starts in ``env`` (already reset); keep what ``act`` needs
+      from it (e.g. the simulator's full state, the plant's model for a true-model planner).
+    - ``act(obs, info) -> (action, record)``: the action for this step and what to log
+      about choosing it (planning time, fallbacks); ``info`` is the env's reset/step info.
+    - ``observe(obs, action, next_obs, info) -> record``: the transition just seen: learn
+      from it, measure the model's error; returns what to log.
+    - ``summary() -> dict``: the episode's totals for its record (means, counters), called
+      once at the end of each episode.
+    """
+
+    name: str
+
+    def reset(self, env: Any) -> None:
+        return None
+
+    def act(self, obs: np.ndarray, info: Mapping[str, Any]) -> tuple[np.ndarray, dict[str, Any]]: ...
+
+    def observe(self, obs: np.ndarray, action: np.ndarray, next_obs: np.ndarray, info: Mapping[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def summary(self) -> dict[str, Any]:
+        return {}
+
+
+class Episode(NamedTuple):
+    """What :func:`run_episode` returns: the episode's record (as logged) and its rows ``{field: [T, width]}``."""
+
+    record: dict[str, Any]
+    rows: dict[str, np.ndarray]
+
+
+BASE_ROWS = ("obs", "action", "reward", "terminated", "truncated")
+
+
+def run_episode(
+    env: Any,
+    controller: Controller,
+    *,
+    steps: int,
+    reset_seed: int,
+    before_step: Callable[[int, Any], str | None] | None = None,
+    rows: Callable[[Any], Mapping[str, Any]] | None = None,
+    next_rows: tuple[str, ...] = (),
+    log: Callable[..., Any] | None = None,
+    tags: Mapping[str, Any] | None = None,
+    progress: bool = False,
+) -> Episode:
+    """Run ``controller`` in ``env`` for at most ``steps`` steps from ``env.reset(seed=reset_seed)``.
+
+    - ``before_step(t, env)``: called before step ``t`` acts; a plant change returns its
+      description (e.g. "torso mass x1.3"), else None. Steps log ``changed`` (a change has
+      happened in this episode) and the record keeps the last description as ``change``.
+    - ``rows(env)``: robot-specific columns of a step, read before it (e.g. the raw
+      ``qpos``/``qvel``); the names in ``next_rows`` are read again after it as ``next_<name>``.
+      Every episode has :data:`BASE_ROWS`; ``reward``, ``terminated``, ``truncated`` are ``[T, 1]``.
+    - ``log(**fields)``: receives a ``kind="step"`` record per step (``t``, ``reward``,
+      ``changed``, the controller's act and observe records) and the ``kind="episode"``
+      record; both carry ``tags`` (robot, controller, condition, episode, ...).
+    The episode ends at ``steps`` or when the env terminates or truncates it.
+    """
+    if steps < 1:
+        raise InputError(f"run_episode: steps must be >= 1, got {steps}")
+    tags = dict(tags or {})
+    obs, info = env.reset(seed=reset_seed)
+    controller.reset(env)
+    collected: dict[str, list[np.ndarray]] = {k: [] for k in BASE_ROWS}
+    total, change, t = 0.0, "", 0
+    label = "/".join(str(v) for v in tags.values()) or controller.name
+    bar = tqdm(range(steps), desc=label, disable=not progress, leave=False)
+    for t in bar:
+        if before_step is not None:
+            change = before_step(t, env) or change
+        extra = dict(rows(env)) if rows is not None else {}
+        action, record = controller.act(obs, info)
+        action = np.asarray(action, dtype=np.float64)
+        for k, v in (("obs", obs), ("action", action), *extra.items()):
+            collected.setdefault(k, []).append(np.array(v, dtype=np.float64))
+        next_obs, reward, terminated, truncated, info = env.step(action)
+        record = {**record, **controller.observe(obs, action, next_obs, info)}
+        total += float(reward)
+        after = dict(rows(env)) if rows is not None and next_rows else {}
+        for k in next_rows:
+            collected.setdefault(f"next_{k}", []).append(np.array(after[k], dtype=np.float64))
+        for k, v in (("reward", reward), ("terminated", terminated), ("truncated", truncated)):
+            collected[k].append(np.array([v]))
+        if log is not None:
+            log(kind="step", **tags, t=t, reward=float(reward), changed=bool(change), **record)
+        bar.set_postfix(ret=f"{total:.0f}", refresh=False)
+        obs = next_obs
+        if terminated or truncated:
+            break
+    summary = {"kind": "episode", **tags, "return": total, "length": t + 1, "change": change, **controller.summary()}
+    if log is not None:
+        log(**summary)
+    arrays = {k: np.stack(v).reshape(len(v), -1) for k, v in collected.items()}
+    arrays["terminated"] = arrays["terminated"].astype(bool)
+    arrays["truncated"] = arrays["truncated"].astype(bool)
+    return Episode(summary, arrays)
+
+
+__all__ = ["BASE_ROWS", "Controller", "Episode", "run_episode"]
