@@ -14,19 +14,9 @@ from gpdyn.cli import main
 from gpdyn.data.problems import load_problem
 from gpdyn.data.store import EpisodeStore
 from gpdyn.errors import InputError
-from gpdyn.sim.kuka import (
-    DEFAULT_PAYLOAD_OFFSET,
-    ENV_ID,
-    FAMILIES,
-    KukaConfigError,
-    KukaStream,
-    SensorConfig,
-    collect_kuka,
-    discrete_feedforward,
-    inverse_dynamics,
-    load_model,
-    model_limits,
-)
+from gpdyn.robots.arm import DEFAULT_PAYLOAD_OFFSET, discrete_feedforward, inverse_dynamics
+from gpdyn.robots.kuka import ENV_ID, kuka_arm
+from gpdyn.sim.arm import FAMILIES, ArmConfigError, ArmStream, SensorConfig, collect_arm
 
 # Forward simulation of the feedforward torques over 1 s must stay this close to
 # the commanded positions (it is exact up to round-off: the same Euler step inverted).
@@ -34,12 +24,16 @@ FORWARD_SIM_BOUND_RAD = 1e-9
 
 
 def test_model_carries_published_parameters() -> None:
-    model = load_model()
+    arm = kuka_arm()
+    model = arm.new_model()
     link_masses = [model.body(f"link{i}").mass[0] for i in range(1, 8)]
     np.testing.assert_allclose(link_masses, [5.76, 6.35, 3.5, 3.5, 3.5, 1.8, 1.2])
-    limits = model_limits(model)
-    np.testing.assert_allclose(limits["position"], [2.967, 2.094, 2.967, 2.094, 2.967, 2.094, 3.054])
-    np.testing.assert_allclose(limits["torque"], [320, 320, 176, 176, 110, 40, 40])
+    limits = arm.limits
+    np.testing.assert_allclose(limits.position[:, 1], [2.967, 2.094, 2.967, 2.094, 2.967, 2.094, 3.054])
+    np.testing.assert_allclose(limits.position[:, 0], -limits.position[:, 1])
+    np.testing.assert_allclose(limits.torque[:, 1], [320, 320, 176, 176, 110, 40, 40])
+    np.testing.assert_allclose(limits.torque[:, 0], -limits.torque[:, 1])
+    assert arm.n == 7 and arm.payload_body == "payload" and len(arm.sha256) == 64
     assert (model.dof_damping > 0).all() and (model.dof_armature > 0).all() and (model.dof_frictionloss > 0).all()
     assert model.opt.timestep == 0.001
 
@@ -50,7 +44,7 @@ def test_feedforward_torques_reproduce_trajectory_in_forward_simulation() -> Non
     h = sim.model.opt.timestep
     q_ref, _, _ = sim.pattern.evaluate(np.arange(-1, 1002) * h, 1.8)  # 1 s of 1 ms steps
     tau, v0 = discrete_feedforward(sim.model, q_ref)
-    assert (np.abs(tau) <= model_limits(sim.model)["torque"]).all()  # MuJoCo would clamp otherwise
+    assert (np.abs(tau) <= sim.arm.limits.torque[:, 1]).all()  # MuJoCo would clamp otherwise
     env.reset(seed=0)
     sim.set_state(q_ref[1], v0)
     worst = 0.0
@@ -69,7 +63,7 @@ def test_feedforward_torques_reproduce_trajectory_in_forward_simulation() -> Non
 
 
 def test_stored_torques_give_the_commanded_acceleration() -> None:
-    stream = KukaStream("kuka1", "online", seed=3, payload_kg=1.5)
+    stream = ArmStream("kuka1", "online", seed=3, payload_kg=1.5)
     chunk = stream.next_chunk(200)
     model = stream.model
     data = mujoco.MjData(model)
@@ -82,28 +76,29 @@ def test_stored_torques_give_the_commanded_acceleration() -> None:
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_trajectories_stay_inside_every_joint_limit(family: str) -> None:
     fam = FAMILIES[family]
-    limits = model_limits(load_model())
+    limits = kuka_arm().limits
+    lo, hi = limits.position.T
     pattern = fam.pattern(seed=11, limits=limits)
     t = np.arange(0.0, 600.0, 0.01)
     for speed in fam.offline_speeds + fam.online_speeds:
         q, qd, _ = pattern.evaluate(t, speed)
-        assert (np.abs(q) < limits["position"]).all()
-        assert (np.abs(qd) < limits["velocity"]).all()
-        q_max, qd_max = pattern.bounds(speed)
-        assert (q_max < limits["position"]).all() and (qd_max < limits["velocity"]).all()
+        assert ((lo < q) & (q < hi)).all()
+        assert (np.abs(qd) < limits.velocity).all()
+        q_range, qd_max = pattern.bounds(speed)
+        assert (lo < q_range[:, 0]).all() and (q_range[:, 1] < hi).all() and (qd_max < limits.velocity).all()
     # the motion uses a good part of the velocity range at the fastest speed
     _, qd, _ = pattern.evaluate(t, fam.max_speed)
-    assert (np.abs(qd).max(0) > 0.5 * limits["velocity"]).all()
+    assert (np.abs(qd).max(0) > 0.5 * limits.velocity).all()
 
 
 def test_payload_adds_the_gravity_term_at_rest() -> None:
     mass, offset = 3.0, np.array([0.02, -0.01, 0.08])
-    plain, loaded = load_model(), load_model(mass, offset)
+    arm = kuka_arm()
+    plain, loaded = arm.new_model(), arm.new_model(mass, offset)
     data = mujoco.MjData(loaded)
     rng = np.random.default_rng(0)
-    limits = model_limits(plain)["position"]
     for _ in range(5):
-        q = rng.uniform(-0.8, 0.8, 7) * limits
+        q = rng.uniform(-0.8, 0.8, 7) * arm.limits.position[:, 1]
         zero = np.zeros((1, 7))
         diff = inverse_dynamics(loaded, data, q[None], zero, zero)[0] - inverse_dynamics(
             plain, mujoco.MjData(plain), q[None], zero, zero
@@ -124,7 +119,7 @@ def test_payload_adds_the_gravity_term_at_rest() -> None:
     # joint 2 to flange is 0.2045 + 0.2155 + 0.1845 + 0.2155 + 0.081 + 0.045 = 0.946 m
     q = np.array([[0.0, np.pi / 2, 0, 0, 0, 0, 0]])
     zero = np.zeros((1, 7))
-    two_kg = load_model(2.0, (0.0, 0.0, 0.05))
+    two_kg = arm.new_model(2.0, (0.0, 0.0, 0.05))
     diff = inverse_dynamics(two_kg, mujoco.MjData(two_kg), q, zero, zero) - inverse_dynamics(
         plain, mujoco.MjData(plain), q, zero, zero
     )
@@ -132,8 +127,8 @@ def test_payload_adds_the_gravity_term_at_rest() -> None:
 
 
 def test_stream_chunks_samples_payload_change_and_seeding() -> None:
-    a = KukaStream("kuka2", "offline", seed=5, segment_samples=40)
-    b = KukaStream("kuka2", "offline", seed=5, segment_samples=40)
+    a = ArmStream("kuka2", "offline", seed=5, segment_samples=40)
+    b = ArmStream("kuka2", "offline", seed=5, segment_samples=40)
     chunk = a.next_chunk(100)  # crosses two segment (speed) boundaries
     assert chunk["tau"].shape == (100, 7) and list(np.unique(chunk["segment"])) == [0, 1, 2]
     np.testing.assert_allclose(np.unique(chunk["speed"]), sorted(FAMILIES["kuka2"].offline_speeds[:3]))
@@ -151,12 +146,12 @@ def test_stream_chunks_samples_payload_change_and_seeding() -> None:
 
 
 def test_finite_difference_derivatives_and_noise() -> None:
-    exact = KukaStream("kuka1", "online", seed=2).next_segment(500)
-    fd = KukaStream("kuka1", "online", seed=2, sensors=SensorConfig(derivatives="fd")).next_segment(500)
+    exact = ArmStream("kuka1", "online", seed=2).next_segment(500)
+    fd = ArmStream("kuka1", "online", seed=2, sensors=SensorConfig(derivatives="fd")).next_segment(500)
     np.testing.assert_array_equal(fd["q"], exact["q"])
     assert np.abs(fd["qd"] - exact["qd"]).max() < 1e-3
     assert np.abs(fd["qdd"] - exact["qdd"]).max() < 1e-2
-    noisy = KukaStream(
+    noisy = ArmStream(
         "kuka1", "online", seed=2, sensors=SensorConfig(torque_noise=0.5, position_noise=1e-3)
     ).next_segment(500)
     assert np.std(noisy["tau"] - exact["tau"]) == pytest.approx(0.5, rel=0.1)
@@ -165,7 +160,7 @@ def test_finite_difference_derivatives_and_noise() -> None:
 
 
 def test_collect_writes_the_store_contract(tmp_path: Path) -> None:
-    store = collect_kuka(tmp_path / "k.zarr", offline=130, online=250, payload=1.0, family="kuka1", seed=4, progress=False)
+    store = collect_arm(tmp_path / "k.zarr", offline=130, online=250, payload=1.0, family="kuka1", seed=4, progress=False)
     store = EpisodeStore.open(tmp_path / "k.zarr")
     assert store.n_rows == 380
     for name in ("q", "qd", "qdd", "tau"):
@@ -182,7 +177,7 @@ def test_collect_writes_the_store_contract(tmp_path: Path) -> None:
     mixed = load_problem(store, "kuka", protocol="iid")  # SVDGP: both parts mixed, 90/10
     assert len(mixed.x_train) + len(mixed.x_test) == 380 and len(mixed.x_init) == 0
     # the same seed gives the same data
-    again = collect_kuka(tmp_path / "k2.zarr", offline=130, online=250, payload=1.0, seed=4, progress=False)
+    again = collect_arm(tmp_path / "k2.zarr", offline=130, online=250, payload=1.0, seed=4, progress=False)
     np.testing.assert_array_equal(again.read("tau"), store.read("tau"))
 
 
@@ -201,7 +196,7 @@ def test_collect_writes_the_store_contract(tmp_path: Path) -> None:
 )
 def test_collect_refuses_impossible_settings(tmp_path: Path, kwargs: dict) -> None:
     with pytest.raises(InputError):
-        collect_kuka(tmp_path / "bad.zarr", **{"offline": 10, "online": 10, "progress": False, **kwargs})
+        collect_arm(tmp_path / "bad.zarr", **{"offline": 10, "online": 10, "progress": False, **kwargs})
     assert not (tmp_path / "bad.zarr").exists()
 
 
@@ -209,7 +204,7 @@ def test_collect_refuses_impossible_settings(tmp_path: Path, kwargs: dict) -> No
     "kwargs", [{"torque_noise": float("nan")}, {"position_noise": -1e-3}, {"derivatives": "spline"}]
 )
 def test_sensor_config_refuses_bad_values(kwargs: dict) -> None:
-    with pytest.raises(KukaConfigError, match=next(iter(kwargs))):
+    with pytest.raises(ArmConfigError, match=next(iter(kwargs))):
         SensorConfig(**kwargs)
 
 

@@ -1,11 +1,57 @@
-"""`gpdyn collect` and `gpdyn import`: the commands that fill an episode store."""
+"""`gpdyn collect` and `gpdyn import`: the commands that fill an episode store, and their handlers.
+
+The handlers turn parsed options into calls of the stages' plain functions
+(:func:`gpdyn.sim.walker.collect_walker`, :func:`gpdyn.sim.arm.collect_arm`, the
+importers); the stages are imported only when a command runs, so ``--help`` stays fast.
+"""
 
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
+from typing import Any
 
-from gpdyn.cli.common import add_device, add_out
+from gpdyn.cli.common import add_out
+
+
+def float_list(text: str) -> list[float]:
+    """``"0.5"`` or ``"0.5,0.5,0.3"``: one value for every joint or one per joint."""
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number or a comma-separated list of numbers") from None
+    return values
+
+
+def add_arm_options(p: argparse.ArgumentParser, robot: str) -> None:
+    """The options that pick the arm: ``--model FILE.xml`` for ``arm``; the estimated joint terms for both."""
+    if robot == "arm":
+        p.add_argument("--model", type=Path, required=True, help="MJCF file of the arm (hinge joints, one motor or "
+                                                                  "position actuator per joint)")
+        p.add_argument("--velocity-limits", type=float_list, default=None, metavar="V[,V...]",
+                       help="joint velocity limits in rad/s that trajectories keep inside (MJCF has none; default: "
+                            "positions bound the motion alone)")
+        p.add_argument("--payload-body", default=None,
+                       help="massless body that carries --payload (default: the body named 'payload', if any)")
+    note = ("replaces the file's value" if robot == "arm"
+            else "replaces the shipped estimate (a guess, not an identified value)")
+    for option, text in (("damping", "joint damping, N m s/rad"), ("armature", "rotor armature, kg m^2"),
+                         ("friction", "dry joint friction, N m")):
+        p.add_argument(f"--{option}", type=float_list, default=None, metavar="V[,V...]",
+                       help=f"{text}, one value or one per joint; {note}")
+
+
+def arm_from_args(args: argparse.Namespace) -> Any:
+    """The :class:`~gpdyn.robots.arm.ArmModel` that ``add_arm_options`` described (the iiwa without ``--model``)."""
+    terms = {k: getattr(args, k, None) for k in ("damping", "armature", "friction")}
+    if getattr(args, "model", None) is None:
+        from gpdyn.robots.kuka import kuka_arm
+
+        return kuka_arm(**terms)
+    from gpdyn.robots.arm import ArmModel
+
+    return ArmModel(args.model, velocity_limits=args.velocity_limits, payload_body=args.payload_body, **terms)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -28,23 +74,31 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--video", type=Path, default=None, help="also write an MP4 of the first episode")
     add_out(p)
-    p.set_defaults(handler="gpdyn.sim.walker:cli_collect")
+    p.set_defaults(handler=collect_walker)
 
-    p = collect.add_parser("kuka", help="simulated KUKA iiwa inverse-dynamics stream")
-    p.add_argument("--store", type=Path, required=True)
-    p.add_argument("--offline", type=int, default=17560, help="offline samples (default 17560, as KUKA1)")
-    p.add_argument("--online", type=int, default=180360, help="online samples (default 180360, as KUKA1)")
-    p.add_argument("--payload", type=float, default=0.0, help="end-effector payload in kg")
-    p.add_argument("--family", choices=("kuka1", "kuka2"), default="kuka1", help="trajectory family")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rate", type=float, default=100.0, help="sample rate in Hz, a whole number of 1 ms steps")
-    p.add_argument("--torque-noise", type=float, default=0.0, help="std of torque sensor noise, N m")
-    p.add_argument("--position-noise", type=float, default=0.0, help="std of position sensor noise, rad")
-    p.add_argument(
-        "--derivatives", choices=("exact", "fd"), default="exact", help="exact qd, qdd or finite differences of measured q"
-    )
-    add_out(p)
-    p.set_defaults(handler="gpdyn.sim.kuka:cli_collect")
+    for robot, text in (("kuka", "simulated KUKA iiwa inverse-dynamics stream"),
+                        ("arm", "inverse-dynamics stream of any arm given as an MJCF file")):
+        p = collect.add_parser(robot, help=text)
+        if robot == "arm":
+            add_arm_options(p, robot)
+        p.add_argument("--store", type=Path, required=True)
+        p.add_argument("--offline", type=int, default=17560, help="offline samples (default 17560, as KUKA1)")
+        p.add_argument("--online", type=int, default=180360, help="online samples (default 180360, as KUKA1)")
+        p.add_argument("--payload", type=float, default=0.0, help="end-effector payload in kg")
+        p.add_argument("--family", choices=("kuka1", "kuka2"), default="kuka1", help="trajectory family")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--rate", type=float, default=100.0,
+                       help="sample rate in Hz, a whole number of the model's simulation steps")
+        p.add_argument("--torque-noise", type=float, default=0.0, help="std of torque sensor noise, N m")
+        p.add_argument("--position-noise", type=float, default=0.0, help="std of position sensor noise, rad")
+        p.add_argument(
+            "--derivatives", choices=("exact", "fd"), default="exact",
+            help="exact qd, qdd or finite differences of measured q",
+        )
+        if robot == "kuka":
+            add_arm_options(p, robot)
+        add_out(p)
+        p.set_defaults(handler=collect_arm)
 
     imp = sub.add_parser("import", help="import a real dataset into a store").add_subparsers(
         dest="format", metavar="FORMAT", required=True
@@ -53,10 +107,83 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("files", nargs="+", type=Path)
     p.add_argument("--store", type=Path, required=True)
     add_out(p)
-    p.set_defaults(handler="gpdyn.data.importers:cli_import")
+    p.set_defaults(handler=import_files)
     p = imp.add_parser("sarcos", help="SARCOS .mat files (sarcos_inv.mat)")
     p.add_argument("files", nargs="+", type=Path)
     p.add_argument("--store", type=Path, required=True)
     add_out(p)
-    p.set_defaults(handler="gpdyn.data.importers:cli_import")
+    p.set_defaults(handler=import_files)
 
+
+# ---------------------------------------------------------------------------- handlers
+def collect_walker(args: argparse.Namespace) -> int:
+    """``gpdyn collect walker``: fill a store, print a summary, optionally render a video."""
+    from gpdyn.data.store import EpisodeStore
+    from gpdyn.errors import InputError
+    from gpdyn.runs import run_for_args
+    from gpdyn.sim.walker import collect_walker as collect
+
+    result = collect(args.store, args.episodes, policies=args.policy, mix=args.mix, noise=args.noise, envs=args.envs,
+                     seed=args.seed)
+    run_for_args("collect-walker", args).log(**result)
+    print(
+        f"{result['store']}: {result['episodes']} episodes, {result['rows']} transitions "
+        f"(+{result['episodes_added']} episodes, {result['rows_added']} transitions in {result['seconds']:.1f} s, "
+        f"{result['steps_per_second']:.0f} steps/s)"
+    )
+    if args.video is not None:
+        from gpdyn.sim.render import render_episode
+
+        store = EpisodeStore.open(args.store)
+        if store.n_episodes == 0:
+            raise InputError(f"{args.store}: no episode to render")
+        index = result["episodes_before"] if result["episodes_added"] else 0
+        render_episode(store, index, args.video)
+        print(f"video of episode {index}: {args.video}")
+    return 0
+
+
+def collect_arm(args: argparse.Namespace) -> int:
+    """``gpdyn collect kuka|arm``: collect, then print time and torque ranges beside the limits."""
+    from gpdyn.runs import run_for_args
+    from gpdyn.sim.arm import SensorConfig, collect_arm as collect, torque_ranges
+
+    arm = arm_from_args(args)
+    sensors = SensorConfig(torque_noise=args.torque_noise, position_noise=args.position_noise,
+                           derivatives=args.derivatives)
+    start = time.perf_counter()
+    store = collect(args.store, offline=args.offline, online=args.online, payload=args.payload, family=args.family,
+                    seed=args.seed, arm=arm, rate_hz=args.rate, sensors=sensors)
+    elapsed = time.perf_counter() - start
+    ranges = torque_ranges(store)
+    run_for_args(f"collect-{args.source}", args).log(
+        store=str(store.path), model_file=str(arm.path), model_sha256=arm.sha256, episodes=store.n_episodes,
+        rows=store.n_rows, seconds=elapsed, tau_min=ranges[:, 0], tau_max=ranges[:, 1])
+    print(f"{store.path}: {store.n_rows} samples of {arm.path.name} ({arm.n} joints) in {store.n_episodes} episodes, "
+          f"{elapsed:.1f} s")
+    print("joint             tau min [N m]  tau max [N m]  limits [N m]")
+    for name, (lo, hi), (lim_lo, lim_hi) in zip(arm.joint_names, ranges, arm.limits.torque):
+        print(f"  {name:<14} {lo:12.2f}  {hi:12.2f}   {lim_lo:g} .. {lim_hi:g}")
+    return 0
+
+
+def import_files(args: argparse.Namespace) -> int:
+    """``gpdyn import kuka-ilgr|sarcos FILE... --store PATH``."""
+    from gpdyn.data.importers import import_kuka_ilgr, import_sarcos
+    from gpdyn.runs import run_for_args
+
+    importers = {"kuka-ilgr": import_kuka_ilgr, "sarcos": import_sarcos}
+    store = importers[args.format](args.files, args.store)
+    parts = store.episode_values("online")
+    run_for_args(f"import-{args.format}", args).log(store=str(store.path), episodes=store.n_episodes, rows=store.n_rows,
+                                                    offline_episodes=int((parts == 0).sum()),
+                                                    files=store.attrs["imported_files"])
+    for entry, ends in zip(store.attrs["imported_files"], store.episode_ends):
+        part = "online" if entry["online"] else "offline"
+        print(f"  {entry['file']}: {entry['rows']} rows -> {part} part (rows to {int(ends)})")
+    print(f"{store.path}: {store.n_rows} rows in {store.n_episodes} episodes ({int((parts == 0).sum())} offline)")
+    return 0
+
+
+__all__ = ["add_arm_options", "add_parsers", "arm_from_args", "collect_arm", "collect_walker", "float_list",
+           "import_files"]

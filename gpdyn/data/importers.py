@@ -1,4 +1,4 @@
-"""Importers of the real inverse-dynamics datasets into the KUKA store format.
+"""Importers of the real inverse-dynamics datasets into the arm store format (:mod:`gpdyn.data.arm_schema`).
 
 - KUKA1/KUKA2 (Meier et al. 2014, the ILGR data used by SVDGP Section 5): text
   files, one sample per line, 28 whitespace-separated numbers: 7 joint positions,
@@ -21,18 +21,17 @@ written before every file has been read and checked.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from gpdyn.data.kuka_schema import KUKA_FIELD_NAMES, N_JOINTS, OFFLINE, ONLINE, kuka_episode_keys, kuka_fields
+from gpdyn.data.arm_schema import ARM_FIELD_NAMES, OFFLINE, ONLINE, arm_episode_keys, arm_fields
 from gpdyn.data.store import EpisodeStore
 from gpdyn.errors import InputError
-from gpdyn.runs import run_for_args
 
+N_JOINTS = 7  # both datasets record 7-DOF arms (KUKA LBR, SARCOS master arm)
 N_COLUMNS = 4 * N_JOINTS
 KUKA_TAU_SCALE = (40.0, 40.0, 20.0, 20.0, 4.0, 4.0, 2.0)
 
@@ -134,7 +133,7 @@ def read_sarcos(path: str | Path) -> tuple[np.ndarray, str]:
 
 def _episode(rows: np.ndarray) -> dict[str, np.ndarray]:
     """Split the 28 columns into q, qd, qdd, tau (the column order of both datasets)."""
-    return {name: rows[:, i * N_JOINTS : (i + 1) * N_JOINTS] for i, name in enumerate(KUKA_FIELD_NAMES)}
+    return {name: rows[:, i * N_JOINTS : (i + 1) * N_JOINTS] for i, name in enumerate(ARM_FIELD_NAMES)}
 
 
 def _write(
@@ -145,12 +144,12 @@ def _write(
     ordered = sorted(files, key=lambda f: f.online)  # stable: offline first, then online, command-line order
     store = EpisodeStore.create(
         store_path,
-        kuka_fields(tau_unit),
+        arm_fields(N_JOINTS, tau_unit),
         source=source,
         env_id=env_id,
         dt=0.0,
         seed=None,
-        episode_keys=kuka_episode_keys(),
+        episode_keys=arm_episode_keys(),
         extra_attrs={
             "dt_note": "unknown: the source files carry no time stamps (dt = 0)",
             "tau_scale": [float(s) for s in tau_scale],
@@ -198,26 +197,9 @@ def import_sarcos(files: Sequence[str | Path], store_path: str | Path) -> Episod
     )
 
 
-def cli_import(args: argparse.Namespace) -> int:
-    """``gpdyn import kuka-ilgr|sarcos FILE... --store PATH``."""
-    importers = {"kuka-ilgr": import_kuka_ilgr, "sarcos": import_sarcos}
-    if args.format not in importers:
-        raise ImportFormatError(f"unknown import format {args.format!r}; choose from {sorted(importers)}")
-    store = importers[args.format](args.files, args.store)
-    parts = store.episode_values("online")
-    run_for_args(f"import-{args.format}", args).log(store=str(store.path), episodes=store.n_episodes, rows=store.n_rows,
-            offline_episodes=int((parts == 0).sum()), files=store.attrs["imported_files"])
-    for entry, ends in zip(store.attrs["imported_files"], store.episode_ends):
-        part = "online" if entry["online"] else "offline"
-        print(f"  {entry['file']}: {entry['rows']} rows -> {part} part (rows to {int(ends)})")
-    print(f"{store.path}: {store.n_rows} rows in {store.n_episodes} episodes ({int((parts == 0).sum())} offline)")
-    return 0
-
-
 __all__ = [
     "ImportFormatError",
     "KUKA_TAU_SCALE",
-    "cli_import",
     "import_kuka_ilgr",
     "import_sarcos",
     "read_kuka_ilgr",

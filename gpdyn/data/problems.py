@@ -6,6 +6,7 @@ name       x                                                           y
 walker-1   [qpos[1:], qvel, action] at t                        (23)   qvel at t+1 (9)
 walker-2   the walker-1 inputs at t-1 and at t                  (46)   qvel at t+1 (9)
 kuka       [q, qd, qdd] at t                                    (21)   tau at t (7)
+arm        [q, qd, qdd] at t of any n-joint arm store             (3n)   tau at t (n)
 =========  ==========================================================  =======
 
 Samples never cross an episode boundary. Two protocols share one split rule:
@@ -32,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpdyn.data.arm_schema import ARM_FIELD_NAMES
 from gpdyn.data.store import EpisodeStore, StoreError
 from gpdyn.errors import InputError
 
@@ -54,7 +56,9 @@ class ProblemSpec:
     field_out: str
     history: int
     target_shift: int
-    widths: tuple[tuple[str, int], ...]  # every field read, with the width the store must have
+    # every field read, with the width the store must have; None: any width, the same for
+    # every such field (an arm's joint count, read from the store)
+    widths: tuple[tuple[str, int | None], ...]
     # A field holding the target's value one step later in the same row (Walker2d stores
     # keep ``next_qvel``), so that an episode's last transition is a sample too.
     next_field: str | None = None
@@ -71,6 +75,7 @@ class ProblemSpec:
 
 _WALKER_IN = (("qpos", 1), ("qvel", 0), ("action", 0))
 _WALKER_WIDTHS = (("qpos", 9), ("qvel", 9), ("action", 6))
+_ARM_IN = (("q", 0), ("qd", 0), ("qdd", 0))
 PROBLEMS: dict[str, ProblemSpec] = {
     "walker-1": ProblemSpec(
         "walker-1", _WALKER_IN, "qvel", history=1, target_shift=1, widths=_WALKER_WIDTHS, next_field="next_qvel"
@@ -78,14 +83,8 @@ PROBLEMS: dict[str, ProblemSpec] = {
     "walker-2": ProblemSpec(
         "walker-2", _WALKER_IN, "qvel", history=2, target_shift=1, widths=_WALKER_WIDTHS, next_field="next_qvel"
     ),
-    "kuka": ProblemSpec(
-        "kuka",
-        (("q", 0), ("qd", 0), ("qdd", 0)),
-        "tau",
-        history=1,
-        target_shift=0,
-        widths=(("q", 7), ("qd", 7), ("qdd", 7), ("tau", 7)),
-    ),
+    "kuka": ProblemSpec("kuka", _ARM_IN, "tau", history=1, target_shift=0, widths=tuple((f, 7) for f in ARM_FIELD_NAMES)),
+    "arm": ProblemSpec("arm", _ARM_IN, "tau", history=1, target_shift=0, widths=tuple((f, None) for f in ARM_FIELD_NAMES)),
 }
 
 
@@ -298,13 +297,20 @@ def _check_fields(store: EpisodeStore, spec: ProblemSpec) -> None:
     widths = dict(spec.widths)
     if spec.next_field and spec.next_field in store.fields:
         widths[spec.next_field] = widths[spec.field_out]
+    shared: tuple[str, int] | None = None  # the first field of free width, and its width
     for field, width in widths.items():
         if field not in store.fields:
             raise StoreError(f"{store.path}: problem {spec.name} needs field '{field}', the store has {sorted(store.fields)}")
-        if store.fields[field].width != width:
+        have = store.fields[field].width
+        if width is None:
+            if shared is None:
+                shared = (field, have)
+                continue
+            width = shared[1]
+        if have != width:
+            also = f" (as '{shared[0]}')" if shared is not None and widths[field] is None else ""
             raise StoreError(
-                f"{store.path}: problem {spec.name} needs field '{field}' of width {width}, "
-                f"the store's has {store.fields[field].width}"
+                f"{store.path}: problem {spec.name} needs field '{field}' of width {width}{also}, the store's has {have}"
             )
 
 

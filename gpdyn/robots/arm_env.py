@@ -1,16 +1,18 @@
-"""Gymnasium environment of the KUKA LBR iiwa 14 arm under joint-torque control.
+"""Gymnasium environment of any arm (default the KUKA LBR iiwa 14) under joint-torque control.
 
-The plant is ``gpdyn/robots/assets/kuka_iiwa.xml`` (1 ms Euler steps, implicit joint damping);
-one environment step holds the commanded torques for ``frame_skip`` simulation
-steps (default 10: a 100 Hz control rate). The task is tracking the rhythmic
-reference motion of a gpdyn trajectory family (see :mod:`gpdyn.sim.kuka`): the
-reward is minus the squared joint-position error after the step, and ``info``
-carries the reference (q, qd, qdd) at the new time so that a computed-torque
-controller can use it. The payload at the flange can change mid-run
-(:meth:`KukaIiwaEnv.set_payload`).
+The plant is :meth:`ArmModel.torque_model <gpdyn.robots.arm.ArmModel.torque_model>` of
+the arm: its MJCF model with every actuator a direct joint-torque source. One
+environment step holds the commanded torques for ``frame_skip`` simulation steps
+(default: as many as make a 100 Hz control rate; 10 for the iiwa's 1 ms steps). The
+task is tracking the rhythmic reference motion of a gpdyn trajectory family (see
+:mod:`gpdyn.sim.arm`): the reward is minus the squared joint-position error after
+the step, and ``info`` carries the reference (q, qd, qdd) at the new time so that a
+computed-torque controller can use it. The payload can change mid-run
+(:meth:`ArmEnv.set_payload`).
 
-Observation: ``[q (7), qd (7)]`` in rad and rad/s. Action: joint torques in N m,
-inside the iiwa torque limits (MuJoCo clamps commands to them).
+Observation: ``[q (n), qd (n)]`` in rad and rad/s. Action: joint torques in N m, in
+joint order, inside the arm's torque limits (MuJoCo clamps commands to them).
+``gymnasium.make("gpdyn/KukaIiwa-v0")`` gives the iiwa.
 """
 
 from __future__ import annotations
@@ -18,31 +20,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import gymnasium
 import mujoco
 import numpy as np
-import gymnasium
 from gymnasium import spaces
 from gymnasium.envs.mujoco.mujoco_env import MujocoEnv
 
-from gpdyn.sim.kuka import (
-    DEFAULT_PAYLOAD_OFFSET,
-    ENV_ID,
-    get_family,
-    load_model,
-    model_limits,
-    model_path,
-    set_payload,
-)
+from gpdyn.robots.arm import DEFAULT_PAYLOAD_OFFSET, ArmModel
+from gpdyn.robots.kuka import ENV_ID, kuka_arm
+from gpdyn.sim.arm import DEFAULT_RATE_HZ, get_family
 
 
-class KukaIiwaEnv(MujocoEnv):
-    """KUKA iiwa 14, torque control, tracking a seeded rhythmic reference."""
+class ArmEnv(MujocoEnv):
+    """An arm under torque control tracking a seeded rhythmic reference (default arm: the iiwa 14)."""
 
     metadata = {"render_modes": ["human", "rgb_array", "depth_array"], "render_fps": 100}
 
     def __init__(
         self,
-        frame_skip: int = 10,
+        arm: ArmModel | None = None,
+        frame_skip: int | None = None,
         family: str = "kuka1",
         speed: float = 1.0,
         pattern_seed: int = 0,
@@ -54,36 +51,46 @@ class KukaIiwaEnv(MujocoEnv):
         height: int = 480,
         **kwargs: Any,
     ) -> None:
+        self.arm = arm if arm is not None else kuka_arm()
+        frame_skip = self.arm.steps_per_sample(DEFAULT_RATE_HZ) if frame_skip is None else int(frame_skip)
         self._payload = (float(payload_kg), tuple(float(v) for v in payload_offset))
         # the fps check of MujocoEnv must match this instance's control rate
-        self.metadata = {**type(self).metadata, "render_fps": int(round(1.0 / (0.001 * frame_skip)))}
-        observation_space = spaces.Box(low=-np.inf, high=np.inf, shape=(14,), dtype=np.float64)
+        self.metadata = {**type(self).metadata, "render_fps": int(round(1.0 / (self.arm.timestep * frame_skip)))}
+        n = self.arm.n
+        observation_space = spaces.Box(low=-np.inf, high=np.inf, shape=(2 * n,), dtype=np.float64)
+        # the model's first camera (the iiwa's "side"), else MuJoCo's free camera
+        camera_id = 0 if self.arm.model.ncam and render_mode in ("rgb_array", "depth_array") else None
         super().__init__(
-            str(model_path()),
+            str(self.arm.path.resolve()),
             frame_skip,
             observation_space,
             render_mode=render_mode,
             width=width,
             height=height,
-            camera_name="side" if render_mode in ("rgb_array", "depth_array") else None,
+            camera_id=camera_id,
             **kwargs,
         )
         self.speed = float(speed)
         self.reset_noise_scale = float(reset_noise_scale)
-        self.pattern = get_family(family).pattern(pattern_seed, model_limits(self.model))
+        self.pattern = get_family(family).pattern(pattern_seed, self.arm.limits)
 
     def _initialize_simulation(self) -> tuple[mujoco.MjModel, mujoco.MjData]:
-        model = load_model(*self._payload)
+        model = self.arm.torque_model(*self._payload)
         model.vis.global_.offwidth = max(model.vis.global_.offwidth, self.width)
         model.vis.global_.offheight = max(model.vis.global_.offheight, self.height)
         return model, mujoco.MjData(model)
 
+    def _set_action_space(self) -> spaces.Box:
+        low, high = self.arm.limits.torque.T
+        self.action_space = spaces.Box(low=low, high=high, dtype=np.float64)
+        return self.action_space
+
     def set_payload(self, payload_kg: float, payload_offset: Sequence[float] = DEFAULT_PAYLOAD_OFFSET) -> None:
-        """Change the flange payload; effective from the next step (a plant change)."""
-        set_payload(self.model, payload_kg, payload_offset)
+        """Change the payload; effective from the next step (a plant change)."""
+        self.arm.set_payload(self.model, payload_kg, payload_offset)
 
     def reference(self, t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Reference q, qd, qdd [7] at time ``t`` (s)."""
+        """Reference q, qd, qdd [n] at time ``t`` (s)."""
         q, qd, qdd = self.pattern.evaluate(np.array([t]), self.speed)
         return q[0], qd[0], qdd[0]
 
@@ -101,7 +108,9 @@ class KukaIiwaEnv(MujocoEnv):
         }
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        self.do_simulation(np.asarray(action, dtype=np.float64), self.frame_skip)
+        ctrl = np.zeros(self.model.nu)
+        ctrl[self.arm.actuator_of_joint] = np.asarray(action, dtype=np.float64)
+        self.do_simulation(ctrl, self.frame_skip)
         info = self._info()
         reward = -info["tracking_error"] ** 2
         if self.render_mode == "human":
@@ -121,7 +130,7 @@ class KukaIiwaEnv(MujocoEnv):
 
 
 if ENV_ID not in gymnasium.registry:  # gymnasium.make("gpdyn/KukaIiwa-v0") after importing this module
-    gymnasium.register(id=ENV_ID, entry_point="gpdyn.robots.arm_env:KukaIiwaEnv",
+    gymnasium.register(id=ENV_ID, entry_point="gpdyn.robots.arm_env:ArmEnv",
                        max_episode_steps=1000)  # 10 s at the default 100 Hz control rate
 
-__all__ = ["KukaIiwaEnv"]
+__all__ = ["ArmEnv"]
