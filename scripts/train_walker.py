@@ -27,7 +27,8 @@ import torch
 from tqdm import tqdm
 
 from gpdyn.runs import RunDir
-from gpdyn.sim.policy import CHECKPOINT_DIR, SHIPPED_POLICY, WALKER_ENV_ID, evaluate_policy, export_sb3, load_policy
+from gpdyn.robots.walker import ENV_ID as WALKER_ENV_ID
+from gpdyn.sim.policy import CHECKPOINT_DIR, SHIPPED_POLICY, evaluate_policy, export_sb3, load_policy
 
 ZOO_SETTINGS = dict(
     batch_size=128,

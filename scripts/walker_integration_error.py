@@ -12,7 +12,8 @@ import argparse
 from pathlib import Path
 
 from gpdyn.data.store import EpisodeStore
-from gpdyn.sim.walker import QPOS_NAMES, integration_errors
+from gpdyn.robots.walker import QPOS_NAMES
+from gpdyn.sim.walker import integration_errors
 
 
 def main() -> int:

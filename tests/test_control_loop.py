@@ -17,8 +17,16 @@ from synthetic import make_kuka_store, make_walker_store
 from gpdyn.cli import main
 from gpdyn.experiments.control_arm import KukaRunConfig, run_kuka
 from gpdyn.gp.residual import LinearKernelGP, ResidualGP
-from gpdyn.experiments.control_walker import WalkerRunConfig, plant_change_step, pretrained_walker_model, run_walker, run_walker_episode
-from gpdyn.robots.walker import LearnedWalkerDynamics
+from gpdyn.control.dynamics import LearnedDynamics
+from gpdyn.experiments.control_walker import (
+    WalkerRunConfig,
+    plant_change_step,
+    pretrained_walker_model,
+    run_walker,
+    run_walker_episode,
+    walker_controller,
+)
+from gpdyn.robots.walker import LAYOUT
 from gpdyn.data.store import EpisodeStore
 from gpdyn.errors import InputError
 from gpdyn.gp import LEARNERS, make_learner
@@ -83,23 +91,21 @@ def test_nan_model_falls_back_to_the_policy_and_logs_it(walker_zarr: Path, tmp_p
     cfg = WalkerRunConfig(learner="svdgp", steps=3, conditions=("nominal",), **TINY)
     _, dyn, _ = pretrained_walker_model(cfg, walker_zarr)
 
-    class Broken(LearnedWalkerDynamics):
+    class Broken(LearnedDynamics):
         def predict_velocity(self, state, action):
             mean, var = super().predict_velocity(state, action)
             return torch.full_like(mean, math.nan), var
 
-    broken = Broken(dyn.learner, dyn.normalizer)
+    broken = Broken(dyn.model, dyn.layout)
     run = RunDir.create("t", {}, out=tmp_path / "run")
     policy = load_policy()
-    out = run_walker_episode(run, cfg, "frozen", "nominal", policy=policy, dynamics=broken, updater=None, reset_seed=3)
+    out = run_walker_episode(run, cfg, walker_controller("frozen", cfg, policy, broken), "nominal", reset_seed=3)
     steps = _records(run, "step")
-    assert out["record"]["fallbacks"] == len(steps) == 3
+    assert out.record["fallbacks"] == len(steps) == 3
     assert all(s["fallback"] for s in steps)
-    actions = out["arrays"]["action"]
+    actions = out.rows["action"]
     assert np.isfinite(actions).all()
-    np.testing.assert_allclose(actions, policy.act(out["arrays"]["obs"]), atol=1e-9)
-
-
+    np.testing.assert_allclose(actions, policy.act(out.rows["obs"]), atol=1e-9)
 
 
 def test_cli_control_bad_options_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -109,20 +115,6 @@ def test_cli_control_bad_options_exit_2(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["control", "walker", "--learner", "svdgp", "--episodes", "0", "--out", str(tmp_path / "d")]) == 2
     assert "episodes" in capsys.readouterr().err
     assert main(["control", "kuka", "--learner", "svdgp", "--payload", "-1", "--out", str(tmp_path / "c")]) == 2
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def test_a_plant_changed_in_mid_episode_stays_changed(walker_zarr: Path, tmp_path: Path) -> None:
@@ -162,7 +154,7 @@ def test_learned_walker_dynamics_inverts_its_training_pairs(target: str, walker_
     if target == "change":
         problem = problem.as_change_of(QVEL_INPUTS)
     learner = make_learner("exact", 23, 9, max_points=200)
-    dyn = LearnedWalkerDynamics(learner, problem.normalizer, target=target)
+    dyn = LearnedDynamics.from_learner(learner, problem.normalizer, LAYOUT, target=target)
     store = EpisodeStore.open(walker_zarr)
     ep = store.episode(0, ["qpos", "qvel", "action"])
     states = torch.as_tensor(np.concatenate([ep["qpos"], ep["qvel"]], 1))
@@ -181,7 +173,7 @@ def test_learned_walker_dynamics_inverts_its_training_pairs(target: str, walker_
             v0, _ = dyn.predict_velocity(far, action)
         torch.testing.assert_close(v0 - far[:, 9:], torch.as_tensor(problem.normalizer.y_mean).expand(20, 9))
     with pytest.raises(InputError, match="target"):
-        LearnedWalkerDynamics(learner, problem.normalizer, target="position")
+        LearnedDynamics.from_learner(learner, problem.normalizer, LAYOUT, target="position")
 
 
 def test_summarize_control_tables_several_seeds(walker_zarr: Path, tmp_path: Path) -> None:
@@ -207,8 +199,7 @@ def test_summarize_control_tables_several_seeds(walker_zarr: Path, tmp_path: Pat
 
 
 def test_plant_change_factor_scales_the_change_and_bad_factors_are_refused() -> None:
-    from gpdyn.robots.walker import apply_plant_change
-    from gpdyn.sim.walker import make_env
+    from gpdyn.robots.walker import apply_plant_change, make_env
 
     env = make_env()
     model = env.unwrapped.model
@@ -244,22 +235,6 @@ def test_walker_planning_relative_to_the_policy_runs_and_is_reported(walker_zarr
     for bad in ({"residual_lengthscale": 0.0}, {"residual_noise": -1.0}):
         with pytest.raises(InputError, match="residual"):
             WalkerRunConfig(**bad).validate()
-
-
-def test_online_error_replay_scores_frozen_and_residual_models(walker_zarr: Path, tmp_path: Path,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
-    cfg = WalkerRunConfig(learner="svdgp", steps=5, controllers=("trpo",), conditions=("changed",), **TINY)
-    run = RunDir.create("t", {}, out=tmp_path / "run")
-    run_walker(run, cfg, walker_zarr)
-    replay = _script("walker_online_error")
-    assert replay.main(["--store", str(walker_zarr), "--episodes", str(run.path / "episodes.zarr"), "--iterations", "3",
-                        "--lengthscales", "1,3", "--noises", "0.01"]) == 0
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    assert [r.split("|")[1].strip() for r in rows] == [
-        "frozen", "online, residual GP, lengthscale x1, noise 0.01", "online, residual GP, lengthscale x3, noise 0.01"]
-    assert all(math.isfinite(float(v)) for r in rows for v in r.strip(" |").split("|")[1:])
-    with pytest.raises(SystemExit, match="no nominal episodes"):
-        replay.main(["--store", str(walker_zarr), "--episodes", str(run.path / "episodes.zarr"), "--condition", "nominal"])
 
 
 def test_walker_consecutive_episodes_keep_the_online_model(walker_zarr: Path, tmp_path: Path) -> None:
@@ -313,35 +288,20 @@ def test_cli_walker_episodes_and_cold_start_reach_the_run(walker_zarr: Path, tmp
     assert [(e["controller"], e["episode"]) for e in _records(RunDir(out), "episode")] == [("trpo", 0), ("trpo", 1)]
 
 
-def test_walker_sample_ranking_scores_models_against_the_plant(walker_zarr: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    ranking = _script("walker_sample_ranking")
-    costs = np.array([3.0, 1.0, 2.0, 5.0])
-    assert ranking.spearman(costs, 2 * costs + 1) == pytest.approx(1.0)
-    assert ranking.spearman(costs, -costs) == pytest.approx(-1.0)
-    assert ranking.mppi_regret(costs, costs, temperature=1e-6) == pytest.approx(0.0)  # picks the truly best
-    assert ranking.mppi_regret(-costs, costs, temperature=1e-6) == pytest.approx(4.0)  # picks the truly worst
-    assert ranking.main(["--store", str(walker_zarr), "--steps", "4", "--every", "2", "--episodes", "2", "--samples", "8",
-                         "--horizon", "2", "--proposal-tail", "1", "--iterations", "3"]) == 0
-    rows = [line.strip("|").split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
-    assert [(r[0].strip(), r[1].strip()) for r in rows] == [("1", "frozen"), ("1", "online"), ("2", "frozen"), ("2", "online")]
-    for r in rows:
-        assert -1.0 <= float(r[4]) <= 1.0 and float(r[5]) >= 0.0 and math.isfinite(float(r[6]))
-
-
 def test_tracking_cost_asks_a_weakened_motor_for_the_control_that_undoes_it() -> None:
     import copy
 
-    from gpdyn.robots.walker import NominalTrackingCost, SimWalkerDynamics, apply_plant_change, state_of
-    from gpdyn.sim.walker import make_env
+    from gpdyn.control.dynamics import SimDynamics, state_of
+    from gpdyn.robots.walker import FRAME_SKIP, NominalTrackingCost, apply_plant_change, make_env
 
     env = make_env()
     env.reset(seed=3)
     sim = env.unwrapped
     for _ in range(5):  # off the reset pose, feet on the ground or not
         env.step(0.3 * np.ones(6))
-    nominal = SimWalkerDynamics(copy.deepcopy(sim.model))
+    nominal = SimDynamics(copy.deepcopy(sim.model), FRAME_SKIP)
     apply_plant_change(sim.model, "weak_motor", 0.25)
-    weak = SimWalkerDynamics(sim.model)
+    weak = SimDynamics(sim.model, FRAME_SKIP)
     state = torch.as_tensor(state_of(sim.data))[None].expand(3, -1).contiguous()
     policy_action = torch.tensor([0.2, -0.1, 0.3, -0.2, 0.1, 0.0], dtype=torch.float64)
     cost = NominalTrackingCost(nominal, lambda x: policy_action.expand(x.shape[0], -1))

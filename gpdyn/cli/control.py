@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from gpdyn.cli.common import LEARNER_NAMES, add_device, add_out
 
@@ -83,9 +84,69 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="--adapt residual: the residual GP's kernel, SE over all inputs (default) or linear "
                         "over the action alone (a bias plus a gain per action: how the plant answers the action)")
     p.add_argument("--video", action="store_true", default=None, help="MP4 of the online episode on the changed plant")
-    p.set_defaults(handler="gpdyn.experiments.control_walker:cli_control")
+    p.set_defaults(handler="gpdyn.cli.control:cli_control")
 
     p = robots.add_parser("kuka", help="KUKA iiwa: computed-torque tracking with learned inverse dynamics")
     add_common(p)
     p.add_argument("--payload", type=float, default=None, help="payload in kg added at --change-at (default 3)")
-    p.set_defaults(handler="gpdyn.experiments.control_walker:cli_control")
+    p.set_defaults(handler="gpdyn.cli.control:cli_control_kuka")
+
+
+# the walker options copied onto WalkerRunConfig when given
+WALKER_OPTIONS = ("steps", "planner", "cost", "samples", "sim_samples", "horizon", "noise_std", "temperature", "episodes",
+                  "control_cost", "track_offset_weight", "residual_gate", "residual_gate_z", "residual_kernel",
+                  "residual_forget", "uncertainty", "var_weight", "terminal_value", "relative_to_proposal",
+                  "proposal_tail", "warm_start", "target", "change", "change_factor", "change_at", "controllers",
+                  "conditions", "scale", "adapt", "dtype", "video", "pretrain_iterations")
+
+
+def copy_options(cfg: Any, args: argparse.Namespace, names: tuple[str, ...]) -> None:
+    """Copy the command-line options that were given onto ``cfg`` (comma lists become tuples)."""
+    for name in names:
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if name in ("controllers", "conditions"):
+            value = tuple(v.strip() for v in value.split(",") if v.strip())
+        setattr(cfg, name, value)
+
+
+def cli_control(args: argparse.Namespace) -> int:
+    """``gpdyn control walker``: the online control experiment, its run folder and report.
+
+    The options (the device among them) are checked before the run folder is made or any data collected.
+    """
+    from dataclasses import asdict
+
+    from gpdyn.experiments.control_walker import WalkerRunConfig, run_walker
+    from gpdyn.runs import RunDir
+
+    cfg = WalkerRunConfig(learner=args.learner, seed=args.seed, device=args.device)
+    copy_options(cfg, args, WALKER_OPTIONS)
+    cfg.validate()
+    run = RunDir.create("control-walker", {"robot": "walker", **asdict(cfg)}, out=args.out)
+    print(f"gpdyn control walker: run folder {run.path}")
+    result = run_walker(run, cfg, args.store)
+    print(f"gpdyn control walker: report {result['report']}")
+    return 0
+
+
+def cli_control_kuka(args: argparse.Namespace) -> int:
+    """``gpdyn control kuka``: computed-torque tracking (until the arm commands have their own module)."""
+    from dataclasses import asdict
+
+    from gpdyn.device import resolve_device
+    from gpdyn.experiments.control_arm import KukaRunConfig, run_kuka
+    from gpdyn.runs import RunDir
+
+    resolve_device(args.device)
+    kcfg = KukaRunConfig(learner=args.learner, seed=args.seed, device=args.device)
+    copy_options(kcfg, args, ("steps", "change_at", "payload", "controllers", "scale", "adapt", "dtype", "pretrain_iterations"))
+    if args.steps is not None and args.change_at is None:
+        kcfg.change_at = kcfg.steps // 2
+    kcfg.validate()
+    run = RunDir.create("control-kuka", {"robot": "kuka", **asdict(kcfg)}, out=args.out)
+    print(f"gpdyn control kuka: run folder {run.path}")
+    result = run_kuka(run, kcfg, args.store)
+    print(f"gpdyn control kuka: report {result['report']}")
+    return 0

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import mujoco
 import numpy as np
@@ -277,4 +278,9 @@ def state_of(data: mujoco.MjData) -> np.ndarray:
     return np.concatenate([data.qpos, data.qvel])
 
 
-__all__ = ["TARGETS", "LearnedDynamics", "LearnedModel", "SimDynamics", "StateLayout", "state_of"]
+def env_state(env: Any) -> np.ndarray:
+    """The planning state ``[qpos, qvel]`` of a gymnasium MuJoCo environment (raw, not its observation)."""
+    return state_of(env.unwrapped.data)
+
+
+__all__ = ["TARGETS", "LearnedDynamics", "LearnedModel", "SimDynamics", "StateLayout", "env_state", "state_of"]

@@ -1,11 +1,11 @@
-"""The online control loop (``gpdyn control walker|kuka``): plan -> act -> observe -> update -> replan.
+"""The Walker2d online control experiment (``gpdyn control walker``): plan -> act -> observe -> update -> replan.
 
-Walker2d (:func:`run_walker`): a learner is pretrained on stored rollouts (``walker-1``),
-then every controller runs ``episodes`` consecutive episodes per plant condition, episode
-k of every controller from the same reset seed:
+A learner is pretrained on stored rollouts (``walker-1``), then every controller runs
+``episodes`` consecutive episodes per plant condition, episode k of every controller from
+the same reset seed, each by :func:`gpdyn.control.loop.run_episode`:
 
 ==========  ===============================================================================
-trpo        the TRPO policy alone
+trpo        the TRPO policy alone (:class:`~gpdyn.control.controllers.PolicyController`)
 true        MPC with the true simulator as its model (copied states, ``sim_samples`` samples)
 frozen      MPC with the pretrained learned model, never updated
 online      MPC with the same learned model, updated at every step from the transition seen:
@@ -22,13 +22,10 @@ variance, fallbacks) and per episode (return, length) go to ``metrics.jsonl``; e
 episode is also stored in ``episodes.zarr`` (the Walker2d store layout), from which the
 optional video is rendered. ``report.md`` and plots are written at the end
 (:mod:`gpdyn.experiments.control_report`).
-
-KUKA (:mod:`gpdyn.experiments.control_arm`): computed-torque tracking, see there.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import time
 from dataclasses import asdict, dataclass, field
@@ -37,28 +34,32 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
+from gpdyn.control.controllers import MPCController, PolicyController
+from gpdyn.control.dynamics import TARGETS, LearnedDynamics, SimDynamics, env_state
+from gpdyn.control.loop import Controller, Episode, run_episode
+from gpdyn.control.mpc import MPCConfig, make_planner
+from gpdyn.device import resolve_device, resolve_dtype
+from gpdyn.errors import InputError
+from gpdyn.gp import Learner
+from gpdyn.gp.online import nmse
 from gpdyn.gp.residual import RESIDUAL_KERNELS, ResidualGP
 from gpdyn.gp.training import OnlineUpdater, build_learner, pretrain_learner
-from gpdyn.control.mpc import MPCConfig, make_planner
 from gpdyn.robots.walker import (
     ACTION_INPUTS,
     DT,
+    ENV_ID,
+    FRAME_SKIP,
+    LAYOUT,
     QVEL_INPUTS,
-    TARGETS,
-    LearnedWalkerDynamics,
     NominalTrackingCost,
-    SimWalkerDynamics,
     TorchPolicy,
     WalkerCost,
     apply_plant_change,
+    make_env,
     plant_change_factor,
-    state_of,
+    state_rows,
 )
-from gpdyn.errors import InputError
-from gpdyn.gp import Learner
-from gpdyn.gp.online import DTYPES, nmse
 from gpdyn.runs import RunDir
 
 CONTROLLERS = ("trpo", "true", "frozen", "online")
@@ -69,7 +70,7 @@ CONDITIONS = ("nominal", "changed")
 ADAPT = ("steps", "residual")
 # ResidualGP noise variance by kernel, normalised output units. SE: small, so the residual
 # follows the samples it has seen; linear: about the pretrained model's own held-out error
-# (test nMSE 0.28 on walker20), which the bias and gains are fitted through
+# (test nMSE 0.28 on a 20-episode store), which the bias and gains are fitted through
 RESIDUAL_NOISE = {"se": 1e-3, "linear": 0.3}
 
 
@@ -86,8 +87,7 @@ class WalkerRunConfig:
     planner: str = "mppi"
     cost: str = "reward"  # COSTS: the Walker2d reward, or tracking the nominal plant under the policy
     # cost="track": price of an action offset to the policy, (rad/s)^2 per unit^2 (NominalTrackingCost);
-    # chosen on seeds 31-32 of the tenth study (docs/control.md): without it the online model
-    # chased its own errors on the mild changes and fell
+    # without it the online model chased its own errors on the mild changes and fell (docs/control.md)
     track_offset_weight: float = 10.0
     steps: int = 100  # control steps per episode (Walker2d episodes end at 1000)
     episodes: int = 1  # consecutive episodes per controller and condition; the online model is kept across them
@@ -112,20 +112,20 @@ class WalkerRunConfig:
     updates: int = 1
     adapt: str = "residual"  # online model: "residual" (ResidualGP on the frozen one) or "steps" (the learner's own observe/step)
     window: int = 400  # ResidualGP: most recent transitions it conditions on
-    # ResidualGP: factor on the median-trick lengthscales. Replayed on stored episodes
-    # (scripts/walker_online_error.py), x3 had the lowest one-step error of x1, x3, x10 and
-    # per-input choices: changed plant 2.04 (x1) -> 1.77, nominal 1.69 -> 1.59 (docs/control.md)
+    # ResidualGP: factor on the median-trick lengthscales. Replayed on stored episodes, x3 had
+    # the lowest one-step error of x1, x3, x10 and per-input choices: changed plant 2.04 (x1)
+    # -> 1.77, nominal 1.69 -> 1.59 (docs/control.md)
     residual_lengthscale: float = 3.0
     residual_noise: float | None = None  # ResidualGP noise variance, normalised output units (None: RESIDUAL_NOISE)
     # ResidualGP: the residual's kernel, RESIDUAL_KERNELS: "se" over all inputs, or "linear" over the
-    # action alone, r(s, a) = b + W a (eleventh study in docs/control.md)
+    # action alone, r(s, a) = b + W a (docs/control.md)
     residual_kernel: str = "se"
     residual_forget: float = 1.0  # linear kernel: weight forget**k on a sample k steps old (LinearKernelGP)
     # ResidualGP: use the residual on an output only while it predicts it better than the
-    # frozen model (ResidualGP.gated; tenth study in docs/control.md)
+    # frozen model (ResidualGP.gated; docs/control.md)
     residual_gate: bool = False
     # the gate's evidence: the residual's average improvement must exceed this many standard
-    # errors (ResidualGP.gate_z; 0 = the plain comparison of the tenth study)
+    # errors (ResidualGP.gate_z; 0 = the plain comparison)
     residual_gate_z: float = 0.0
     store_episodes: int = 4  # collected into the run folder when no store is given
     change: str = "torso_mass"
@@ -177,11 +177,15 @@ class WalkerRunConfig:
             raise InputError(f"control walker: need window >= 4, updates >= 0, residual_lengthscale > 0 and "
                              f"residual_noise > 0, got {self.window}, {self.updates}, {self.residual_lengthscale}, "
                              f"{self.residual_noise}")
-        if self.dtype not in DTYPES:
-            raise InputError(f"control walker: dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
+        resolve_device(self.device)  # before any data is collected: a missing GPU fails now, not after
+        resolve_dtype(self.dtype, self.device, option="control walker: dtype")
         if self.sim_samples < 2:
             raise InputError(f"control walker: sim_samples must be >= 2, got {self.sim_samples}")
         self.mpc(self.samples).validate()
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return resolve_dtype(self.dtype, self.device)
 
     def mpc(self, samples: int) -> MPCConfig:
         return MPCConfig(
@@ -208,9 +212,7 @@ def _walker_store(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None) -
     return path
 
 
-def pretrained_walker_model(
-    cfg: WalkerRunConfig, store: str | Path
-) -> tuple[Learner, LearnedWalkerDynamics, dict[str, float]]:
+def pretrained_walker_model(cfg: WalkerRunConfig, store: str | Path) -> tuple[Learner, LearnedDynamics, dict[str, float]]:
     """Pretrain ``cfg.learner`` on the walker-1 training split; returns it, its dynamics and test errors.
 
     Test errors: nMSE of the learner's own target and the next velocity's RMSE in
@@ -220,17 +222,18 @@ def pretrained_walker_model(
 
     walker1 = load_problem(store, "walker-1", protocol="iid", seed=cfg.seed)
     problem = walker1.as_change_of(QVEL_INPUTS) if cfg.target == "change" else walker1
-    dtype = DTYPES[cfg.dtype]
+    dtype = cfg.torch_dtype
     x, y = problem.tensors("train", cfg.device, dtype)
-    learner = build_learner(cfg.learner, 23, 9, scale=cfg.scale, device=cfg.device, dtype=dtype, seed=cfg.seed, **cfg.extra)
+    learner = build_learner(cfg.learner, LAYOUT.input_dim, LAYOUT.nv, scale=cfg.scale, device=cfg.device, dtype=dtype,
+                            seed=cfg.seed, **cfg.extra)
     t0 = time.perf_counter()
     fit = pretrain_learner(learner, x, y, iterations=cfg.pretrain_iterations, batch=cfg.pretrain_batch,
                            seed=cfg.seed, progress=cfg.progress)
     seconds = time.perf_counter() - t0
-    dynamics = LearnedWalkerDynamics(learner, problem.normalizer, DT, target=cfg.target)
+    dynamics = LearnedDynamics.from_learner(learner, problem.normalizer, LAYOUT, cfg.target)
     x_raw, y_raw = problem.tensors("test", cfg.device, dtype, normalize=False)
     with torch.no_grad():
-        velocity, _ = dynamics.predict_inputs(x_raw)
+        velocity, _ = dynamics.model.predict(x_raw)
     next_velocity = torch.as_tensor(walker1.y_test, device=cfg.device, dtype=dtype)
     # nMSE is per output and invariant to the normaliser's affine map: the learner's own
     # target in physical units scores as its normalised prediction would
@@ -247,7 +250,7 @@ def walker_train_inputs(cfg: WalkerRunConfig, store: str | Path) -> torch.Tensor
     """The normalised walker-1 training inputs (the residual GP's lengthscale reference)."""
     from gpdyn.data.problems import load_problem
 
-    return load_problem(store, "walker-1", protocol="iid", seed=cfg.seed).tensors("train", cfg.device, DTYPES[cfg.dtype])[0]
+    return load_problem(store, "walker-1", protocol="iid", seed=cfg.seed).tensors("train", cfg.device, cfg.torch_dtype)[0]
 
 
 def walker_residual_gp(prior: Learner, reference_x: torch.Tensor, cfg: WalkerRunConfig) -> ResidualGP:
@@ -259,15 +262,24 @@ def walker_residual_gp(prior: Learner, reference_x: torch.Tensor, cfg: WalkerRun
                       linear_inputs=range(prior.input_dim)[ACTION_INPUTS])
 
 
-def online_walker_model(learner: Learner, frozen: LearnedWalkerDynamics, cfg: WalkerRunConfig,
-                        residual_reference: torch.Tensor | None) -> tuple[LearnedWalkerDynamics, OnlineUpdater]:
+def copy_learner(learner: Learner, cfg: WalkerRunConfig) -> Learner:
+    """A new learner of the same kind and sizes holding ``learner``'s state (the contract's checkpoint)."""
+    twin = build_learner(cfg.learner, learner.input_dim, learner.output_dim, scale=cfg.scale, device=cfg.device,
+                         dtype=cfg.torch_dtype, seed=cfg.seed, **cfg.extra)
+    twin.load_state_dict(learner.state_dict())
+    return twin
+
+
+def online_walker_model(learner: Learner, frozen: LearnedDynamics, cfg: WalkerRunConfig,
+                        residual_reference: torch.Tensor | None) -> tuple[LearnedDynamics, OnlineUpdater]:
     """The online controller's model, a copy of the pretrained ``learner`` (wrapped in a
     ResidualGP with ``adapt="residual"``), and the updater that feeds it every transition."""
-    twin = copy_learner(learner, cfg, 23, 9)
+    twin = copy_learner(learner, cfg)
     if cfg.adapt == "residual":
-        assert residual_reference is not None
+        if residual_reference is None:
+            raise InputError("control walker: adapt='residual' needs the walker-1 training inputs as its reference")
         twin = walker_residual_gp(twin, residual_reference, cfg)
-    dynamics = LearnedWalkerDynamics(twin, frozen.normalizer, DT, target=cfg.target)
+    dynamics = LearnedDynamics.from_learner(twin, frozen.normalizer, LAYOUT, cfg.target)
     return dynamics, OnlineUpdater(twin, batch=cfg.online_batch, updates=cfg.updates)
 
 
@@ -281,7 +293,7 @@ def walker_planner(cfg: WalkerRunConfig, model: Any, sim: Any, policy: Any, samp
     cost, the Walker2d reward of env ``sim`` (with ``terminal_value``, the policy's critic after
     the horizon) or, with ``cost="track"``, the distance to what the nominal model ``reference``
     does under the policy."""
-    proposal = TorchPolicy(policy, cfg.device, DTYPES[cfg.dtype])
+    proposal = TorchPolicy(policy, cfg.device, cfg.torch_dtype)
     task = WalkerCost(dt=float(sim.dt))
     if cfg.cost == "track":
         if reference is None:
@@ -289,130 +301,47 @@ def walker_planner(cfg: WalkerRunConfig, model: Any, sim: Any, policy: Any, samp
         task = NominalTrackingCost(reference, proposal, task, cfg.track_offset_weight)
     return make_planner(cfg.planner, model, task, sim.action_space.low, sim.action_space.high,
                         cfg.mpc(samples), proposal=proposal, terminal_value=proposal.value if cfg.terminal_value else None,
-                        device=cfg.device, dtype=DTYPES[cfg.dtype], seed=cfg.seed)
+                        device=cfg.device, dtype=cfg.torch_dtype, seed=cfg.seed)
 
 
-def copy_learner(learner: Learner, cfg: WalkerRunConfig, input_dim: int, output_dim: int) -> Learner:
-    """A new learner of the same kind and sizes holding ``learner``'s state (the contract's checkpoint)."""
-    twin = build_learner(cfg.learner, input_dim, output_dim, scale=cfg.scale, device=cfg.device,
-                         dtype=DTYPES[cfg.dtype], seed=cfg.seed, **cfg.extra)
-    twin.load_state_dict(learner.state_dict())
-    return twin
+def walker_controller(name: str, cfg: WalkerRunConfig, policy: Any, model: LearnedDynamics | None = None,
+                      updater: OnlineUpdater | None = None, reference: LearnedDynamics | None = None) -> Controller:
+    """The experiment's controller ``name`` (:data:`CONTROLLERS`).
+
+    ``model``: the learned dynamics of ``frozen`` and ``online`` (``updater`` learns from every
+    transition for ``online``); ``reference``: the pretrained model, the nominal plant the
+    learned controllers track with ``cost="track"`` (the true controller tracks a copy of its
+    episode's simulator made before the plant changes).
+    """
+    if name == "trpo":
+        return PolicyController(policy.act, name)
+    if name == "true":
+        def true_planner(env: Any) -> Any:
+            sim = env.unwrapped
+            nominal = SimDynamics(copy.deepcopy(sim.model), FRAME_SKIP) if cfg.cost == "track" else None
+            return walker_planner(cfg, SimDynamics(sim.model, FRAME_SKIP), sim, policy, cfg.sim_samples, nominal)
+
+        return MPCController(name, true_planner, env_state, device=cfg.device, dtype=cfg.torch_dtype)
+    if name in ("frozen", "online"):
+        if model is None:
+            raise InputError(f"control walker: the {name} controller needs a learned model")
+        return MPCController(name, lambda env: walker_planner(cfg, model, env.unwrapped, policy, cfg.samples, reference),
+                             env_state, model=model, updater=updater if name == "online" else None,
+                             device=cfg.device, dtype=cfg.torch_dtype)
+    raise InputError(f"control walker: unknown controller '{name}'; choose one of {', '.join(CONTROLLERS)}")
 
 
 # ---------------------------------------------------------------------------- episodes
 def _walker_store_for_episodes(path: Path, cfg: WalkerRunConfig):
     from gpdyn.data.store import EpisodeStore
-    from gpdyn.sim.policy import WALKER_ENV_ID
     from gpdyn.sim.walker import walker_fields
 
     return EpisodeStore.create(
-        path, walker_fields(), source="gpdyn-control", env_id=WALKER_ENV_ID, dt=DT, seed=cfg.seed,
+        path, walker_fields(), source="gpdyn-control", env_id=ENV_ID, dt=DT, seed=cfg.seed,
         episode_keys={"controller": "int64", "condition": "int64", "episode": "int64", "return": "float64"},
         extra_attrs={"controllers": list(CONTROLLERS), "conditions": list(CONDITIONS), "change": cfg.change,
                      "change_at": cfg.change_at},
     )
-
-
-def run_walker_episode(
-    run: RunDir,
-    cfg: WalkerRunConfig,
-    controller: str,
-    condition: str,
-    *,
-    policy: Any,
-    dynamics: LearnedWalkerDynamics | None,
-    updater: OnlineUpdater | None,
-    reset_seed: int,
-    episode: int = 0,
-    reference: LearnedWalkerDynamics | None = None,
-    change_step: int | None = None,
-) -> dict[str, Any]:
-    """One Walker2d episode under ``controller``; logs every step; returns the episode record and its rows.
-
-    ``episode``: its index among the consecutive episodes of ``controller`` and ``condition``.
-    ``change_step``: the step at which the plant change is applied (0: before the first;
-    None: never), see :func:`plant_change_step`.
-    ``reference``: the pretrained model, the nominal plant the learned controllers track with
-    ``cost="track"`` (the true controller tracks a copy of the simulator made before the change).
-    """
-    from gpdyn.sim.walker import make_env
-
-    env = make_env()
-    sim = env.unwrapped
-    obs, _ = env.reset(seed=reset_seed)
-    dtype = DTYPES[cfg.dtype]
-    planner = None
-    if controller == "true":
-        nominal_sim = SimWalkerDynamics(copy.deepcopy(sim.model)) if cfg.cost == "track" else None
-        planner = walker_planner(cfg, SimWalkerDynamics(sim.model), sim, policy, cfg.sim_samples, nominal_sim)
-    elif controller != "trpo":
-        planner = walker_planner(cfg, dynamics, sim, policy, cfg.samples, reference)
-    rows: dict[str, list[np.ndarray]] = {k: [] for k in ("qpos", "qvel", "obs", "action", "reward", "terminated",
-                                                          "truncated", "next_qpos", "next_qvel")}
-    total, fallbacks, plan_seconds, effective, spreads = 0.0, 0, [], [], []
-    change_text = ""
-    if change_step == 0:
-        change_text = apply_plant_change(sim.model, cfg.change, cfg.change_factor)
-    bar = tqdm(range(cfg.steps), desc=f"{condition}/{controller}", disable=not cfg.progress, leave=False)
-    t = 0
-    for t in bar:
-        if change_step is not None and t == change_step > 0:
-            change_text = apply_plant_change(sim.model, cfg.change, cfg.change_factor)
-        s = state_of(sim.data)
-        record: dict[str, Any] = {}
-        if planner is None:
-            action = policy.act(obs)
-        else:
-            a, info = planner.plan(torch.as_tensor(s, device=cfg.device, dtype=dtype))
-            action = a.detach().cpu().numpy().astype(np.float64)
-            plan_seconds.append(info.seconds)
-            effective.append(info.effective_samples)
-            fallbacks += bool(info.fallback)
-            record.update(plan_seconds=info.seconds, plan_cost=info.cost, plan_variance=info.variance,
-                          finite_fraction=info.finite_fraction, effective_samples=info.effective_samples,
-                          cost_spread=info.cost_spread, control_spread=info.control_spread, fallback=info.fallback)
-            if cfg.planner == "mppi":
-                spreads.append((info.cost_spread, info.control_spread))
-        for k, v in (("qpos", sim.data.qpos), ("qvel", sim.data.qvel), ("obs", obs), ("action", action)):
-            rows[k].append(np.array(v, dtype=np.float64))
-        obs, reward, terminated, truncated, _ = env.step(action)
-        s1 = state_of(sim.data)
-        total += float(reward)
-        if dynamics is not None and controller in ("frozen", "online"):
-            st = torch.as_tensor(s, device=cfg.device, dtype=dtype)[None]
-            at = torch.as_tensor(action, device=cfg.device, dtype=dtype)[None]
-            with torch.no_grad():
-                v_pred, v_var = dynamics.predict_velocity(st, at)
-            err = v_pred[0].cpu().numpy() - s1[9:]
-            record.update(model_rmse=float(np.sqrt(np.mean(err**2))), pred_variance=float(v_var.sum()))
-            if controller == "online" and updater is not None:
-                t_up = time.perf_counter()
-                metrics = updater(*dynamics.training_pair(st, at, torch.as_tensor(s1, device=cfg.device, dtype=dtype)[None]))
-                record.update(update_seconds=time.perf_counter() - t_up, **{f"update_{k}": v for k, v in metrics.items()})
-        for k, v in (("reward", [reward]), ("terminated", [terminated]), ("truncated", [truncated]),
-                     ("next_qpos", sim.data.qpos), ("next_qvel", sim.data.qvel)):
-            rows[k].append(np.array(v))
-        run.log(kind="step", robot="walker", controller=controller, condition=condition, episode=episode, t=t,
-                reward=float(reward), changed=bool(change_text), **record)
-        bar.set_postfix(ret=f"{total:.0f}", refresh=False)
-        if terminated or truncated:
-            break
-    env.close()
-    summary = {
-        "kind": "episode", "robot": "walker", "controller": controller, "condition": condition, "episode": episode,
-        "return": total, "length": t + 1, "fallbacks": fallbacks, "change": change_text,
-        "plan_seconds_mean": float(np.mean(plan_seconds)) if plan_seconds else None,
-        "effective_samples_mean": float(np.mean(effective)) if effective else None,
-        **({"cost_spread_mean": float(np.mean([c for c, _ in spreads])),
-            "control_spread_mean": float(np.mean([c for _, c in spreads]))} if spreads else {}),
-        **(dynamics.learner.diagnostics() if isinstance(dynamics, LearnedWalkerDynamics) else {}),
-    }
-    run.log(**summary)
-    arrays = {k: np.stack(v).reshape(len(v), -1) for k, v in rows.items()}
-    arrays["terminated"] = arrays["terminated"].astype(bool)
-    arrays["truncated"] = arrays["truncated"].astype(bool)
-    return {"record": summary, "arrays": arrays}
 
 
 def plant_change_step(cfg: WalkerRunConfig, condition: str, elapsed: int) -> int | None:
@@ -424,6 +353,28 @@ def plant_change_step(cfg: WalkerRunConfig, condition: str, elapsed: int) -> int
     return max(0, cfg.change_at - elapsed) if condition == "changed" else None
 
 
+def run_walker_episode(run: RunDir, cfg: WalkerRunConfig, controller: Controller, condition: str, *, reset_seed: int,
+                       episode: int = 0, change_step: int | None = None) -> Episode:
+    """One Walker2d episode under ``controller`` in a new environment, every step logged to ``run``.
+
+    ``episode``: its index among the consecutive episodes of ``controller`` and ``condition``.
+    ``change_step``: the step at which the plant change is applied (0: before the first;
+    None: never), see :func:`plant_change_step`.
+    """
+
+    def change(t: int, env: Any) -> str | None:
+        return apply_plant_change(env.unwrapped.model, cfg.change, cfg.change_factor) if t == change_step else None
+
+    env = make_env()
+    try:
+        return run_episode(env, controller, steps=cfg.steps, reset_seed=reset_seed, before_step=change, rows=state_rows,
+                           next_rows=("qpos", "qvel"), log=run.log, progress=cfg.progress,
+                           tags={"robot": "walker", "controller": controller.name, "condition": condition,
+                                 "episode": episode})
+    finally:
+        env.close()
+
+
 def run_walker(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None = None) -> dict[str, Any]:
     """The whole Walker2d experiment into ``run``: pretrain, every controller x condition, report."""
     from gpdyn.experiments.control_report import write_walker_report
@@ -433,9 +384,8 @@ def run_walker(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None = Non
     torch.manual_seed(cfg.seed)
     store_path = _walker_store(run, cfg, store)
     policy = load_policy()
-    needs_model = any(c in ("frozen", "online") for c in cfg.controllers)
     learner, dynamics, fit = (None, None, {})
-    if needs_model:
+    if any(c in ("frozen", "online") for c in cfg.controllers):
         learner, dynamics, fit = pretrained_walker_model(cfg, store_path)
         run.log(kind="pretrain", robot="walker", learner=cfg.learner, store=str(store_path), **fit)
         print(f"   pretrained {cfg.learner} ({cfg.target}) on {fit['train_rows']} walker-1 rows in "
@@ -446,25 +396,26 @@ def run_walker(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None = Non
     episodes_store = _walker_store_for_episodes(run.path / "episodes.zarr", cfg)
     results = []
     for condition in cfg.conditions:
-        for controller in cfg.controllers:
-            dyn, updater = dynamics, None
-            if controller == "online":  # one online model per condition, kept over its episodes
-                assert learner is not None
-                dyn, updater = online_walker_model(learner, dynamics, cfg, residual_reference)
+        for name in cfg.controllers:
+            model, updater = dynamics, None
+            if name == "online":  # one online model per condition, kept over its episodes
+                assert learner is not None and dynamics is not None
+                model, updater = online_walker_model(learner, dynamics, cfg, residual_reference)
+            controller = walker_controller(name, cfg, policy, model, updater, reference=dynamics)
             elapsed = 0  # control steps of this controller and condition so far
             for episode in range(cfg.episodes):
-                out = run_walker_episode(run, cfg, controller, condition, policy=policy, dynamics=dyn, updater=updater,
-                                         reset_seed=walker_reset_seed(cfg.seed, episode), episode=episode,
-                                         reference=dynamics, change_step=plant_change_step(cfg, condition, elapsed))
-                rec = out["record"]
+                rec, rows = run_walker_episode(run, cfg, controller, condition,
+                                               reset_seed=walker_reset_seed(cfg.seed, episode), episode=episode,
+                                               change_step=plant_change_step(cfg, condition, elapsed))
                 elapsed += rec["length"]
-                episodes_store.append_episode(out["arrays"], controller=CONTROLLERS.index(controller),
+                episodes_store.append_episode(rows, controller=CONTROLLERS.index(name),
                                               condition=CONDITIONS.index(condition), episode=episode,
                                               **{"return": rec["return"]})
                 results.append(rec)
-                print(f"   {condition:<8} {controller:<7}" + (f" episode {episode}" if cfg.episodes > 1 else "")
+                plan = rec.get("plan_seconds_mean")
+                print(f"   {condition:<8} {name:<7}" + (f" episode {episode}" if cfg.episodes > 1 else "")
                       + f" return {rec['return']:8.1f}  length {rec['length']:4d}"
-                      + (f"  plan {1e3 * rec['plan_seconds_mean']:.0f} ms/step" if rec["plan_seconds_mean"] else ""))
+                      + (f"  plan {1e3 * plan:.0f} ms/step" if plan else ""))
     if cfg.video:
         _video(run, episodes_store, results)
     report = write_walker_report(run, cfg)
@@ -481,7 +432,6 @@ def _video(run: RunDir, store: Any, results: list[dict[str, Any]]) -> None:
     print(f"   video: {path}")
 
 
-# ---------------------------------------------------------------------------- entry points
 def control_demo(out: str | Path, *, seed: int = 0, store: str | Path | None = None, learner: str = "svdgp") -> dict[str, Any]:
     """A short Walker2d control run (under a minute on 2 cores) into the run folder ``out``.
 
@@ -496,49 +446,7 @@ def control_demo(out: str | Path, *, seed: int = 0, store: str | Path | None = N
     return run_walker(run, cfg, store)
 
 
-def _options(cfg: Any, args: argparse.Namespace, names: tuple[str, ...]) -> None:
-    """Copy the command-line options that were given onto ``cfg`` (comma lists become tuples)."""
-    for name in names:
-        value = getattr(args, name, None)
-        if value is None:
-            continue
-        if name in ("controllers", "conditions"):
-            value = tuple(v.strip() for v in value.split(",") if v.strip())
-        setattr(cfg, name, value)
-
-
-def cli_control(args: argparse.Namespace) -> int:
-    """``gpdyn control walker|kuka``: the online control experiment, its run folder and report."""
-    from gpdyn.gp import LEARNERS
-
-    if args.learner not in LEARNERS:
-        raise InputError(f"--learner '{args.learner}' unknown; choose one of {', '.join(LEARNERS)}")
-    if args.robot == "walker":
-        cfg = WalkerRunConfig(learner=args.learner, seed=args.seed, device=args.device)
-        _options(cfg, args, ("steps", "planner", "cost", "samples", "sim_samples", "horizon", "noise_std", "temperature",
-                             "episodes", "control_cost", "track_offset_weight", "residual_gate", "residual_gate_z",
-                             "residual_kernel", "residual_forget", "uncertainty",
-                             "var_weight", "terminal_value", "relative_to_proposal", "proposal_tail", "warm_start",
-                             "target", "change", "change_factor", "change_at", "controllers", "conditions", "scale",
-                             "adapt", "dtype", "video", "pretrain_iterations"))
-        cfg.validate()
-        run = RunDir.create("control-walker", {"robot": "walker", **asdict(cfg)}, out=args.out)
-        print(f"gpdyn control walker: run folder {run.path}")
-        result = run_walker(run, cfg, args.store)
-    else:
-        from gpdyn.experiments.control_arm import KukaRunConfig, run_kuka
-
-        kcfg = KukaRunConfig(learner=args.learner, seed=args.seed, device=args.device)
-        _options(kcfg, args, ("steps", "change_at", "payload", "controllers", "scale", "adapt", "dtype", "pretrain_iterations"))
-        if args.steps is not None and args.change_at is None:
-            kcfg.change_at = kcfg.steps // 2
-        kcfg.validate()
-        run = RunDir.create("control-kuka", {"robot": "kuka", **asdict(kcfg)}, out=args.out)
-        print(f"gpdyn control kuka: run folder {run.path}")
-        result = run_kuka(run, kcfg, args.store)
-    print(f"gpdyn control {args.robot}: report {result['report']}")
-    return 0
-
-
-__all__ = ["CONDITIONS", "CONTROLLERS", "COSTS", "WalkerRunConfig", "cli_control", "control_demo", "online_walker_model",
-           "plant_change_step", "pretrained_walker_model", "run_walker", "run_walker_episode", "walker_planner", "walker_reset_seed"]
+__all__ = ["ADAPT", "CONDITIONS", "CONTROLLERS", "COSTS", "RESIDUAL_NOISE", "WalkerRunConfig", "control_demo",
+           "copy_learner", "online_walker_model", "plant_change_step", "pretrained_walker_model", "run_walker",
+           "run_walker_episode", "walker_controller", "walker_planner", "walker_reset_seed", "walker_residual_gp",
+           "walker_train_inputs"]

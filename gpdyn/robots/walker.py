@@ -1,23 +1,21 @@
-"""Walker2d as an MPC task: learned and true dynamics, the reward as a cost, plant changes.
+"""Walker2d (MuJoCo, gymnasium ``Walker2d-v5``): everything specific to this robot.
 
-State for planning: ``s = [qpos (9), qvel (9)]`` (raw simulator state, x position
-included so that the forward reward can be computed). Action: the 6 normalised controls.
-
-- :class:`LearnedWalkerDynamics`: any learner trained on ``walker-1`` predicts the 9
-  velocities at t+1 from ``[qpos[1:], qvel, action]`` (normalised with the problem's
-  :class:`~gpdyn.data.problems.Normalizer`), by default as the velocity change over the
-  step (``target="change"``, see :data:`TARGETS`); positions follow by the trapezoid rule
-  ``q' = q + dt/2 (v + v')`` (its one-step error is measured in docs/walker.md and by
-  :func:`gpdyn.sim.walker.integration_errors`). Returns the predictive variance too, in
-  physical units, for the uncertainty-aware planners.
-- :class:`SimWalkerDynamics`: the true simulator (``mujoco.rollout`` from copied states,
-  the same ``MjModel`` as the plant, so it sees plant changes): the upper bound.
-- :class:`WalkerCost`: minus the Walker2d-v5 reward, ``x_velocity + healthy_reward -
-  1e-3 |a|^2``, with its termination (z outside (0.8, 2), torso angle outside (-1, 1)),
-  from gymnasium's ``walker2d_v5.py`` defaults.
-- :class:`TorchPolicy`: the TRPO policy as a batched torch proposal.
-- :data:`PLANT_CHANGES` / :func:`apply_plant_change`: torso mass +30 %, foot friction
-  halved, right hip motor at half strength (the factors can be changed).
+- the model and its constants: :data:`ENV_ID`, :data:`NQ`/:data:`NV`/:data:`NU`, the
+  control step :data:`DT` (timestep 0.002 x :data:`FRAME_SKIP` 4), the joint names
+  :data:`QPOS_NAMES`, the observation ``[qpos[1:], clip(qvel, +-OBS_CLIP)]`` (:func:`observation`);
+- the planning state ``s = [qpos (9), qvel (9)]`` (raw simulator state, x position included
+  so that the forward reward can be computed) and the ``walker-1`` feature layout
+  :data:`LAYOUT` (``[qpos[1:], qvel, action]``: :data:`QVEL_INPUTS`, :data:`ACTION_INPUTS`)
+  that :class:`gpdyn.control.dynamics.LearnedDynamics` integrates by the trapezoid rule
+  (its one-step error is measured by :func:`gpdyn.sim.walker.integration_errors`);
+- the task: :class:`WalkerCost`, minus the Walker2d-v5 reward ``x_velocity +
+  healthy_reward - 1e-3 |a|^2``, with its termination (z outside (0.8, 2), torso angle
+  outside (-1, 1)), from gymnasium's ``walker2d_v5.py`` defaults; and
+  :class:`NominalTrackingCost` (policy transfer by tracking the nominal plant);
+- :class:`TorchPolicy`: the TRPO policy as a batched torch proposal for the planners;
+- plant changes, :data:`PLANT_CHANGES` / :func:`apply_plant_change`: torso mass +30 %, foot
+  friction halved, right hip motor at half strength (the factors can be changed);
+- :func:`make_env`, :func:`state_rows` (the raw state columns an episode keeps).
 """
 
 from __future__ import annotations
@@ -25,23 +23,52 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import mujoco
 import numpy as np
 import torch
 from torch import Tensor
 
-from gpdyn.data.problems import Normalizer
+from gpdyn.control.dynamics import StateLayout
 from gpdyn.errors import InputError
-from gpdyn.gp.base import Learner
-from gpdyn.sim.policy import WalkerPolicy
 
+if TYPE_CHECKING:  # sim.policy reads ENV_ID from here
+    from gpdyn.sim.policy import WalkerPolicy
+
+ENV_ID = "Walker2d-v5"
+QPOS_NAMES = ("rootx", "rootz", "rooty", "thigh", "leg", "foot", "thigh_left", "leg_left", "foot_left")
 NQ = NV = 9
 NU = 6
 NX = NQ + NV
-DT = 0.008  # Walker2d-v5: timestep 0.002 x frame_skip 4
+NOBS = 17  # qpos[1:] and qvel
 FRAME_SKIP = 4
+DT = 0.008  # Walker2d-v5: timestep 0.002 x frame_skip 4
 OBS_CLIP = 10.0  # Walker2d-v5 clips qvel to +-10 in the observation
+ACTION_LOW, ACTION_HIGH = -1.0, 1.0  # the action box (ctrlrange), gear 100
+# walker-1's input [qpos[1:], qvel, action]: the x position does not change the dynamics
+LAYOUT = StateLayout(nq=NQ, nv=NV, nu=NU, dt=DT, position_inputs=tuple(range(1, NQ)))
+QVEL_INPUTS = LAYOUT.velocity_inputs  # qvel's columns in the walker-1 input
+ACTION_INPUTS = LAYOUT.action_inputs  # the action's columns in the walker-1 input
+
+
+def make_env(env_id: str = ENV_ID, **kwargs: Any):
+    """A gymnasium Walker2d environment (with its TimeLimit)."""
+    import gymnasium as gym
+
+    return gym.make(env_id, **kwargs)
+
+
+def state_rows(env: Any) -> dict[str, np.ndarray]:
+    """The raw simulator state of ``env`` (the observation clips qvel): the ``rows`` hook of
+    :func:`gpdyn.control.loop.run_episode`, with ``next_rows=("qpos", "qvel")``."""
+    data = env.unwrapped.data
+    return {"qpos": data.qpos.copy(), "qvel": data.qvel.copy()}
+
+
+def observation(state: Tensor) -> Tensor:
+    """The Walker2d-v5 observation ``[qpos[1:], clip(qvel, +-10)]`` of planning states ``[..., 18]``."""
+    return torch.cat([state[..., 1:NQ], state[..., NQ:].clamp(-OBS_CLIP, OBS_CLIP)], dim=-1)
 
 
 # ---------------------------------------------------------------------------- task
@@ -93,7 +120,7 @@ class NominalTrackingCost:
     that has learned the change asks for the action that undoes it, e.g. more control on a
     weakened motor. The true controller tracks a copy of the simulator made before the
     change; the learned ones track the pretrained model, whose own errors cancel in the
-    difference only while the online model keeps them (docs/control.md, tenth study). The
+    difference only while the online model keeps them (docs/control.md). The
     offset price is a trust region: a model's error in how the plant answers an action
     (poorly identified from policy rollouts) otherwise buys large offsets for small
     predicted gains.
@@ -109,7 +136,7 @@ class NominalTrackingCost:
         # step does): the policy and the reference then run once, not K times
         origin = state[:1] if bool((state == state[:1]).all()) else state
         with torch.no_grad():
-            policy_action = torch.clamp(self.policy(origin), -1.0, 1.0)  # Walker2d's action box
+            policy_action = torch.clamp(self.policy(origin), ACTION_LOW, ACTION_HIGH)
             nominal = self.reference(origin, policy_action)
         if isinstance(nominal, tuple):  # a probabilistic model: its mean
             nominal = nominal[0]
@@ -117,112 +144,6 @@ class NominalTrackingCost:
         if self.offset_weight:
             error = error + self.offset_weight * (action - policy_action).pow(2).sum(-1)
         return error, ~self.task.healthy(next_state)
-
-
-def state_of(data: mujoco.MjData) -> np.ndarray:
-    """The planning state ``[qpos, qvel]`` (18) of a simulator."""
-    return np.concatenate([data.qpos, data.qvel])
-
-
-# ---------------------------------------------------------------------------- learned model
-# What the learner's outputs are: "change" = qvel[t+1] - qvel[t] (the problem's
-# ``as_change_of(QVEL_INPUTS)``), "velocity" = qvel[t+1] (walker-1 as in the paper).
-TARGETS = ("change", "velocity")
-QVEL_INPUTS = slice(NQ - 1, NQ - 1 + NV)  # qvel's columns in the walker-1 input
-ACTION_INPUTS = slice(NQ - 1 + NV, NQ - 1 + NV + NU)  # the action's columns in the walker-1 input
-
-
-class LearnedWalkerDynamics:
-    """Walker2d dynamics from a ``walker-1`` learner: velocities by GP, positions by the trapezoid rule.
-
-    ``target`` says what the learner was trained on (:data:`TARGETS`); the normaliser's
-    output statistics must be that target's.
-    """
-
-    def __init__(self, learner: Learner, normalizer: Normalizer, dt: float = DT, target: str = "change") -> None:
-        if target not in TARGETS:
-            raise InputError(f"LearnedWalkerDynamics: target must be one of {', '.join(TARGETS)}, got '{target}'")
-        self.target = target
-        if learner.input_dim != NQ - 1 + NV + NU or learner.output_dim != NV:
-            raise InputError(
-                f"LearnedWalkerDynamics: learner maps {learner.input_dim} -> {learner.output_dim}, walker-1 needs 23 -> 9"
-            )
-        if np.asarray(normalizer.x_mean).shape != (23,) or np.asarray(normalizer.y_mean).shape != (NV,):
-            raise InputError("LearnedWalkerDynamics: the normalizer is not a walker-1 normalizer (23 inputs, 9 outputs)")
-        self.learner, self.normalizer, self.dt = learner, normalizer, float(dt)
-        kw = {"device": learner.device, "dtype": learner.dtype}
-        self._x_mean = torch.as_tensor(normalizer.x_mean, **kw)
-        self._x_std = torch.as_tensor(normalizer.x_std, **kw)
-        self._y_mean = torch.as_tensor(normalizer.y_mean, **kw)
-        self._y_std = torch.as_tensor(normalizer.y_std, **kw)
-
-    @staticmethod
-    def features(state: Tensor, action: Tensor) -> Tensor:
-        """The walker-1 input ``[qpos[1:], qvel, action]`` (23), unnormalised."""
-        return torch.cat([state[..., 1:NQ], state[..., NQ:], action], dim=-1)
-
-    def training_pair(self, state: Tensor, action: Tensor, next_state: Tensor) -> tuple[Tensor, Tensor]:
-        """One observed transition as a normalised ``(x [N, 23], y [N, 9])`` pair for the learner."""
-        kw = {"device": self.learner.device, "dtype": self.learner.dtype}
-        x = self.features(torch.as_tensor(state, **kw), torch.as_tensor(action, **kw)).reshape(-1, 23)
-        y = torch.as_tensor(next_state, **kw)[..., NQ:].reshape(-1, NV)
-        if self.target == "change":
-            y = y - x[:, QVEL_INPUTS]
-        return (x - self._x_mean) / self._x_std, (y - self._y_mean) / self._y_std
-
-    def predict_inputs(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Mean and variance of qvel at t+1 in physical units from unnormalised walker-1 inputs ``[K, 23]``."""
-        x = x.to(self.learner.dtype)
-        mean, var = self.learner.predict((x - self._x_mean) / self._x_std)
-        mean = mean * self._y_std + self._y_mean
-        if self.target == "change":
-            mean = mean + x[..., QVEL_INPUTS]
-        return mean, var * self._y_std**2
-
-    def predict_velocity(self, state: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
-        """Mean and variance of qvel at t+1 in physical units, ``[K, 9]`` each."""
-        return self.predict_inputs(self.features(state, action))
-
-    def __call__(self, state: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
-        """``(next_state [K, 18], variance [K, 18])``; position variance through the same rule."""
-        v1, var_v = self.predict_velocity(state, action)
-        v1, var_v = v1.to(state.dtype), var_v.to(state.dtype)
-        q0, v0 = state[..., :NQ], state[..., NQ:]
-        q1 = q0 + 0.5 * self.dt * (v0 + v1)
-        var_q = (0.5 * self.dt) ** 2 * var_v
-        return torch.cat([q1, v1], dim=-1), torch.cat([var_q, var_v], dim=-1)
-
-
-# ---------------------------------------------------------------------------- true model
-class SimWalkerDynamics:
-    """The true Walker2d simulator as a batched model: ``mujoco.rollout`` from copied states.
-
-    Uses the plant's own ``MjModel`` (so plant changes apply) and a scratch ``MjData``
-    (``mujoco.rollout`` overwrites the data it is given). One step holds the action for
-    ``frame_skip`` simulator steps, as ``Walker2d-v5.step`` does.
-    """
-
-    def __init__(self, model: mujoco.MjModel, frame_skip: int = FRAME_SKIP) -> None:
-        from mujoco import rollout
-
-        self._rollout = rollout.rollout
-        self.model, self.frame_skip = model, int(frame_skip)
-        self.scratch = mujoco.MjData(model)
-        self.spec = mujoco.mjtState.mjSTATE_FULLPHYSICS
-        self.nstate = mujoco.mj_stateSize(model, self.spec)
-        # FULLPHYSICS layout: time, qpos, qvel, act, ...; Walker2d has no actuator state
-        self._q = slice(1, 1 + model.nq)
-        self._v = slice(1 + model.nq, 1 + model.nq + model.nv)
-
-    def __call__(self, state: Tensor, action: Tensor) -> Tensor:
-        s = state.detach().cpu().numpy().astype(np.float64)
-        init = np.zeros((s.shape[0], self.nstate))
-        init[:, self._q], init[:, self._v] = s[:, :NQ], s[:, NQ:]
-        ctrl = np.repeat(action.detach().cpu().numpy().astype(np.float64)[:, None, :], self.frame_skip, axis=1)
-        out, _ = self._rollout(self.model, self.scratch, init, ctrl)
-        last = out[:, -1]
-        nxt = np.concatenate([last[:, self._q], last[:, self._v]], axis=1)
-        return torch.as_tensor(nxt, device=state.device, dtype=state.dtype)
 
 
 # ---------------------------------------------------------------------------- policy
@@ -250,8 +171,7 @@ class TorchPolicy:
 
     def _normalized_obs(self, state: Tensor) -> Tensor:
         s = state.to(self.dtype)
-        obs = torch.cat([s[..., 1:NQ], s[..., NQ:].clamp(-OBS_CLIP, OBS_CLIP)], dim=-1)
-        return ((obs - self.mean) / self.scale).clamp(-self.clip_obs, self.clip_obs)
+        return ((observation(s) - self.mean) / self.scale).clamp(-self.clip_obs, self.clip_obs)
 
     def __call__(self, state: Tensor) -> Tensor:
         with torch.no_grad():
@@ -311,19 +231,7 @@ def apply_plant_change(model: mujoco.MjModel, name: str, factor: float | None = 
 
 
 __all__ = [
-    "ACTION_INPUTS",
-    "DT",
-    "NU",
-    "NX",
-    "PLANT_CHANGES",
-    "QVEL_INPUTS",
-    "TARGETS",
-    "LearnedWalkerDynamics",
-    "NominalTrackingCost",
-    "SimWalkerDynamics",
-    "TorchPolicy",
-    "WalkerCost",
-    "apply_plant_change",
-    "plant_change_factor",
-    "state_of",
+    "ACTION_INPUTS", "ACTION_HIGH", "ACTION_LOW", "DT", "ENV_ID", "FRAME_SKIP", "LAYOUT", "NOBS", "NQ", "NU", "NV", "NX",
+    "OBS_CLIP", "PLANT_CHANGES", "QPOS_NAMES", "QVEL_INPUTS", "NominalTrackingCost", "TorchPolicy", "WalkerCost",
+    "apply_plant_change", "make_env", "observation", "plant_change_factor", "state_rows",
 ]

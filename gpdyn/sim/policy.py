@@ -28,10 +28,10 @@ import torch
 from torch import nn
 
 from gpdyn.errors import InputError
+from gpdyn.robots.walker import ENV_ID
 
 POLICY_FORMAT = "gpdyn.policy"
 POLICY_VERSION = 1
-WALKER_ENV_ID = "Walker2d-v5"
 #: the folder of the shipped policy and its training checkpoints
 POLICY_DIR = Path(__file__).resolve().parents[1] / "policies"  # package data
 SHIPPED_POLICY = POLICY_DIR / "walker2d_trpo.pt"
@@ -149,7 +149,7 @@ def save_policy(
     epsilon: float,
     act_low: np.ndarray,
     act_high: np.ndarray,
-    env_id: str = WALKER_ENV_ID,
+    env_id: str = ENV_ID,
     meta: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write a policy file of plain tensors and scalars (loadable with ``weights_only=True``).
@@ -288,7 +288,7 @@ def evaluate_policy(policy: WalkerPolicy, episodes: int = 10, seed: int = 0) -> 
     """Undiscounted returns of ``episodes`` deterministic Walker2d episodes (reset seeds ``seed + i``)."""
     import gymnasium as gym
 
-    env = gym.make(policy.meta.get("env_id") or WALKER_ENV_ID)
+    env = gym.make(policy.meta.get("env_id") or ENV_ID)
     policy.check_env(env)
     returns = np.zeros(episodes)
     try:

@@ -15,7 +15,6 @@ continues at episode ``n_episodes`` and never duplicates one.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import multiprocessing as mp
 import time
@@ -28,21 +27,10 @@ import numpy as np
 
 from gpdyn.data.store import DEFAULT_CHUNK_ROWS, EpisodeStore, FieldSpec, StoreError, numbered_columns
 from gpdyn.errors import InputError
-from gpdyn.runs import run_for_args
-from gpdyn.sim.policy import (
-    SHIPPED_POLICY,
-    WALKER_ENV_ID,
-    PolicyError,
-    WalkerPolicy,
-    load_policy,
-    shipped_checkpoints,
-)
+from gpdyn.robots.walker import ENV_ID, FRAME_SKIP, NOBS, NQ, NU, OBS_CLIP, QPOS_NAMES, make_env
+from gpdyn.sim.policy import SHIPPED_POLICY, PolicyError, WalkerPolicy, load_policy, shipped_checkpoints
 
 SOURCE = "walker-trpo"
-QPOS_NAMES = ("rootx", "rootz", "rooty", "thigh", "leg", "foot", "thigh_left", "leg_left", "foot_left")
-WALKER_NQ = WALKER_NV = 9
-WALKER_NOBS = 17
-WALKER_NU = 6
 
 
 def walker_fields() -> dict[str, FieldSpec]:
@@ -51,8 +39,8 @@ def walker_fields() -> dict[str, FieldSpec]:
     return {
         "qpos": FieldSpec(QPOS_NAMES, unit="m or rad"),
         "qvel": FieldSpec(qvel_names, unit="m/s or rad/s"),
-        "obs": FieldSpec(numbered_columns("obs", WALKER_NOBS), unit="observation (qpos[1:], clip(qvel, ±10))"),
-        "action": FieldSpec(numbered_columns("u", WALKER_NU), unit="normalised control in [-1, 1] (gear 100)"),
+        "obs": FieldSpec(numbered_columns("obs", NOBS), unit=f"observation (qpos[1:], clip(qvel, ±{OBS_CLIP:g}))"),
+        "action": FieldSpec(numbered_columns("u", NU), unit="normalised control in [-1, 1] (gear 100)"),
         "reward": FieldSpec(("reward",)),
         "terminated": FieldSpec(("terminated",), dtype="bool"),
         "truncated": FieldSpec(("truncated",), dtype="bool"),
@@ -71,7 +59,7 @@ class CollectConfig:
     policies: tuple[Path, ...]
     seed: int = 0
     noise: float = 0.0
-    env_id: str = WALKER_ENV_ID
+    env_id: str = ENV_ID
 
 
 def _sha256(path: Path) -> str:
@@ -82,13 +70,6 @@ def episode_rng(seed: int, index: int) -> tuple[int, np.random.Generator]:
     """The reset seed and action-noise generator of episode ``index`` of a ``seed`` collection."""
     rng = np.random.default_rng([seed, index])
     return int(rng.integers(2**31 - 1)), rng
-
-
-def make_env(env_id: str = WALKER_ENV_ID, **kwargs: Any):
-    """A gymnasium Walker2d environment (with its TimeLimit)."""
-    import gymnasium as gym
-
-    return gym.make(env_id, **kwargs)
 
 
 def rollout(env: Any, policy: WalkerPolicy, reset_seed: int, noise: float = 0.0, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
@@ -172,7 +153,7 @@ def _config_attrs(config: CollectConfig) -> dict[str, Any]:
             {"file": str(p), "name": p.name, "sha256": _sha256(p), "timesteps": load_policy(p).meta.get("timesteps")}
             for p in config.policies
         ],
-        "frame_skip": 4,
+        "frame_skip": FRAME_SKIP,
         "row": "transition t -> t+1: state, obs and action at t, reward and state after the step",
     }
 
@@ -312,7 +293,7 @@ def collect_walker(
     }
 
 
-def integration_errors(store: EpisodeStore, positions: slice = slice(1, WALKER_NQ)) -> dict[str, dict[str, np.ndarray]]:
+def integration_errors(store: EpisodeStore, positions: slice = slice(1, NQ)) -> dict[str, dict[str, np.ndarray]]:
     """Error of recovering positions from velocities over one step, per position.
 
     For each transition, ``q_{t+1}`` is predicted from ``q_t`` and the velocities by the
@@ -342,43 +323,12 @@ def integration_errors(store: EpisodeStore, positions: slice = slice(1, WALKER_N
     return {rule: {"mean": sums[rule] / n, "max": maxes[rule]} for rule in sums}
 
 
-def cli_collect(args: argparse.Namespace) -> int:
-    """``gpdyn collect walker``: fill a store, print a summary, optionally render a video."""
-    result = collect_walker(
-        args.store,
-        args.episodes,
-        policies=args.policy,
-        mix=args.mix,
-        noise=args.noise,
-        envs=args.envs,
-        seed=args.seed,
-    )
-    run_for_args("collect-walker", args).log(**result)
-    print(
-        f"{result['store']}: {result['episodes']} episodes, {result['rows']} transitions "
-        f"(+{result['episodes_added']} episodes, {result['rows_added']} transitions in {result['seconds']:.1f} s, "
-        f"{result['steps_per_second']:.0f} steps/s)"
-    )
-    if args.video is not None:
-        from gpdyn.sim.render import render_episode
-
-        store = EpisodeStore.open(args.store)
-        if store.n_episodes == 0:
-            raise InputError(f"{args.store}: no episode to render")
-        index = result["episodes_before"] if result["episodes_added"] else 0
-        render_episode(store, index, args.video)
-        print(f"video of episode {index}: {args.video}")
-    return 0
-
-
 __all__ = [
     "CollectConfig",
     "collect_walker",
     "episode_rng",
     "integration_errors",
-    "make_env",
     "resolve_policies",
     "rollout",
     "walker_fields",
-    "cli_collect",
 ]

@@ -1,0 +1,117 @@
+"""Controllers for :func:`gpdyn.control.loop.run_episode`: a fixed policy, and MPC on any model.
+
+- :class:`PolicyController`: a policy ``obs -> action`` (e.g. the TRPO walking policy).
+- :class:`MPCController`: a planner of :mod:`gpdyn.control.mpc` built for each episode from
+  its environment (so that a true-model planner plans on the episode's own plant), fed the
+  robot's planning state. With a learned forward model (:class:`~gpdyn.control.dynamics.LearnedDynamics`)
+  it measures the model's one-step error on every transition, and with an ``updater``
+  (:class:`gpdyn.gp.training.OnlineUpdater`; its learner may be a :class:`gpdyn.gp.residual.ResidualGP`
+  on a frozen model) it learns from it: the online loop plan -> act -> observe -> update -> replan.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpdyn.control.dynamics import LearnedDynamics
+from gpdyn.control.loop import Controller
+from gpdyn.control.mpc import MPPI, Planner
+
+
+class PolicyController(Controller):
+    """A fixed policy: ``policy(obs) -> action``; it neither plans nor learns."""
+
+    def __init__(self, policy: Callable[[np.ndarray], np.ndarray], name: str = "policy") -> None:
+        self.policy, self.name = policy, name
+
+    def act(self, obs: np.ndarray, info: Mapping[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
+        return self.policy(obs), {}
+
+
+class MPCController(Controller):
+    """Model-predictive control: at every step ``planner.plan(state(env))``, the planner made by
+    ``make_planner(env)`` at each episode's start.
+
+    ``model``: the learned forward model the planner uses, when it is one; every transition
+    then logs its one-step velocity error ``model_rmse`` and summed predictive variance
+    ``pred_variance``, and ``updater(*model.training_pair(...))`` learns from it when given.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        make_planner: Callable[[Any], Planner],
+        state: Callable[[Any], np.ndarray],
+        *,
+        model: LearnedDynamics | None = None,
+        updater: Callable[[torch.Tensor, torch.Tensor], Mapping[str, float]] | None = None,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float64,
+    ) -> None:
+        self.name, self.make_planner, self.state = name, make_planner, state
+        self.model, self.updater = model, updater
+        self.device, self.dtype = torch.device(device), dtype
+        self.env: Any = None
+        self.planner: Planner | None = None
+        self._stats: dict[str, list[Any]] = {}
+        self._state: np.ndarray | None = None
+
+    def reset(self, env: Any) -> None:
+        self.env = env
+        self.planner = self.make_planner(env)
+        self.planner.reset()
+        self._stats = {"seconds": [], "effective": [], "spreads": [], "fallbacks": []}
+
+    def _tensor(self, a: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(a, device=self.device, dtype=self.dtype)
+
+    def act(self, obs: np.ndarray, info: Mapping[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
+        assert self.planner is not None, "MPCController.act before reset"
+        self._state = np.asarray(self.state(self.env), dtype=np.float64).copy()
+        action, plan = self.planner.plan(self._tensor(self._state))
+        self._stats["seconds"].append(plan.seconds)
+        self._stats["effective"].append(plan.effective_samples)
+        self._stats["fallbacks"].append(bool(plan.fallback))
+        if isinstance(self.planner, MPPI):  # the log-weight spreads are MPPI's
+            self._stats["spreads"].append((plan.cost_spread, plan.control_spread))
+        record = {"plan_seconds": plan.seconds, "plan_cost": plan.cost, "plan_variance": plan.variance,
+                  "finite_fraction": plan.finite_fraction, "effective_samples": plan.effective_samples,
+                  "cost_spread": plan.cost_spread, "control_spread": plan.control_spread, "fallback": plan.fallback}
+        return action.detach().cpu().numpy().astype(np.float64), record
+
+    def observe(self, obs: np.ndarray, action: np.ndarray, next_obs: np.ndarray, info: Mapping[str, Any]) -> dict[str, Any]:
+        if self.model is None:
+            return {}
+        state, next_state = self._tensor(self._state)[None], self._tensor(self.state(self.env))[None]
+        act = self._tensor(action)[None]
+        with torch.no_grad():
+            velocity, variance = self.model.predict_velocity(state, act)
+        err = velocity[0] - next_state[0, self.model.layout.nq :]
+        record: dict[str, Any] = {"model_rmse": float(err.pow(2).mean().sqrt()), "pred_variance": float(variance.sum())}
+        if self.updater is not None:
+            t0 = time.perf_counter()
+            metrics = self.updater(*self.model.training_pair(state, act, next_state))
+            record.update(update_seconds=time.perf_counter() - t0, **{f"update_{k}": v for k, v in metrics.items()})
+        return record
+
+    def summary(self) -> dict[str, Any]:
+        s = self._stats
+        out: dict[str, Any] = {
+            "fallbacks": int(sum(s["fallbacks"])),
+            "plan_seconds_mean": float(np.mean(s["seconds"])) if s["seconds"] else None,
+            "effective_samples_mean": float(np.mean(s["effective"])) if s["effective"] else None,
+        }
+        if s["spreads"]:
+            out.update(cost_spread_mean=float(np.mean([c for c, _ in s["spreads"]])),
+                       control_spread_mean=float(np.mean([c for _, c in s["spreads"]])))
+        if self.model is not None:  # the learner's counters, read once per episode (a device sync)
+            out.update(self.model.model.diagnostics())
+        return out
+
+
+__all__ = ["MPCController", "PolicyController"]
