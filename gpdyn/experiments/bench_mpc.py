@@ -18,11 +18,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpdyn.control.dynamics import LearnedDynamics
 from gpdyn.control.mpc import MPCConfig, make_planner
-from gpdyn.robots.walker import DT, LearnedWalkerDynamics, TorchPolicy, WalkerCost
 from gpdyn.data.problems import Normalizer
+from gpdyn.device import resolve_device, sync
 from gpdyn.errors import InputError
 from gpdyn.gp import make_learner
+from gpdyn.robots.walker import ACTION_HIGH, ACTION_LOW, DT, LAYOUT, NU, NX, TorchPolicy, WalkerCost
 from gpdyn.runs import RunDir
 
 REAL_TIME_HZ = 1.0 / DT  # 125 control steps per second
@@ -32,24 +34,20 @@ BENCH_MODELS: dict[str, dict[str, Any]] = {
 }
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def filled_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LearnedWalkerDynamics:
+def filled_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LearnedDynamics:
     """A walker-1 model of bench size with every basis function in place (random inputs)."""
-    learner = make_learner(name, 23, 9, device=device, dtype=dtype, seed=seed, **BENCH_MODELS[name])
+    d, p = LAYOUT.input_dim, LAYOUT.nv
+    learner = make_learner(name, d, p, device=device, dtype=dtype, seed=seed, **BENCH_MODELS[name])
     gen = torch.Generator().manual_seed(seed)
     n = 2048
     capacity = getattr(learner, "capacity", {})
     rounds = max(1, -(-max(capacity.values(), default=n) // min(n, getattr(learner, "n_delta", n))))
     for _ in range(rounds):
-        x = torch.randn(n, 23, generator=gen, dtype=dtype).to(device)
-        y = torch.randn(n, 9, generator=gen, dtype=dtype).to(device)
+        x = torch.randn(n, d, generator=gen, dtype=dtype).to(device)
+        y = torch.randn(n, p, generator=gen, dtype=dtype).to(device)
         learner.observe(x, y)
-    normalizer = Normalizer(np.zeros(23), np.ones(23), np.zeros(9), np.ones(9))
-    return LearnedWalkerDynamics(learner, normalizer, DT)
+    normalizer = Normalizer(np.zeros(d), np.ones(d), np.zeros(p), np.ones(p))
+    return LearnedDynamics.from_learner(learner, normalizer, LAYOUT)
 
 
 def bench_mpc(
@@ -60,19 +58,19 @@ def bench_mpc(
 
     proposal = TorchPolicy(load_policy(), device, dtype)
     cfg = MPCConfig(horizon=horizon, samples=samples, uncertainty="penalty", var_weight=1.0)
-    state = torch.zeros(18, device=device, dtype=dtype)
+    state = torch.zeros(NX, device=device, dtype=dtype)
     state[1] = 1.25  # standing height: the rollouts stay healthy
     rows = []
     for name in models:
         dyn = filled_model(name, device, dtype, seed)
-        planner = make_planner("mppi", dyn, WalkerCost(), [-1.0] * 6, [1.0] * 6, cfg, proposal=proposal,
+        planner = make_planner("mppi", dyn, WalkerCost(), [ACTION_LOW] * NU, [ACTION_HIGH] * NU, cfg, proposal=proposal,
                                device=device, dtype=dtype, seed=seed)
         planner.plan(state)  # warm-up: caches, allocator
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         for _ in range(repeats):
             planner.plan(state)
-        _sync(device)
+        sync(device)
         sec = (time.perf_counter() - t0) / repeats
         rows.append({"model": name, "device": str(device), "dtype": str(dtype).replace("torch.", ""), "K": samples,
                      "H": horizon, "seconds_per_step": sec, "steps_per_second": 1.0 / sec,
@@ -91,9 +89,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def cli_bench(args: argparse.Namespace) -> int:
     """``gpdyn bench mpc``: the planning-rate table into the run folder and on screen."""
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"--device {args.device}: CUDA is not available here")
+    device = resolve_device(args.device)
     samples, horizon = getattr(args, "samples", None) or 1000, getattr(args, "horizon", None) or 30
     repeats = getattr(args, "repeats", None) or 1
     models = [m.strip() for m in (getattr(args, "models", None) or ",".join(BENCH_MODELS)).split(",") if m.strip()]
