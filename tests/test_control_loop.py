@@ -347,3 +347,97 @@ def test_walker_tracking_cost_with_the_frozen_model_is_the_policy(walker_zarr: P
         WalkerRunConfig(cost="regret").validate()
     with pytest.raises(InputError, match="track_offset_weight"):
         WalkerRunConfig(cost="track", track_offset_weight=-1.0).validate()
+
+
+def test_run_episode_collects_rows_applies_the_change_and_logs_each_step() -> None:
+    from gpdyn.control.controllers import PolicyController
+    from gpdyn.control.loop import BASE_ROWS, run_episode
+    from gpdyn.robots.walker import make_env, state_rows
+
+    policy = load_policy()
+    logs: list[dict] = []
+    env = make_env()
+    changes = {2: "stiffer"}
+    out = run_episode(env, PolicyController(policy.act, "trpo"), steps=5, reset_seed=4,
+                      before_step=lambda t, e: changes.get(t), rows=state_rows, next_rows=("qpos", "qvel"),
+                      log=lambda **r: logs.append(r), tags={"robot": "walker", "controller": "trpo"})
+    env.close()
+    assert set(out.rows) == {*BASE_ROWS, "qpos", "qvel", "next_qpos", "next_qvel"}
+    assert all(v.shape[0] == 5 for v in out.rows.values()) and out.rows["reward"].shape == (5, 1)
+    np.testing.assert_array_equal(out.rows["next_qpos"][:-1], out.rows["qpos"][1:])  # consecutive steps chain
+    np.testing.assert_allclose(out.rows["action"], policy.act(out.rows["obs"]), atol=1e-12)
+    steps = [r for r in logs if r["kind"] == "step"]
+    assert [s["t"] for s in steps] == list(range(5)) and [s["changed"] for s in steps] == [False, False, True, True, True]
+    assert all(s["controller"] == "trpo" for s in steps)
+    assert logs[-1] == out.record and out.record["kind"] == "episode" and out.record["change"] == "stiffer"
+    assert out.record["length"] == 5 and out.record["return"] == pytest.approx(float(out.rows["reward"].sum()))
+    with pytest.raises(InputError, match="steps"):
+        run_episode(make_env(), PolicyController(policy.act), steps=0, reset_seed=0)
+
+
+def test_sim_dynamics_reproduces_the_environment_step() -> None:
+    from gpdyn.control.controllers import PolicyController
+    from gpdyn.control.dynamics import SimDynamics
+    from gpdyn.control.loop import run_episode
+    from gpdyn.robots.walker import FRAME_SKIP, make_env, state_rows
+
+    env = make_env()
+    out = run_episode(env, PolicyController(load_policy().act), steps=6, reset_seed=5, rows=state_rows,
+                      next_rows=("qpos", "qvel"))
+    sim = SimDynamics(env.unwrapped.model, FRAME_SKIP)
+    state = torch.as_tensor(np.concatenate([out.rows["qpos"], out.rows["qvel"]], 1))
+    nxt = sim(state, torch.as_tensor(out.rows["action"]))
+    np.testing.assert_allclose(nxt.numpy(), np.concatenate([out.rows["next_qpos"], out.rows["next_qvel"]], 1),
+                               rtol=0, atol=1e-12)
+    with pytest.raises(InputError, match="frame_skip"):
+        SimDynamics(env.unwrapped.model, 0)
+    with pytest.raises(InputError, match="state"):
+        sim(state[:, :9], torch.as_tensor(out.rows["action"]))
+    env.close()
+
+
+def test_learned_model_adds_back_its_delta_columns_for_any_batch_shape() -> None:
+    from gpdyn.control.dynamics import LearnedModel
+    from gpdyn.data.problems import Normalizer
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(30, 4, generator=gen, dtype=torch.float64)
+    y = torch.stack([x[:, 1] + 0.3 * x[:, 0], x[:, 3] - x[:, 2]], 1)  # y's change from x[:, [1, 3]] is smooth
+    change = y - x[:, [1, 3]]
+    normalizer = Normalizer(x.mean(0).numpy(), x.std(0).numpy(), change.mean(0).numpy(), change.std(0).numpy())
+    learner = make_learner("exact", 4, 2, max_points=100)
+    by_index = LearnedModel(learner, normalizer, delta_columns=[1, 3])
+    xn, yn = by_index.training_pair(x, y)
+    torch.testing.assert_close(yn, (change - torch.as_tensor(normalizer.y_mean)) / torch.as_tensor(normalizer.y_std))
+    learner.observe(xn, yn)
+    learner.set_hyperparameters(noise=1e-5)  # interpolate what it observed
+    with torch.no_grad():
+        mean, var = by_index.predict(x.numpy())  # numpy in, tensors out
+        torch.testing.assert_close(mean, y, atol=0.02 * float(y.abs().max()), rtol=0)
+        batched, batched_var = by_index.predict(x[:24].reshape(2, 3, 4, 4))
+        torch.testing.assert_close(batched, mean[:24].reshape(2, 3, 4, 2))
+        torch.testing.assert_close(batched_var, var[:24].reshape(2, 3, 4, 2))
+        no_delta, _ = LearnedModel(learner, normalizer).predict(x)
+        torch.testing.assert_close(mean - no_delta, x[:, [1, 3]])  # the delta adds the known inputs, nothing else
+    with pytest.raises(InputError, match="x_mean"):
+        LearnedModel(learner, Normalizer(np.zeros(3), np.ones(3), np.zeros(2), np.ones(2)))
+    with pytest.raises(InputError, match="delta_columns"):
+        LearnedModel(learner, normalizer, delta_columns=slice(0, 3))
+    with pytest.raises(InputError, match="last axis"):
+        by_index.predict(x[:, :3])
+
+
+def test_learned_dynamics_integrates_positions_by_the_trapezoid_rule(walker_zarr: Path) -> None:
+    cfg = WalkerRunConfig(learner="svdgp", **TINY)
+    _, dyn, _ = pretrained_walker_model(cfg, walker_zarr)
+    store = EpisodeStore.open(walker_zarr)
+    ep = store.episode(1, ["qpos", "qvel", "action"])
+    state, action = torch.as_tensor(np.concatenate([ep["qpos"], ep["qvel"]], 1)), torch.as_tensor(ep["action"])
+    with torch.no_grad():
+        nxt, var = dyn(state, action)
+        v1, var_v = dyn.predict_velocity(state, action)
+    half = 0.5 * LAYOUT.dt
+    torch.testing.assert_close(nxt, torch.cat([state[:, :9] + half * (state[:, 9:] + v1), v1], 1))
+    torch.testing.assert_close(var, torch.cat([half**2 * var_v, var_v], 1))
+    with pytest.raises(InputError, match="nq == nv"):
+        LearnedDynamics(dyn.model, type(LAYOUT)(nq=10, nv=9, nu=6, dt=0.008, position_inputs=tuple(range(2, 10))))
