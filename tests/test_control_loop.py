@@ -12,11 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from synthetic import make_kuka_store, make_walker_store
+from synthetic import make_walker_store
 
 from gpdyn.cli import main
-from gpdyn.experiments.control_arm import KukaRunConfig, run_kuka
-from gpdyn.gp.residual import LinearKernelGP, ResidualGP
 from gpdyn.control.dynamics import LearnedDynamics
 from gpdyn.experiments.control_walker import (
     WalkerRunConfig,

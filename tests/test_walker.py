@@ -11,7 +11,8 @@ import torch
 from gpdyn.data.store import EpisodeStore, StoreError
 from gpdyn.errors import InputError
 from gpdyn.sim.policy import SHIPPED_POLICY, PolicyError, load_policy, save_policy
-from gpdyn.sim.walker import collect_walker, integration_errors, make_env, walker_fields
+from gpdyn.robots.walker import make_env
+from gpdyn.sim.walker import collect_walker, integration_errors, walker_fields
 
 FIELDS = tuple(walker_fields())
 NOISE = 0.1  # exercises the per-episode noise generator in every seeding test
