@@ -439,3 +439,24 @@ def test_learned_dynamics_integrates_positions_by_the_trapezoid_rule(walker_zarr
     torch.testing.assert_close(var, torch.cat([half**2 * var_v, var_v], 1))
     with pytest.raises(InputError, match="nq == nv"):
         LearnedDynamics(dyn.model, type(LAYOUT)(nq=10, nv=9, nu=6, dt=0.008, position_inputs=tuple(range(2, 10))))
+
+
+def test_walker_layout_matches_the_walker_1_problem(walker_zarr: Path) -> None:
+    from gpdyn.data.problems import load_problem
+    from gpdyn.robots.walker import ACTION_INPUTS, NU, NV, QVEL_INPUTS
+
+    names = load_problem(walker_zarr, "walker-1").input_names  # the synthetic store numbers its columns
+    assert len(names) == LAYOUT.input_dim
+    assert names[: len(LAYOUT.position_inputs)] == tuple(f"qpos{i}[t]" for i in LAYOUT.position_inputs)
+    assert names[QVEL_INPUTS] == tuple(f"qvel{j}[t]" for j in range(NV))
+    assert names[ACTION_INPUTS] == tuple(f"a{k}[t]" for k in range(NU))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_control_walker_refuses_a_missing_gpu_before_collecting(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["control", "walker", "--learner", "svdgp", "--device", "cuda", "--out", str(tmp_path / "a")]) == 2
+    assert "CUDA" in capsys.readouterr().err and not (tmp_path / "a").exists()
+    run = RunDir.create("t", {}, out=tmp_path / "b")
+    with pytest.raises(InputError, match="CUDA"):
+        run_walker(run, WalkerRunConfig(device="cuda", **TINY))
+    assert not (run.path / "walker.zarr").exists()
