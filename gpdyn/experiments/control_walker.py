@@ -41,7 +41,7 @@ from gpdyn.control.loop import Controller, Episode, run_episode
 from gpdyn.control.mpc import MPCConfig, make_planner
 from gpdyn.device import resolve_device, resolve_dtype
 from gpdyn.errors import InputError
-from gpdyn.gp import Learner
+from gpdyn.gp import LEARNERS, Learner
 from gpdyn.gp.online import nmse
 from gpdyn.gp.residual import RESIDUAL_KERNELS, ResidualGP
 from gpdyn.gp.training import OnlineUpdater, build_learner, pretrain_learner
@@ -143,7 +143,9 @@ class WalkerRunConfig:
     extra: dict[str, Any] = field(default_factory=dict)  # learner option overrides
 
     def validate(self) -> None:
-        """Raise InputError naming the first bad option."""
+        """Raise InputError naming the first bad option (the device included: before any data is collected)."""
+        if self.learner not in LEARNERS:
+            raise InputError(f"control walker: unknown learner '{self.learner}'; choose one of {', '.join(LEARNERS)}")
         if self.steps < 1 or self.episodes < 1 or self.store_episodes < 1 or self.pretrain_iterations < 0:
             raise InputError(f"control walker: steps, episodes, store_episodes >= 1 and pretrain_iterations >= 0 needed, "
                              f"got {self.steps}, {self.episodes}, {self.store_episodes}, {self.pretrain_iterations}")
@@ -177,7 +179,7 @@ class WalkerRunConfig:
             raise InputError(f"control walker: need window >= 4, updates >= 0, residual_lengthscale > 0 and "
                              f"residual_noise > 0, got {self.window}, {self.updates}, {self.residual_lengthscale}, "
                              f"{self.residual_noise}")
-        resolve_device(self.device)  # before any data is collected: a missing GPU fails now, not after
+        resolve_device(self.device)
         resolve_dtype(self.dtype, self.device, option="control walker: dtype")
         if self.sim_samples < 2:
             raise InputError(f"control walker: sim_samples must be >= 2, got {self.sim_samples}")
