@@ -56,6 +56,11 @@ def resolve_dtype(name: str | torch.dtype | None, device: str | torch.device = "
     return DTYPES[name]
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """The key of ``dtype`` in :data:`DTYPES` (``torch.float32`` -> ``"float32"``), as configs record it."""
+    return str(dtype).removeprefix("torch.")
+
+
 def set_threads(threads: int, option: str = "--threads") -> None:
     """Set torch's CPU thread count, refusing counts that cannot help (or crash the BLAS)."""
     if not 1 <= int(threads) <= MAX_THREADS:
@@ -70,4 +75,4 @@ def sync(device: str | torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-__all__ = ["DTYPES", "resolve_device", "resolve_dtype", "set_threads", "sync"]
+__all__ = ["DTYPES", "dtype_name", "resolve_device", "resolve_dtype", "set_threads", "sync"]

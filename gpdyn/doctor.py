@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 
@@ -35,15 +34,3 @@ def report() -> dict[str, object]:
     except Exception as err:  # report, don't crash: doctor exists to diagnose
         info["Walker2d-v5"] = f"FAILED: {type(err).__name__}: {err}"
     return info
-
-
-def cli_doctor(args: argparse.Namespace) -> int:
-    info = report()
-    width = max(len(k) for k in info)
-    for key, value in info.items():
-        if isinstance(value, dict):
-            value = ", ".join(f"{k} {v}" for k, v in value.items())
-        elif isinstance(value, list):
-            value = "; ".join(value)
-        print(f"{key:<{width}}  {value}")
-    return 0 if not str(info["Walker2d-v5"]).startswith("FAILED") else 1

@@ -74,6 +74,17 @@ class RunDir:
     def config(self) -> dict[str, Any]:
         return json.loads((self.path / "config.json").read_text())
 
+    def summary(self) -> dict[str, Any]:
+        """What ``gpdyn inspect`` shows: the config, the number of metric records, the last one, the files."""
+        metrics = self.metrics()
+        return {
+            "run": str(self.path),
+            "config": self.config(),
+            "metric_records": len(metrics),
+            "last_metrics": metrics[-1] if metrics else None,
+            "files": sorted(p.name for p in self.path.iterdir()),
+        }
+
 
 def run_for_args(job: str, args: Any) -> RunDir:
     """The run folder of a command-line job, its config the parsed arguments (``args.out`` or default).

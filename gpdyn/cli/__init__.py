@@ -1,191 +1,92 @@
-"""The ``gpdyn`` command: one subcommand per job (DESIGN.md "Command line").
+"""The ``gpdyn`` command: one subcommand per job (docs: "Command line").
 
-Each subcommand's handler lives with its stage as ``module:function`` taking the
-parsed arguments and returning an exit status; the module is imported only when the
-subcommand runs. Bad input (:class:`gpdyn.errors.InputError`) exits 2 with its
-message; a stage that is not built yet says so and exits 3.
+All argparse code lives in this package: :mod:`gpdyn.cli.jobs` (demo, inspect, learn,
+replay, bench, report, render, doctor), :mod:`gpdyn.cli.collect` (collect, import) and
+:mod:`gpdyn.cli.control` (control); :mod:`gpdyn.cli.common` holds the shared options.
+A subcommand's handler takes the parsed arguments and returns an exit status; it
+imports its stage only when it runs, so that ``--help`` needs neither torch nor MuJoCo.
+
+Before any handler runs, :func:`main` applies ``--threads`` and checks ``--device``
+through :mod:`gpdyn.device`. Bad input (:class:`gpdyn.errors.InputError`) exits 2 with
+its message, as argparse does for a malformed option.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 
-from gpdyn.cli import collect, control
-from gpdyn.cli.common import LEARNER_NAMES, PROBLEM_NAMES, add_device, add_out
+from gpdyn.cli import collect, control, jobs
 from gpdyn.errors import InputError
 
 EXIT_INPUT = 2
-EXIT_NOT_BUILT = 3
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpdyn",
         description="Learn robot dynamics online with Gaussian processes and control robots with them.",
+        epilog="Run 'gpdyn COMMAND --help' for the options of a command.",
     )
-    parser.add_argument(
-        "--threads", type=int, default=1, help="torch CPU threads (default 1: a second thread gains little on 2 cores)"
-    )
+    _add_threads(parser, default=1)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    p = sub.add_parser("demo", help="the main job: the whole pipeline on a small default")
-    add_out(p)
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(handler="gpdyn.experiments.demo:cli_demo")
-
+    jobs.add_demo(sub)
     collect.add_parsers(sub)
-    p = sub.add_parser("inspect", help="summary of a store or a run folder")
-    p.add_argument("path", type=Path)
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(handler="gpdyn.cli:cli_inspect")
-
-    p = sub.add_parser("learn", help="run the online learning protocol of one learner on a problem")
-    p.add_argument("--store", type=Path, required=True)
-    p.add_argument("--problem", choices=PROBLEM_NAMES, required=True)
-    p.add_argument("--learner", required=True, help=LEARNER_NAMES)
-    p.add_argument("--iterations", type=int, default=2000)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=1024, help="minibatch N_m (default 1024)")
-    p.add_argument("--n-delta", type=int, default=128, help="basis functions added per iteration (default 128)")
-    p.add_argument("--eval-every", type=int, default=100, help="iterations between held-out evaluations")
-    p.add_argument("--dtype", choices=("float32", "float64"), default=None, help="default float32 on CUDA, float64 on CPU")
-    p.add_argument("--size", action="append", default=[], metavar="KEY=VALUE", help="learner option, e.g. m_alpha=4096 (repeatable)")
-    add_device(p)
-    add_out(p)
-    p.set_defaults(handler="gpdyn.experiments.learn:cli_learn")
-
-    p = sub.add_parser("replay", help="several learners on one dataset, side by side (SVDGP Table 2)")
-    p.add_argument("--store", type=Path, required=True)
-    p.add_argument("--problem", choices=PROBLEM_NAMES, required=True)
-    p.add_argument("--learners", required=True, help=f"comma-separated: {LEARNER_NAMES}")
-    p.add_argument("--protocol", choices=("iid", "ordered"), default="iid",
-                   help="iid minibatches (SVDGP), or init on the offline part then stream in order (ILGR)")
-    p.add_argument("--iterations", type=int, default=2000)
-    p.add_argument("--batch-size", type=int, default=1024, help="minibatch N_m (default 1024)")
-    p.add_argument("--n-delta", type=int, default=128, help="basis functions added per iteration (default 128)")
-    p.add_argument("--eval-every", type=int, default=100, help="iterations between held-out evaluations")
-    p.add_argument("--init-iterations", type=int, default=200, help="ordered protocol: iterations on the offline part")
-    p.add_argument("--eval-rows", type=int, default=None,
-                   help="score on a seeded subset of this many held-out rows (default: all of them)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=("float32", "float64"), default=None, help="default float32 on CUDA, float64 on CPU")
-    p.add_argument("--size", action="append", default=[], metavar="LEARNER.KEY=VALUE",
-                   help="learner option, e.g. svdgp.m_alpha=4096 (repeatable)")
-    p.add_argument("--select-lr", default=None, metavar="G1,G2,...",
-                   help="choose each learner's step size gamma_0 from these by its objective after "
-                        "--select-iterations iterations, as SVDGP Section 4 (e.g. 0.1,0.01,0.001)")
-    p.add_argument("--select-iterations", type=int, default=100)
-    add_device(p)
-    add_out(p)
-    p.set_defaults(handler="gpdyn.experiments.replay:cli_replay")
-
+    jobs.add_inspect(sub)
+    jobs.add_learn(sub)
+    jobs.add_replay(sub)
     control.add_parsers(sub)
-    bench = sub.add_parser("bench", help="benchmarks that print ratios measured in one run").add_subparsers(
-        dest="target", metavar="TARGET", required=True
-    )
-    for target, handler, text in (
-        ("learners", "gpdyn.experiments.bench_learners:cli_bench", "time and memory per step of the learners"),
-        ("wiski", "gpdyn.experiments.bench_wiski:cli_bench", "WISKI update cost against n, beside the exact GP"),
-        ("mpc", "gpdyn.experiments.bench_mpc:cli_bench", "MPC control steps per second with learned models"),
-    ):
-        p = bench.add_parser(target, help=text)
-        if target == "learners":
-            p.add_argument("--repeats", type=int, default=3, help="timed steps per configuration (default 3)")
-            p.add_argument("--dtype", choices=("float32", "float64"), default=None, help="default float32 on CUDA, float64 on CPU")
-            p.add_argument("--only", default=None, help="comma-separated configuration names to run")
-        elif target == "mpc":
-            p.add_argument("--samples", type=int, default=1000, help="K sampled sequences (default 1000)")
-            p.add_argument("--horizon", type=int, default=30, help="H steps (default 30)")
-            p.add_argument("--repeats", type=int, default=1, help="timed control steps per model after a warm-up")
-            p.add_argument("--models", default="svdgp,wiski", help="comma-separated: svdgp (M_alpha 128^2), wiski")
-        add_device(p)
-        add_out(p)
-        p.set_defaults(handler=handler)
-
-    p = sub.add_parser("report", help="tables and plots of a finished run")
-    p.add_argument("run_dir", type=Path)
-    p.set_defaults(handler="gpdyn.experiments.report:cli_report")
-
-    p = sub.add_parser("render", help="video of a stored episode, replayed from its states")
-    p.add_argument("--store", type=Path, required=True)
-    p.add_argument("--episode", type=int, required=True)
-    p.add_argument("--out", type=Path, required=True, help="output .mp4 or .gif")
-    p.set_defaults(handler="gpdyn.sim.render:cli_render")
-
-    p = sub.add_parser("doctor", help="versions, devices, threads")
-    p.set_defaults(handler="gpdyn.doctor:cli_doctor")
+    jobs.add_bench(sub)
+    jobs.add_report(sub)
+    jobs.add_render(sub)
+    jobs.add_doctor(sub)
+    _finish(sub)
     return parser
 
 
-def _resolve(handler: str):
-    module_name, func_name = handler.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        if err.name == module_name:
-            return None
-        raise
-    return getattr(module, func_name, None)
+def _add_threads(p: argparse.ArgumentParser, default: int | str) -> None:
+    p.add_argument("--threads", type=int, default=default,
+                   help="torch CPU threads (default 1: a second thread gains little on 2 cores)")
 
 
-def cli_inspect(args: argparse.Namespace) -> int:
-    """Summarise an episode store or a run folder."""
-    from gpdyn.data.store import EpisodeStore, is_store
-    from gpdyn.runs import RunDir, is_run_dir
-
-    path: Path = args.path
-    if not path.exists():
-        raise InputError(f"{path}: no such file or folder")
-    if is_run_dir(path):
-        run = RunDir(path)
-        metrics = run.metrics()
-        summary = {
-            "run": str(path),
-            "config": run.config(),
-            "metric_records": len(metrics),
-            "last_metrics": metrics[-1] if metrics else None,
-            "files": sorted(p.name for p in path.iterdir()),
-        }
-    elif is_store(path):
-        summary = EpisodeStore.open(path).summary()
-    else:
-        raise InputError(f"{path}: neither an episode store (zarr.json + data/) nor a run folder (config.json)")
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        _print_tree(summary)
-    return 0
-
-
-def _print_tree(d: dict, indent: int = 0) -> None:
-    for key, value in d.items():
-        if isinstance(value, dict) and value:
-            print(" " * indent + f"{key}:")
-            _print_tree(value, indent + 2)
+def _finish(sub: argparse._SubParsersAction) -> None:
+    """Every command also takes ``--threads`` after its name (``gpdyn learn ... --threads 2``),
+    and a group's line in ``gpdyn --help`` ends with its subcommands, e.g. ``(walker, kuka)``."""
+    for line in sub._choices_actions:
+        parser = sub.choices[line.dest]
+        groups = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if groups:
+            line.help = f"{line.help} ({', '.join(groups[0].choices)})"
+            _finish(groups[0])
         else:
-            print(" " * indent + f"{key}: {value}")
+            _add_threads(parser, default=argparse.SUPPRESS)  # absent: the value before the command stands
+
+
+def _handler(args: argparse.Namespace) -> Callable[[argparse.Namespace], int | None]:
+    """The subcommand's handler: a function, or ``"module:function"`` imported now."""
+    if callable(args.handler):
+        return args.handler
+    module_name, func_name = args.handler.split(":")
+    return getattr(importlib.import_module(module_name), func_name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    import torch
-
-    if args.threads < 1:
-        parser.error("--threads must be >= 1")
-    torch.set_num_threads(args.threads)
-    name = " ".join(str(getattr(args, k)) for k in ("command", "source", "format", "target", "robot") if getattr(args, k, None))
-    handler = _resolve(args.handler)
-    if handler is None:
-        print(f"gpdyn {name}: this stage is not built yet in this version of gpdyn", file=sys.stderr)
-        return EXIT_NOT_BUILT
+    """Run the command in ``argv`` (default ``sys.argv[1:]``); return its exit status."""
     try:
-        return int(handler(args) or 0)
+        args = build_parser().parse_args(argv)
+    except SystemExit as done:  # --help (0) or a malformed option (2, argparse has printed why)
+        return int(done.code or 0)
+    name = " ".join(str(getattr(args, k)) for k in ("command", "source", "format", "target", "robot") if getattr(args, k, None))
+    try:
+        from gpdyn.device import resolve_device, set_threads  # imports torch: not for --help
+
+        set_threads(args.threads)
+        if hasattr(args, "device"):
+            # checked before any work: a missing GPU is an input error, not a traceback midway
+            args.device = str(resolve_device(args.device))
+        return int(_handler(args)(args) or 0)
     except InputError as err:
         print(f"gpdyn {name}: error: {err}", file=sys.stderr)
         return EXIT_INPUT

@@ -1,12 +1,53 @@
-"""Options and names shared by the command groups of the ``gpdyn`` command."""
+"""Options and names shared by the command groups of the ``gpdyn`` command.
+
+Learner, problem and dtype names come from their registries (:data:`gpdyn.gp.LEARNERS`,
+:data:`gpdyn.data.problems.PROBLEMS`, :data:`gpdyn.device.DTYPES`), read when a
+command first needs them: those modules import torch (about a second), which
+``gpdyn --help`` and the parser's construction should not wait for.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+from collections.abc import Iterator, Sequence
+from functools import cached_property
 from pathlib import Path
 
-LEARNER_NAMES = "svdgp, orth, orthnat, svi, ivsgpr, vsgpr, gpr, wiski, exact"
-PROBLEM_NAMES = ("walker-1", "walker-2", "kuka")
+
+class RegistryNames(Sequence[str]):
+    """The keys of the dict ``attr`` of ``module``, imported on first use.
+
+    As argparse ``choices`` it checks a value and lists the names in help (``%(choices)s``)
+    and in errors; ``str()`` joins the names with commas.
+    """
+
+    def __init__(self, module: str, attr: str) -> None:
+        self.module, self.attr = module, attr
+
+    @cached_property
+    def _names(self) -> tuple[str, ...]:
+        return tuple(getattr(importlib.import_module(self.module), self.attr))
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self._names[i]
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __str__(self) -> str:
+        return ", ".join(self._names)
+
+
+LEARNER_NAMES = RegistryNames("gpdyn.gp", "LEARNERS")
+PROBLEM_NAMES = RegistryNames("gpdyn.data.problems", "PROBLEMS")
+DTYPE_NAMES = RegistryNames("gpdyn.device", "DTYPES")
 
 
 def add_out(p: argparse.ArgumentParser) -> None:
@@ -14,4 +55,39 @@ def add_out(p: argparse.ArgumentParser) -> None:
 
 
 def add_device(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
+    """``--device``; :func:`gpdyn.cli.main` checks it with :func:`gpdyn.device.resolve_device` before any work."""
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:INDEX (default cpu)")
+
+
+def add_dtype(p: argparse.ArgumentParser) -> None:
+    """``--dtype``: ``None`` when not given, which :func:`gpdyn.device.resolve_dtype` turns into the device's default."""
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default=None, metavar="DTYPE",
+                   help="one of %(choices)s (default float32 on CUDA, float64 on the CPU)")
+
+
+def add_learner(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    p.add_argument("--learner", choices=LEARNER_NAMES, required=required, metavar="NAME", help="learner: %(choices)s")
+
+
+def add_problem(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--problem", choices=PROBLEM_NAMES, required=True, metavar="NAME", help="regression problem: %(choices)s")
+
+
+def comma_list(text: str) -> list[str]:
+    """``"a, b,"`` -> ``["a", "b"]`` (an argparse ``type``)."""
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def learner_list(text: str) -> list[str]:
+    """``"svdgp, svi"`` -> ``["svdgp", "svi"]``, each a registered learner (an argparse ``type``)."""
+    names = comma_list(text)
+    unknown = [n for n in names if n not in LEARNER_NAMES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown learner(s) {unknown or 'none given'}; choose from {LEARNER_NAMES}")
+    return names
+
+
+def add_learners(p: argparse.ArgumentParser) -> None:
+    action = p.add_argument("--learners", type=learner_list, required=True, metavar="A,B,...",
+                            help="comma-separated learners from: %(names)s")
+    action.names = LEARNER_NAMES  # argparse fills %(names)s in the help from the action's attributes

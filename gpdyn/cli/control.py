@@ -9,12 +9,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from gpdyn.cli.common import LEARNER_NAMES, add_device, add_out
+from gpdyn.cli.common import add_device, add_learner, add_out
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
     """The options of every control run: the learner, its data, the run's length and seed, the controllers."""
-    p.add_argument("--learner", required=True, help=LEARNER_NAMES)
+    add_learner(p)
     p.add_argument("--store", type=Path, default=None, help="rollouts to pretrain the model on (default: collect a few)")
     p.add_argument("--steps", type=int, default=None, help="control steps per episode (walker 100, kuka 400)")
     p.add_argument("--seed", type=int, default=0)

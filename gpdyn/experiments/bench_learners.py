@@ -15,7 +15,6 @@ runtime are in that base). Results go to ``bench.json`` and ``report.md`` in the
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
 import time
 from pathlib import Path
@@ -23,8 +22,8 @@ from typing import Any
 
 import torch
 
+from gpdyn.device import dtype_name, resolve_device, resolve_dtype, set_threads
 from gpdyn.errors import InputError
-from gpdyn.experiments.learn import check_device, resolve_dtype
 from gpdyn.gp import make_learner
 from gpdyn.runs import RunDir
 
@@ -110,7 +109,7 @@ def bench_one(name: str, sizes: dict[str, Any], device: str, dtype: torch.dtype,
 
 
 def _child(queue: Any, threads: int, args: tuple[Any, ...]) -> None:
-    torch.set_num_threads(threads)
+    set_threads(threads)
     try:
         queue.put(("ok", bench_one(*args)))
     except Exception as err:  # reported by the parent with the configuration's name
@@ -134,24 +133,29 @@ def _fmt_mb(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.0f}"
 
 
-def cli_bench(args: argparse.Namespace) -> int:
-    """Time every configuration and print the table and the M_alpha scaling ratio."""
-    check_device(args.device)
-    if args.repeats < 1:
-        raise InputError(f"--repeats must be >= 1, got {args.repeats}")
-    dtype = resolve_dtype(args.dtype, args.device)
-    names = list(CONFIGS) if not args.only else [s.strip() for s in args.only.split(",")]
+def bench_learners(
+    device: str = "cpu", dtype: str | torch.dtype | None = None, repeats: int = 3, only: list[str] | None = None,
+    out: str | Path | None = None,
+) -> tuple[RunDir, dict[str, Any]]:
+    """Time every configuration (or those named in ``only``), each in a fresh process; print the
+    table and the M_alpha scaling ratio; write ``bench.json`` and ``report.md`` into a run folder."""
+    device = str(resolve_device(device))
+    dtype = resolve_dtype(dtype, device)
+    if repeats < 1:
+        raise InputError(f"--repeats must be >= 1, got {repeats}")
+    names = list(CONFIGS) if not only else only
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
         raise InputError(f"--only: unknown configuration(s) {unknown}; choose from {list(CONFIGS)}")
-    run = RunDir.create("bench-learners", {"device": args.device, "dtype": str(dtype), "repeats": args.repeats, "N_m": N_M, "D": D, "P": P,
-                                           "threads": torch.get_num_threads()}, args.out)
-    mem = "CUDA allocator" if args.device.startswith("cuda") else "process RSS"
+    cuda = device.startswith("cuda")
+    run = RunDir.create("bench-learners", {"device": device, "dtype": dtype_name(dtype), "repeats": repeats, "N_m": N_M,
+                                           "D": D, "P": P, "threads": torch.get_num_threads()}, out)
+    mem = "CUDA allocator" if cuda else "process RSS"
     print(f"{'configuration':20s} {'ms/step':>10s} {'CPU ms':>10s} {'predict ms':>10s} {'base MB':>8s} {'peak MB':>8s} {'step +MB':>8s}   ({mem})", flush=True)
     results = {}
     for key in names:
         name, sizes = CONFIGS[key]
-        r = run_isolated(name, sizes, args.device, dtype, args.repeats)
+        r = run_isolated(name, sizes, device, dtype, repeats)
         results[key] = r
         run.log(config=key, **r)
         print(f"{key:20s} {r['step_s'] * 1e3:10.1f} {r['step_cpu_s'] * 1e3:10.1f} {r['predict_s'] * 1e3:10.1f} {_fmt_mb(r['base_mb']):>8s} {_fmt_mb(r['peak_mb']):>8s} "
@@ -160,7 +164,7 @@ def cli_bench(args: argparse.Namespace) -> int:
     if "svdgp-4096" in results and "svdgp-16384" in results:
         # on the CPU the process time is the one to compare: wall time also counts what
         # other processes on a shared machine take (the step uses the configured threads)
-        key = "step_s" if args.device.startswith("cuda") else "step_cpu_s"
+        key = "step_s" if cuda else "step_cpu_s"
         ratio = results["svdgp-16384"][key] / results["svdgp-4096"][key]
         wall_ratio = results["svdgp-16384"]["step_s"] / results["svdgp-4096"]["step_s"]
         summary["svdgp_ratio_16384_over_4096"] = ratio
@@ -168,7 +172,7 @@ def cli_bench(args: argparse.Namespace) -> int:
         print(f"SVDGP step time ratio M_alpha 16384 / 4096 ({'wall' if key == 'step_s' else 'CPU'} time): {ratio:.2f} "
               f"(linear: 4.0, limit 4.5) -> {'ok' if ratio <= 4.5 else 'TOO HIGH'}; wall-time ratio {wall_ratio:.2f}")
     run.write_json("bench.json", summary)
-    lines = [f"# gpdyn bench learners ({args.device}, {str(dtype).removeprefix('torch.')}, N_m={N_M}, D={D}, P={P}, "
+    lines = [f"# gpdyn bench learners ({device}, {dtype_name(dtype)}, N_m={N_M}, D={D}, P={P}, "
              f"{torch.get_num_threads()} thread(s))", "",
              f"Memory: {mem}; base = before the timed steps, peak = during them, step = peak - base.", "",
              "| configuration | ms/step (wall) | CPU ms/step | predict ms (N_m points) | base MB | peak MB | step MB |",
@@ -177,7 +181,7 @@ def cli_bench(args: argparse.Namespace) -> int:
               f"{_fmt_mb(r['step_growth_mb'])} |" for k, r in results.items()]
     if "svdgp_ratio_16384_over_4096" in summary:
         lines += ["", f"SVDGP M_alpha 16384/4096 step-time ratio: {summary['svdgp_ratio_16384_over_4096']:.2f} (limit 4.5; "
-                  f"{'wall' if args.device.startswith('cuda') else 'CPU'} time; wall-time ratio {summary['svdgp_wall_ratio_16384_over_4096']:.2f})"]
+                  f"{'wall' if cuda else 'CPU'} time; wall-time ratio {summary['svdgp_wall_ratio_16384_over_4096']:.2f})"]
     (run.path / "report.md").write_text("\n".join(lines) + "\n")
     print(f"run folder: {run.path}")
-    return 0
+    return run, summary

@@ -15,8 +15,8 @@ Each stage logs one record to ``metrics.jsonl`` and prints what it did.
 
 from __future__ import annotations
 
-import argparse
 import time
+from pathlib import Path
 from typing import Any
 
 from gpdyn.runs import RunDir
@@ -60,9 +60,9 @@ def _collect_walker(run: RunDir, seed: int) -> dict[str, Any]:
 
 
 def _collect_kuka(run: RunDir, seed: int) -> dict[str, Any]:
-    from gpdyn.sim.kuka import collect_kuka
+    from gpdyn.sim.arm import collect_arm
 
-    store = collect_kuka(run.path / "kuka.zarr", offline=DEMO["kuka_offline"], online=DEMO["kuka_online"], seed=seed)
+    store = collect_arm(run.path / "kuka.zarr", offline=DEMO["kuka_offline"], online=DEMO["kuka_online"], seed=seed)
     print(f"   {store.n_episodes} episodes, {store.n_rows} samples -> {store.path}")
     return {"episodes": store.n_episodes, "rows": store.n_rows}
 
@@ -115,14 +115,15 @@ def _control(run: RunDir, seed: int) -> dict[str, Any]:
     return {"returns": {f"{e['controller']}/{e['condition']}": e["return"] for e in result["episodes"]}}
 
 
-def cli_demo(args: argparse.Namespace) -> int:
-    run = RunDir.create("demo", {"seed": args.seed, **DEMO}, out=args.out)
+def demo(out: str | Path | None = None, seed: int = 0) -> RunDir:
+    """Run every stage into one run folder (``out``, default ``logs/demo-<time>``) and return it."""
+    run = RunDir.create("demo", {"seed": seed, **DEMO}, out=out)
     print(f"gpdyn demo: run folder {run.path}")
-    _stage(run, "collect walker", _collect_walker, run, args.seed)
-    _stage(run, "collect kuka", _collect_kuka, run, args.seed)
-    _stage(run, "problems", _problems, run, args.seed)
-    _stage(run, "replay walker-1", _replay, run, args.seed)
-    _stage(run, "control walker", _control, run, args.seed)
+    _stage(run, "collect walker", _collect_walker, run, seed)
+    _stage(run, "collect kuka", _collect_kuka, run, seed)
+    _stage(run, "problems", _problems, run, seed)
+    _stage(run, "replay walker-1", _replay, run, seed)
+    _stage(run, "control walker", _control, run, seed)
     print(f"\ngpdyn demo: done; everything is in {run.path}")
-    return 0
+    return run
 

@@ -7,7 +7,7 @@ held-out bound per output), ``checkpoint.pt`` (restored by :func:`load`) and
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,104 +15,82 @@ import torch
 
 from gpdyn.data.problems import Normalizer, load_problem
 from gpdyn.data.streams import IIDStream
+from gpdyn.device import dtype_name, resolve_device, resolve_dtype
 from gpdyn.errors import InputError
 from gpdyn.gp import Learner, make_learner
-from gpdyn.gp.online import DTYPES, load_learner, run_online, save_learner
+from gpdyn.gp.online import load_learner, run_online, save_learner
 from gpdyn.runs import RunDir
 
 CHECKPOINT = "checkpoint.pt"
 
 
-def parse_sizes(items: list[str]) -> dict[str, Any]:
-    """``["m_alpha=4096", "n_columns=none", "scales=dim"]`` -> keyword arguments."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise InputError(f"--size '{item}': expected KEY=VALUE, e.g. m_alpha=4096")
-        value: Any = raw.strip()
-        if value.lower() == "none":
-            value = None
-        else:
-            for cast in (int, float):
-                try:
-                    value = cast(value)
-                    break
-                except ValueError:
-                    pass
-        out[key.strip().replace("-", "_")] = value
-    return out
+@dataclass
+class LearnConfig:
+    """One learner on one problem under SVDGP Algorithm 1 (iid minibatches of the training split)."""
+
+    store: str
+    problem: str
+    learner: str
+    iterations: int = 2000
+    batch_size: int = 1024  # N_m
+    n_delta: int = 128  # basis functions added per iteration
+    eval_every: int = 100
+    seed: int = 0
+    device: str = "cpu"
+    dtype: str | None = None  # None: the device's default (gpdyn.device.resolve_dtype)
+    sizes: dict[str, Any] = field(default_factory=dict)  # learner constructor options
+
+    def validate(self) -> None:
+        for name in ("iterations", "batch_size", "n_delta", "eval_every"):
+            if getattr(self, name) < 1:
+                raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
 
 
-def resolve_dtype(name: str | None, device: str) -> torch.dtype:
-    """float32 on CUDA and float64 on CPU unless named (DESIGN.md)."""
-    if name is None:
-        return torch.float32 if torch.device(device).type == "cuda" else torch.float64
-    return DTYPES[name]
-
-
-def check_device(device: str) -> None:
-    try:
-        dev = torch.device(device)
-    except RuntimeError as err:
-        raise InputError(f"--device '{device}': {err}") from err
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"--device {device}: CUDA is not available on this machine")
-
-
-def cli_learn(args: argparse.Namespace) -> int:
-    """Run SVDGP Algorithm 1 for one learner and write the run folder."""
-    check_device(args.device)
-    for option in ("iterations", "batch_size", "n_delta", "eval_every"):
-        if getattr(args, option) < 1:  # before the run folder exists, so bad input leaves none
-            raise InputError(f"--{option.replace('_', '-')} must be >= 1, got {getattr(args, option)}")
-    dtype = resolve_dtype(args.dtype, args.device)
-    sizes = parse_sizes(args.size)
-    problem = load_problem(args.store, args.problem, protocol="iid", seed=args.seed)
-    x_train, y_train = problem.tensors("train", args.device, dtype)
-    x_test, y_test = problem.tensors("test", args.device, dtype)
+def learn(cfg: LearnConfig, out: str | Path | None = None, *, progress: bool = True) -> tuple[RunDir, dict[str, Any]]:
+    """Run SVDGP Algorithm 1 for one learner, write the run folder; return it and the last evaluation."""
+    cfg.validate()  # before the run folder exists, so bad input leaves none
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    problem = load_problem(cfg.store, cfg.problem, protocol="iid", seed=cfg.seed)
+    x_train, y_train = problem.tensors("train", device, dtype)
+    x_test, y_test = problem.tensors("test", device, dtype)
     try:
         learner = make_learner(
-            args.learner, problem.input_dim, problem.output_dim, device=args.device, dtype=dtype, seed=args.seed, **sizes
+            cfg.learner, problem.input_dim, problem.output_dim, device=device, dtype=dtype, seed=cfg.seed, **cfg.sizes
         )
     except TypeError as err:  # an option the learner does not take
-        raise InputError(f"--size for learner '{args.learner}': {err}") from err
+        raise InputError(f"--size for learner '{cfg.learner}': {err}") from err
     config = {
-        "learner": args.learner,
+        "learner": cfg.learner,
         "problem": problem.describe(),
-        "iterations": args.iterations,
-        "batch_size": args.batch_size,
-        "n_delta": args.n_delta,
-        "eval_every": args.eval_every,
-        "seed": args.seed,
-        "device": args.device,
-        "dtype": str(dtype).removeprefix("torch."),
-        "learner_config": getattr(learner, "config", sizes),
+        "iterations": cfg.iterations,
+        "batch_size": cfg.batch_size,
+        "n_delta": cfg.n_delta,
+        "eval_every": cfg.eval_every,
+        "seed": cfg.seed,
+        "device": str(device),
+        "dtype": dtype_name(dtype),
+        "learner_config": learner.config,
     }
-    run = RunDir.create("learn", config, args.out)
+    run = RunDir.create("learn", config, out)
     print(f"run folder: {run.path}")
-    stream = IIDStream(x_train, y_train, args.batch_size, seed=args.seed, device=args.device, dtype=dtype)
+    stream = IIDStream(x_train, y_train, cfg.batch_size, seed=cfg.seed, device=device, dtype=dtype)
     records = run_online(
         learner,
         stream,
         x_test,
         y_test,
-        iterations=args.iterations,
-        n_delta=args.n_delta,
-        eval_every=args.eval_every,
+        iterations=cfg.iterations,
+        n_delta=cfg.n_delta,
+        eval_every=cfg.eval_every,
         callback=lambda r: run.log(**r),
         n_data=len(x_train),
+        progress=progress,
     )
     save_learner(learner, run.path / CHECKPOINT, normalizer=problem.normalizer.to_json(), problem=problem.describe())
     final = records[-1]
-    (run.path / "report.md").write_text(_report(args.learner, problem.name, problem.output_names, final))
-    print(
-        f"{args.learner} on {problem.name} after {final['iteration']} iterations: "
-        f"nMSE {final['nmse_mean']:.4f} ± {final['nmse_std']:.4f}, bound {final['vlb_mean']:.4f} ± {final['vlb_std']:.4f} "
-        f"({final['step_s'] * 1e3:.1f} ms/iteration)"
-    )
-    print(f"checkpoint: {run.path / CHECKPOINT}")
-    return 0
+    (run.path / "report.md").write_text(_report(cfg.learner, problem.name, problem.output_names, final))
+    return run, final
 
 
 def load(run_dir: str | Path, device: str | torch.device | None = None) -> tuple[Learner, Normalizer]:

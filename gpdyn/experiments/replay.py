@@ -27,7 +27,6 @@ folder continues from there, with no repeated work and the same final numbers.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from collections.abc import Callable, Iterator
@@ -40,11 +39,11 @@ from tqdm import tqdm
 
 from gpdyn.data.problems import Problem, load_problem
 from gpdyn.data.streams import IIDStream, OrderedStream
+from gpdyn.device import resolve_device, resolve_dtype
 from gpdyn.errors import InputError
-from gpdyn.experiments.learn import check_device, parse_sizes, resolve_dtype
-from gpdyn.experiments.report import STEP_SIZE_FILE, write_report
+from gpdyn.experiments.report import STEP_SIZE_FILE
 from gpdyn.gp import LEARNERS, Learner, LearnerError, learner_class, learner_options, make_learner
-from gpdyn.gp.online import DTYPES, load_learner, run_online, save_learner
+from gpdyn.gp.online import load_learner, run_online, save_learner
 from gpdyn.runs import RunDir, is_run_dir
 
 CHECKPOINTS = "checkpoints"
@@ -66,12 +65,14 @@ class ReplayConfig:
     eval_rows: int | None = None  # score on a seeded subset of this many test rows (None: all)
     seed: int = 0
     device: str = "cpu"
-    dtype: str = "float64"
+    dtype: str = "float64"  # a key of gpdyn.device.DTYPES
     sizes: dict[str, dict[str, Any]] = field(default_factory=dict)  # learner -> constructor options
     select_lr: list[float] | None = None  # gamma_0 candidates, chosen per learner (SVDGP Section 4)
     select_iterations: int = 100
 
     def validate(self) -> None:
+        resolve_device(self.device)
+        resolve_dtype(self.dtype, self.device)
         unknown = [name for name in self.learners if name not in LEARNERS]
         if unknown or not self.learners:
             raise InputError(f"--learners: unknown {unknown or 'none given'}; choose from {', '.join(LEARNERS)}")
@@ -95,17 +96,6 @@ class ReplayConfig:
             fixed = sorted(name for name, opts in self.sizes.items() if "lr" in opts)
             if fixed:
                 raise InputError(f"--select-lr and --size {fixed[0]}.lr=...: choose the step size one way")
-
-
-def parse_learner_sizes(items: list[str]) -> dict[str, dict[str, Any]]:
-    """``["svdgp.m_alpha=1024", "wiski.grid_size=32"]`` -> ``{"svdgp": {"m_alpha": 1024}, ...}``."""
-    out: dict[str, dict[str, Any]] = {}
-    for item in items:
-        learner, dot, rest = item.partition(".")
-        if not dot or "=" not in rest:
-            raise InputError(f"--size '{item}': expected LEARNER.KEY=VALUE, e.g. svdgp.m_alpha=4096")
-        out.setdefault(learner, {}).update(parse_sizes([rest]))
-    return out
 
 
 class _Phase:
@@ -167,8 +157,7 @@ def replay(
     is called after each saved checkpoint.
     """
     cfg.validate()
-    check_device(cfg.device)
-    dtype = DTYPES[cfg.dtype]
+    dtype = resolve_dtype(cfg.dtype, cfg.device)
     if problem is None:
         problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed)
     x_test, y_test = problem.tensors("test", cfg.device, dtype)
@@ -311,34 +300,6 @@ def open_run(cfg: ReplayConfig, out: Path | None, problem: Problem | None = None
     return RunDir.create("replay", {**asdict(cfg), "outputs": list(problem.output_names)}, out)
 
 
-def config_from_args(args: argparse.Namespace) -> ReplayConfig:
-    return ReplayConfig(
-        store=str(args.store),
-        problem=args.problem,
-        learners=[s.strip() for s in args.learners.split(",") if s.strip()],
-        protocol=args.protocol,
-        iterations=args.iterations,
-        batch_size=args.batch_size,
-        n_delta=args.n_delta,
-        eval_every=args.eval_every,
-        init_iterations=args.init_iterations,
-        eval_rows=args.eval_rows,
-        seed=args.seed,
-        device=args.device,
-        dtype=str(resolve_dtype(args.dtype, args.device)).removeprefix("torch."),
-        sizes=parse_learner_sizes(args.size),
-        select_lr=_parse_floats(args.select_lr, "--select-lr") if args.select_lr else None,
-        select_iterations=args.select_iterations,
-    )
-
-
-def _parse_floats(text: str, flag: str) -> list[float]:
-    try:
-        return [float(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise InputError(f"{flag} '{text}': expected comma-separated numbers, e.g. 0.1,0.01,0.001") from None
-
-
 def print_table(finals: dict[str, dict[str, Any]]) -> None:
     print(f"\n{'learner':<10} {'iter':>6} {'nMSE (mean ± std)':>22} {'bound (mean ± std)':>24} {'s/it':>8}")
     for name, r in finals.items():
@@ -346,17 +307,3 @@ def print_table(finals: dict[str, dict[str, Any]]) -> None:
             f"{name:<10} {r['iteration']:>6} {r['nmse_mean']:>12.4f} ± {r['nmse_std']:<7.4f} "
             f"{r['vlb_mean']:>12.4f} ± {r['vlb_std']:<8.4f} {r['seconds'] / max(r['iteration'], 1):>8.4f}"
         )
-
-
-def cli_replay(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)
-    cfg.validate()
-    problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed)
-    run = open_run(cfg, args.out, problem)
-    print(f"gpdyn replay: run folder {run.path}")
-    finals = replay(cfg, run, problem=problem)
-    report = write_report(run.path)
-    print_table(finals)
-    print(f"\nreport: {report}")
-    return 0
-

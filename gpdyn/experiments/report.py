@@ -13,7 +13,6 @@ Output, in the run folder: ``report.md``, ``curves.csv``, ``final.csv`` and
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 from collections import defaultdict
@@ -179,11 +178,3 @@ def _plot(run_dir: Path, curves: dict[str, list[dict[str, Any]]], metric: str) -
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def cli_report(args: argparse.Namespace) -> int:
-    """``gpdyn report RUN_DIR``: regenerate the report of a replay run."""
-    report = write_report(args.run_dir)
-    print(report.read_text())
-    print(f"gpdyn report: wrote {report}")
-    return 0

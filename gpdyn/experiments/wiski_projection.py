@@ -6,21 +6,21 @@ own protocol (DESIGN.md: minibatches sampled from the training split, observe + 
 for the same number of iterations. Metric: test nMSE per output (MSE over the variance
 of the test targets, in normalised units), mean and std over outputs.
 
-Usage: ``python -m gpdyn.experiments.wiski_projection STORE PROBLEM [--batch 32] [--out DIR]``
+Command line: ``python scripts/wiski_projection.py STORE PROBLEM [--batch 32] [--out DIR]``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from gpdyn.data.problems import load_problem
+from gpdyn.errors import InputError
 from gpdyn.gp import make_learner
 from gpdyn.gp.base import Learner
 from gpdyn.gp.online import evaluate
@@ -53,44 +53,44 @@ def run_svdgp(x: torch.Tensor, y: torch.Tensor, iterations: int, batch: int, see
     return learner
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("store", type=Path)
-    parser.add_argument("problem")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--grid-size", type=int, default=16)
-    parser.add_argument("--svdgp-batch", type=int, default=128)
-    parser.add_argument("--max-train", type=int, default=None, help="use the first N training points")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--learners", default="shared,per-output,svdgp", help="any of shared, per-output, svdgp")
-    parser.add_argument("--out", type=Path, default=None, help="write results.json here")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    problem = load_problem(args.store, args.problem, "iid", args.seed)
-    x, y = problem.tensors("train")
-    if args.max_train:
-        x, y = x[: args.max_train], y[: args.max_train]
-    xt, yt = problem.tensors("test")
-    results = {"store": str(args.store), "problem": args.problem, "n_train": x.shape[0], "n_test": xt.shape[0]}
-    chosen = args.learners.split(",")
+PROJECTIONS = ("shared", "per-output")
+
+
+def compare_projections(
+    store: str | Path,
+    problem: str,
+    *,
+    batch: int = 32,
+    grid_size: int = 16,
+    svdgp_batch: int = 128,
+    max_train: int | None = None,
+    seed: int = 0,
+    learners: tuple[str, ...] = ("shared", "per-output", "svdgp"),
+) -> dict[str, Any]:
+    """Test nMSE (mean, std over outputs) and seconds of each of ``learners`` on ``problem``:
+    WISKI with a shared or a per-output projection, and SVDGP for as many iterations as
+    WISKI has online minibatches. ``max_train`` keeps the first N training points."""
+    unknown = sorted(set(learners) - {*PROJECTIONS, "svdgp"})
+    if unknown:
+        raise InputError(f"--learners: unknown {unknown}; choose from {', '.join((*PROJECTIONS, 'svdgp'))}")
+    loaded = load_problem(store, problem, "iid", seed)
+    x, y = loaded.tensors("train")
+    if max_train:
+        x, y = x[:max_train], y[:max_train]
+    xt, yt = loaded.tensors("test")
+    results: dict[str, Any] = {"store": str(store), "problem": problem, "n_train": x.shape[0], "n_test": xt.shape[0]}
     # SVDGP gets as many iterations as WISKI has online minibatches
-    iterations = -(-(x.shape[0] - max(1, int(0.05 * x.shape[0]))) // args.batch)
-    for projection in [p for p in ("shared", "per-output") if p in chosen]:
+    iterations = -(-(x.shape[0] - max(1, int(0.05 * x.shape[0]))) // batch)
+    for projection in [p for p in PROJECTIONS if p in learners]:
         t0 = time.perf_counter()
-        learner = run_wiski(projection, x, y, args.batch, args.seed, args.grid_size)
-        e = test_nmse(learner, xt, yt)
-        results[f"wiski-{projection}"] = {"nmse_mean": float(e.mean()), "nmse_std": float(e.std()), "seconds": time.perf_counter() - t0}
+        e = test_nmse(run_wiski(projection, x, y, batch, seed, grid_size), xt, yt)
+        results[f"wiski-{projection}"] = {"nmse_mean": float(e.mean()), "nmse_std": float(e.std()),
+                                          "seconds": time.perf_counter() - t0}
         print(projection, results[f"wiski-{projection}"], flush=True)
-    if "svdgp" in chosen:
+    if "svdgp" in learners:
         t0 = time.perf_counter()
-        e = test_nmse(run_svdgp(x, y, iterations, args.svdgp_batch, args.seed), xt, yt)
-        results["svdgp"] = {"nmse_mean": float(e.mean()), "nmse_std": float(e.std()), "seconds": time.perf_counter() - t0, "iterations": iterations}
+        e = test_nmse(run_svdgp(x, y, iterations, svdgp_batch, seed), xt, yt)
+        results["svdgp"] = {"nmse_mean": float(e.mean()), "nmse_std": float(e.std()),
+                            "seconds": time.perf_counter() - t0, "iterations": iterations}
         print("svdgp", results["svdgp"], flush=True)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(json.dumps(results, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return results

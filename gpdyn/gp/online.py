@@ -19,11 +19,10 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from gpdyn.device import DTYPES, dtype_name, sync
 from gpdyn.errors import InputError
 from gpdyn.gp import make_learner
 from gpdyn.gp.base import Learner
-
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def nmse(mean: Tensor, y: Tensor) -> Tensor:
@@ -103,7 +102,7 @@ def run_online(
         metrics = learner.step(xb, yb)
         loss = metrics.get("loss", loss)
         if it % eval_every == 0 or it == iterations:
-            _sync(learner)
+            sync(learner.device)
             now = time.perf_counter()
             record: dict[str, Any] = {
                 "iteration": it,
@@ -121,12 +120,6 @@ def run_online(
     return records
 
 
-def _sync(learner: Learner) -> None:
-    device = getattr(learner, "device", torch.device("cpu"))
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def save_learner(learner: Learner, path: str | Path, **extra: Any) -> Path:
     """Write a checkpoint that :func:`load_learner` restores exactly (``extra`` is kept alongside)."""
     config = getattr(learner, "config", None)
@@ -138,7 +131,7 @@ def save_learner(learner: Learner, path: str | Path, **extra: Any) -> Path:
         {
             "learner": learner.name,
             "config": dict(config),
-            "dtype": str(learner.dtype).removeprefix("torch."),
+            "dtype": dtype_name(learner.dtype),
             "state": learner.state_dict(),
             "extra": extra,
         },

@@ -7,7 +7,6 @@ Nothing is re-simulated: each frame is the stored ``qpos``/``qvel`` put back wit
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 
@@ -75,16 +74,22 @@ class _Offscreen:
 
 
 def render_episode(
-    store: EpisodeStore, index: int, out: str | Path, *, width: int = 480, height: int = 360, every: int = 1
+    store: EpisodeStore, index: int, out: str | Path, *, width: int = 480, height: int = 360, every: int | None = None
 ) -> Path:
-    """Write an MP4 or GIF of episode ``index`` at the store's frame rate (``1/dt / every``)."""
+    """Write an MP4 or GIF of episode ``index`` at the store's frame rate (``1/dt / every``).
+
+    ``every`` defaults to 1 for an MP4 and 4 for a GIF: a GIF at 125 frames/s is huge and
+    most viewers cap the rate.
+    """
     import imageio.v2 as imageio
 
-    from gpdyn.sim.walker import make_env
+    from gpdyn.robots.walker import make_env
 
     out = Path(out)
     if out.suffix.lower() not in VIDEO_SUFFIXES:
         raise InputError(f"{out}: the video file must end in {' or '.join(VIDEO_SUFFIXES)}")
+    if every is None:
+        every = 4 if out.suffix.lower() == ".gif" else 1
     if every < 1:
         raise InputError(f"render: every must be >= 1, got {every}")
     for field in ("qpos", "qvel", "next_qpos", "next_qvel"):
@@ -115,13 +120,3 @@ def render_episode(
         frames.close()
         env.close()
     return out
-
-
-def cli_render(args: argparse.Namespace) -> int:
-    """``gpdyn render``: a video of one stored episode."""
-    store = EpisodeStore.open(args.store)
-    # a GIF at 125 frames/s is huge and most viewers cap the rate: keep every 4th frame
-    every = 4 if Path(args.out).suffix.lower() == ".gif" else 1
-    path = render_episode(store, args.episode, args.out, every=every)
-    print(f"{path}: episode {args.episode} of {args.store} ({store.episode_lengths[args.episode % max(store.n_episodes, 1)]} steps)")
-    return 0

@@ -1,0 +1,318 @@
+"""The jobs of the ``gpdyn`` command that are not a robot's: demo, inspect, learn, replay,
+bench, report, render, doctor. Each ``add_*`` function adds a subcommand's parser with
+its handler; a handler turns the parsed options into the stage's plain call, importing
+the stage only when it runs (torch and MuJoCo take seconds to import).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from gpdyn.cli.common import (
+    LEARNER_NAMES,
+    add_device,
+    add_dtype,
+    add_learner,
+    add_learners,
+    add_out,
+    add_problem,
+    comma_list,
+)
+from gpdyn.errors import InputError
+
+
+def _number_or_text(raw: str) -> Any:
+    """``"4096"`` -> 4096, ``"0.1"`` -> 0.1, ``"none"`` -> None, anything else stays text."""
+    raw = raw.strip()
+    if raw.lower() == "none":
+        return None
+    for cast in (int, float):
+        try:
+            return cast(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def size_option(text: str) -> tuple[str, Any]:
+    """``--size m_alpha=4096`` -> ``("m_alpha", 4096)`` (an argparse ``type``)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"'{text}': expected KEY=VALUE, e.g. m_alpha=4096")
+    return key.strip().replace("-", "_"), _number_or_text(raw)
+
+
+def learner_size_option(text: str) -> tuple[str, str, Any]:
+    """``--size svdgp.m_alpha=4096`` -> ``("svdgp", "m_alpha", 4096)`` (an argparse ``type``)."""
+    learner, dot, rest = text.partition(".")
+    if not dot or "=" not in rest or learner not in LEARNER_NAMES:
+        raise argparse.ArgumentTypeError(f"'{text}': expected LEARNER.KEY=VALUE, e.g. svdgp.m_alpha=4096")
+    return (learner, *size_option(rest))
+
+
+def float_list(text: str) -> list[float]:
+    """``"0.1,0.01"`` -> ``[0.1, 0.01]`` (an argparse ``type``)."""
+    try:
+        return [float(s) for s in comma_list(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}': expected comma-separated numbers, e.g. 0.1,0.01,0.001") from None
+
+
+def _add_protocol(p: argparse.ArgumentParser) -> None:
+    """The options of SVDGP Algorithm 1 that learn and replay share."""
+    p.add_argument("--iterations", type=int, default=2000, help="iterations T (default 2000)")
+    p.add_argument("--batch-size", type=int, default=1024, help="minibatch N_m (default 1024)")
+    p.add_argument("--n-delta", type=int, default=128, help="basis functions added per iteration (default 128)")
+    p.add_argument("--eval-every", type=int, default=100, help="iterations between held-out evaluations (default 100)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+# --- demo --------------------------------------------------------------------------
+
+
+def add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="the main job: the whole pipeline on a small default")
+    add_out(p)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(handler=run_demo)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from gpdyn.experiments.demo import demo
+
+    demo(args.out, args.seed)
+    return 0
+
+
+# --- inspect -----------------------------------------------------------------------
+
+
+def add_inspect(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("inspect", help="summary of a store or a run folder")
+    p.add_argument("path", type=Path)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(handler=run_inspect)
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    """Summarise an episode store or a run folder."""
+    from gpdyn.data.store import EpisodeStore, is_store
+    from gpdyn.runs import RunDir, is_run_dir
+
+    path: Path = args.path
+    if not path.exists():
+        raise InputError(f"{path}: no such file or folder")
+    if is_run_dir(path):
+        summary = RunDir(path).summary()
+    elif is_store(path):
+        summary = EpisodeStore.open(path).summary()
+    else:
+        raise InputError(f"{path}: neither an episode store (zarr.json + data/) nor a run folder (config.json)")
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        _print_tree(summary)
+    return 0
+
+
+def _print_tree(d: dict, indent: int = 0) -> None:
+    for key, value in d.items():
+        if isinstance(value, dict) and value:
+            print(" " * indent + f"{key}:")
+            _print_tree(value, indent + 2)
+        else:
+            print(" " * indent + f"{key}: {value}")
+
+
+# --- learn, replay -----------------------------------------------------------------
+
+
+def add_learn(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("learn", help="the online learning protocol of one learner on a problem (SVDGP Algorithm 1)")
+    p.add_argument("--store", type=Path, required=True, help="episode store (zarr) the problem is built from")
+    add_problem(p)
+    add_learner(p)
+    _add_protocol(p)
+    p.add_argument("--size", type=size_option, action="append", default=[], metavar="KEY=VALUE",
+                   help="learner option, e.g. m_alpha=4096 (repeatable)")
+    add_dtype(p)
+    add_device(p)
+    add_out(p)
+    p.set_defaults(handler=run_learn)
+
+
+def run_learn(args: argparse.Namespace) -> int:
+    from gpdyn.experiments.learn import CHECKPOINT, LearnConfig, learn
+
+    cfg = LearnConfig(
+        store=str(args.store), problem=args.problem, learner=args.learner, iterations=args.iterations,
+        batch_size=args.batch_size, n_delta=args.n_delta, eval_every=args.eval_every, seed=args.seed,
+        device=args.device, dtype=args.dtype, sizes=dict(args.size),
+    )
+    run, final = learn(cfg, args.out)
+    print(
+        f"{cfg.learner} on {cfg.problem} after {final['iteration']} iterations: "
+        f"nMSE {final['nmse_mean']:.4f} ± {final['nmse_std']:.4f}, bound {final['vlb_mean']:.4f} ± {final['vlb_std']:.4f} "
+        f"({final['step_s'] * 1e3:.1f} ms/iteration)"
+    )
+    print(f"checkpoint: {run.path / CHECKPOINT}")
+    return 0
+
+
+def add_replay(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("replay", help="several learners on one dataset, side by side (SVDGP Table 2)")
+    p.add_argument("--store", type=Path, required=True, help="episode store (zarr) the problem is built from")
+    add_problem(p)
+    add_learners(p)
+    p.add_argument("--protocol", choices=("iid", "ordered"), default="iid",
+                   help="iid minibatches (SVDGP), or init on the offline part then stream in order (ILGR)")
+    _add_protocol(p)
+    p.add_argument("--init-iterations", type=int, default=200, help="ordered protocol: iterations on the offline part")
+    p.add_argument("--eval-rows", type=int, default=None,
+                   help="score on a seeded subset of this many held-out rows (default: all of them)")
+    p.add_argument("--size", type=learner_size_option, action="append", default=[], metavar="LEARNER.KEY=VALUE",
+                   help="learner option, e.g. svdgp.m_alpha=4096 (repeatable)")
+    p.add_argument("--select-lr", type=float_list, default=None, metavar="G1,G2,...",
+                   help="choose each learner's step size gamma_0 from these by its objective after "
+                        "--select-iterations iterations, as SVDGP Section 4 (e.g. 0.1,0.01,0.001)")
+    p.add_argument("--select-iterations", type=int, default=100)
+    add_dtype(p)
+    add_device(p)
+    add_out(p)
+    p.set_defaults(handler=run_replay)
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    from gpdyn.data.problems import load_problem
+    from gpdyn.device import dtype_name, resolve_dtype
+    from gpdyn.experiments.replay import ReplayConfig, open_run, print_table, replay
+    from gpdyn.experiments.report import write_report
+
+    sizes: dict[str, dict[str, Any]] = {}
+    for learner, key, value in args.size:
+        sizes.setdefault(learner, {})[key] = value
+    cfg = ReplayConfig(
+        store=str(args.store), problem=args.problem, learners=args.learners, protocol=args.protocol,
+        iterations=args.iterations, batch_size=args.batch_size, n_delta=args.n_delta, eval_every=args.eval_every,
+        init_iterations=args.init_iterations, eval_rows=args.eval_rows, seed=args.seed, device=args.device,
+        # the config records the dtype the run used: a resumed run must use it again
+        dtype=dtype_name(resolve_dtype(args.dtype, args.device)), sizes=sizes, select_lr=args.select_lr,
+        select_iterations=args.select_iterations,
+    )
+    cfg.validate()
+    problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed)
+    run = open_run(cfg, args.out, problem)
+    print(f"gpdyn replay: run folder {run.path}")
+    finals = replay(cfg, run, problem=problem)
+    report = write_report(run.path)
+    print_table(finals)
+    print(f"\nreport: {report}")
+    return 0
+
+
+# --- bench -------------------------------------------------------------------------
+
+
+def add_bench(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser("bench", help="benchmarks that print ratios measured in one run").add_subparsers(
+        dest="target", metavar="TARGET", required=True
+    )
+    p = bench.add_parser("learners", help="time and memory per step of the learners at the papers' sizes")
+    p.add_argument("--repeats", type=int, default=3, help="timed steps per configuration (default 3)")
+    p.add_argument("--only", type=comma_list, default=None, metavar="A,B,...",
+                   help="configuration names to run (default all)")
+    add_dtype(p)
+    add_device(p)
+    add_out(p)
+    p.set_defaults(handler=run_bench_learners)
+
+    p = bench.add_parser("wiski", help="WISKI update cost against n, beside the exact GP")
+    add_device(p)
+    add_out(p)
+    p.set_defaults(handler=run_bench_wiski)
+
+    p = bench.add_parser("mpc", help="MPC control steps per second with learned models")
+    p.add_argument("--samples", type=int, default=1000, help="K sampled sequences (default 1000)")
+    p.add_argument("--horizon", type=int, default=30, help="H steps (default 30)")
+    p.add_argument("--repeats", type=int, default=1, help="timed control steps per model after a warm-up")
+    p.add_argument("--models", default="svdgp,wiski", help="comma-separated: svdgp (M_alpha 128^2), wiski")
+    add_device(p)
+    add_out(p)
+    p.set_defaults(handler="gpdyn.experiments.bench_mpc:cli_bench")
+
+
+def run_bench_learners(args: argparse.Namespace) -> int:
+    from gpdyn.experiments.bench_learners import bench_learners
+
+    bench_learners(args.device, args.dtype, args.repeats, args.only, args.out)
+    return 0
+
+
+def run_bench_wiski(args: argparse.Namespace) -> int:
+    """Exit 1 when WISKI's update cost grows with n past the limit."""
+    from gpdyn.experiments.bench_wiski import MAX_RATIO, run_benchmark
+
+    _, worst = run_benchmark(args.device, args.out)
+    ok = worst <= MAX_RATIO
+    print(f"largest/smallest n ratio: {worst:.3f} ({'ok' if ok else 'FAIL'}: must be <= {MAX_RATIO})")
+    return 0 if ok else 1
+
+
+# --- report, render, doctor --------------------------------------------------------
+
+
+def add_report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="tables and plots of a finished replay run")
+    p.add_argument("run_dir", type=Path)
+    p.set_defaults(handler=run_report)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from gpdyn.experiments.report import write_report
+
+    report = write_report(args.run_dir)
+    print(report.read_text())
+    print(f"gpdyn report: wrote {report}")
+    return 0
+
+
+def add_render(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("render", help="video of a stored Walker2d episode, replayed from its states")
+    p.add_argument("--store", type=Path, required=True, help="Walker2d episode store (zarr)")
+    p.add_argument("--episode", type=int, required=True, help="episode index (negative counts from the end)")
+    p.add_argument("--out", type=Path, required=True, help="output .mp4 or .gif (a GIF keeps every 4th frame)")
+    p.set_defaults(handler=run_render)
+
+
+def run_render(args: argparse.Namespace) -> int:
+    from gpdyn.data.store import EpisodeStore
+    from gpdyn.sim.render import render_episode
+
+    store = EpisodeStore.open(args.store)
+    path = render_episode(store, args.episode, args.out)
+    steps = store.episode_lengths[args.episode % max(store.n_episodes, 1)]
+    print(f"{path}: episode {args.episode} of {args.store} ({steps} steps)")
+    return 0
+
+
+def add_doctor(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("doctor", help="versions, devices, threads")
+    p.set_defaults(handler=run_doctor)
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    """Exit 1 when the Walker2d smoke check fails."""
+    from gpdyn.doctor import report
+
+    info = report()
+    width = max(len(k) for k in info)
+    for key, value in info.items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k} {v}" for k, v in value.items())
+        elif isinstance(value, list):
+            value = "; ".join(value)
+        print(f"{key:<{width}}  {value}")
+    return 1 if str(info["Walker2d-v5"]).startswith("FAILED") else 0
