@@ -14,7 +14,6 @@ WALKER_FIELDS = {
     "action": FieldSpec(numbered_columns("a", 6), "float32", "1"),
     "done": FieldSpec(("terminated",), "bool", ""),
 }
-KUKA_FIELDS = {name: FieldSpec(numbered_columns(name, 7), "float64", "") for name in ("q", "qd", "qdd", "tau")}
 
 
 def random_walker_episode(rng: np.random.Generator, length: int) -> dict[str, np.ndarray]:
@@ -35,13 +34,16 @@ def make_walker_store(path: Path, lengths: list[int], seed: int = 0) -> EpisodeS
     return store
 
 
-def make_kuka_store(path: Path, offline: list[int], online: list[int], seed: int = 0) -> EpisodeStore:
+def make_kuka_store(
+    path: Path, offline: list[int], online: list[int], seed: int = 0, n_joints: int = 7, widths: dict[str, int] | None = None
+) -> EpisodeStore:
+    """An arm store of ``n_joints`` joints (``widths`` overrides a field's width, to make a broken one)."""
     rng = np.random.default_rng(seed)
+    width = {name: n_joints for name in ("q", "qd", "qdd", "tau")} | (widths or {})
+    fields = {name: FieldSpec(numbered_columns(name, w), "float64", "") for name, w in width.items()}
     store = EpisodeStore.create(
-        path, KUKA_FIELDS, source="test", env_id="kuka", dt=0.01, seed=seed, episode_keys={"online": "int8"}
+        path, fields, source="test", env_id="kuka", dt=0.01, seed=seed, episode_keys={"online": "int8"}
     )
-    episodes = [{k: rng.normal(size=(n, 7)) for k in KUKA_FIELDS} for n in offline + online]
+    episodes = [{k: rng.normal(size=(n, w)) for k, w in width.items()} for n in offline + online]
     store.append_episodes(episodes, [{"online": 0}] * len(offline) + [{"online": 1}] * len(online))
     return store
-
-

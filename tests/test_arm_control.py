@@ -9,7 +9,7 @@ import pytest
 from synthetic import make_kuka_store
 
 from gpdyn.errors import InputError
-from gpdyn.experiments.control_arm import KukaRunConfig, run_kuka
+from gpdyn.experiments.control_arm import ArmRunConfig, run_arm
 from gpdyn.runs import RunDir
 
 
@@ -19,25 +19,28 @@ def _records(run: RunDir, kind: str) -> list[dict]:
 
 def test_kuka_tracking_runs_and_reports_rmse(tmp_path: Path) -> None:
     store = make_kuka_store(tmp_path / "kuka.zarr", offline=[60], online=[40, 40]).path
-    cfg = KukaRunConfig(learner="svdgp", steps=6, change_at=3, pretrain_iterations=3, pretrain_batch=32, progress=False)
+    cfg = ArmRunConfig(learner="svdgp", steps=6, change_at=3, pretrain_iterations=3, pretrain_batch=32, progress=False)
     run = RunDir.create("t", {}, out=tmp_path / "run")
-    result = run_kuka(run, cfg, store)
+    result = run_arm(run, cfg, store)
     assert set(result["rmse"]) == {"pd", "true", "frozen", "online"}
     for phases in result["rmse"].values():
         assert set(phases) == {"before", "after"} and all(len(v) == 7 for v in phases.values())
     # payload after the change, none before
-    payloads = [s["payload"] for s in _records(run, "step") if s["controller"] == "pd"]
-    assert payloads == [0.0] * 3 + [3.0] * 3
+    changed = [s["changed"] for s in _records(run, "step") if s["controller"] == "pd"]
+    assert changed == [False] * 3 + [True] * 3
+    episodes = _records(run, "episode")
+    assert [e["controller"] for e in episodes] == ["pd", "true", "frozen", "online"]
+    assert all(e["change"] == "+3 kg" and e["length"] == 6 for e in episodes)
     report = (run.path / "report.md").read_text()
     assert "| true | after |" in report and (run.path / "kuka_tracking.png").exists()
 
 
 def test_kuka_pd_gains_keep_the_sampled_loop_stable() -> None:
     """Gains on the diagonal of M made the 100 Hz loop unstable (the old 0.05 rad 'true model' error)."""
-    from gpdyn.robots.arm_env import KukaIiwaEnv
-    from gpdyn.experiments.control_arm import inertia_matrix, pd_gains, sampled_loop_radius
+    from gpdyn.robots.arm import inertia_matrix, pd_gains, sampled_loop_radius
+    from gpdyn.robots.arm_env import ArmEnv
 
-    env = KukaIiwaEnv(family="kuka1", pattern_seed=0)
+    env = ArmEnv(family="kuka1", pattern_seed=0)
     poses = env.pattern.evaluate(np.arange(0.0, 4.0, 0.05), 1.0)[0]
     kp, kd = pd_gains(env.model, poses, 20.0)
     assert sampled_loop_radius(env.model, poses, kp, kd, 0.01) < 1.0
@@ -50,8 +53,8 @@ def test_kuka_pd_gains_keep_the_sampled_loop_stable() -> None:
 
 def test_kuka_true_model_tracks_to_a_millirad(tmp_path: Path) -> None:
     """Past t = 1.1 s, where the unstable gains used to chatter against the torque limits."""
-    cfg = KukaRunConfig(steps=160, change_at=80, controllers=("pd", "true"), progress=False)
-    result = run_kuka(RunDir.create("t", {}, out=tmp_path / "run"), cfg)
+    cfg = ArmRunConfig(steps=160, change_at=80, controllers=("pd", "true"), progress=False)
+    result = run_arm(RunDir.create("t", {}, out=tmp_path / "run"), cfg)
     true = result["rmse"]["true"]
     assert max(true["before"]) < 5e-3 and max(true["after"]) < 1e-3
     assert np.mean(result["rmse"]["pd"]["after"]) > 10 * np.mean(true["after"])

@@ -74,7 +74,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--video", type=Path, default=None, help="also write an MP4 of the first episode")
     add_out(p)
-    p.set_defaults(handler=collect_walker)
+    p.set_defaults(handler="gpdyn.cli.collect:collect_walker")
 
     for robot, text in (("kuka", "simulated KUKA iiwa inverse-dynamics stream"),
                         ("arm", "inverse-dynamics stream of any arm given as an MJCF file")):
@@ -98,7 +98,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         if robot == "kuka":
             add_arm_options(p, robot)
         add_out(p)
-        p.set_defaults(handler=collect_arm)
+        p.set_defaults(handler="gpdyn.cli.collect:collect_arm")
 
     imp = sub.add_parser("import", help="import a real dataset into a store").add_subparsers(
         dest="format", metavar="FORMAT", required=True
@@ -107,12 +107,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("files", nargs="+", type=Path)
     p.add_argument("--store", type=Path, required=True)
     add_out(p)
-    p.set_defaults(handler=import_files)
+    p.set_defaults(handler="gpdyn.cli.collect:import_files")
     p = imp.add_parser("sarcos", help="SARCOS .mat files (sarcos_inv.mat)")
     p.add_argument("files", nargs="+", type=Path)
     p.add_argument("--store", type=Path, required=True)
     add_out(p)
-    p.set_defaults(handler=import_files)
+    p.set_defaults(handler="gpdyn.cli.collect:import_files")
 
 
 # ---------------------------------------------------------------------------- handlers
@@ -120,7 +120,7 @@ def collect_walker(args: argparse.Namespace) -> int:
     """``gpdyn collect walker``: fill a store, print a summary, optionally render a video."""
     from gpdyn.data.store import EpisodeStore
     from gpdyn.errors import InputError
-    from gpdyn.runs import run_for_args
+    from gpdyn.cli.common import run_for_args
     from gpdyn.sim.walker import collect_walker as collect
 
     result = collect(args.store, args.episodes, policies=args.policy, mix=args.mix, noise=args.noise, envs=args.envs,
@@ -145,7 +145,7 @@ def collect_walker(args: argparse.Namespace) -> int:
 
 def collect_arm(args: argparse.Namespace) -> int:
     """``gpdyn collect kuka|arm``: collect, then print time and torque ranges beside the limits."""
-    from gpdyn.runs import run_for_args
+    from gpdyn.cli.common import run_for_args
     from gpdyn.sim.arm import SensorConfig, collect_arm as collect, torque_ranges
 
     arm = arm_from_args(args)
@@ -170,7 +170,7 @@ def collect_arm(args: argparse.Namespace) -> int:
 def import_files(args: argparse.Namespace) -> int:
     """``gpdyn import kuka-ilgr|sarcos FILE... --store PATH``."""
     from gpdyn.data.importers import import_kuka_ilgr, import_sarcos
-    from gpdyn.runs import run_for_args
+    from gpdyn.cli.common import run_for_args
 
     importers = {"kuka-ilgr": import_kuka_ilgr, "sarcos": import_sarcos}
     store = importers[args.format](args.files, args.store)

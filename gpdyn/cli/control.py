@@ -86,10 +86,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--video", action="store_true", default=None, help="MP4 of the online episode on the changed plant")
     p.set_defaults(handler="gpdyn.cli.control:cli_control")
 
-    p = robots.add_parser("kuka", help="KUKA iiwa: computed-torque tracking with learned inverse dynamics")
-    add_common(p)
-    p.add_argument("--payload", type=float, default=None, help="payload in kg added at --change-at (default 3)")
-    p.set_defaults(handler="gpdyn.cli.control:cli_control_kuka")
+    from gpdyn.cli import control_arm
+
+    control_arm.add_parsers(robots, add_common)
 
 
 # the walker options copied onto WalkerRunConfig when given
@@ -128,25 +127,4 @@ def cli_control(args: argparse.Namespace) -> int:
     print(f"gpdyn control walker: run folder {run.path}")
     result = run_walker(run, cfg, args.store)
     print(f"gpdyn control walker: report {result['report']}")
-    return 0
-
-
-def cli_control_kuka(args: argparse.Namespace) -> int:
-    """``gpdyn control kuka``: computed-torque tracking (until the arm commands have their own module)."""
-    from dataclasses import asdict
-
-    from gpdyn.device import resolve_device
-    from gpdyn.experiments.control_arm import KukaRunConfig, run_kuka
-    from gpdyn.runs import RunDir
-
-    resolve_device(args.device)
-    kcfg = KukaRunConfig(learner=args.learner, seed=args.seed, device=args.device)
-    copy_options(kcfg, args, ("steps", "change_at", "payload", "controllers", "scale", "adapt", "dtype", "pretrain_iterations"))
-    if args.steps is not None and args.change_at is None:
-        kcfg.change_at = kcfg.steps // 2
-    kcfg.validate()
-    run = RunDir.create("control-kuka", {"robot": "kuka", **asdict(kcfg)}, out=args.out)
-    print(f"gpdyn control kuka: run folder {run.path}")
-    result = run_kuka(run, kcfg, args.store)
-    print(f"gpdyn control kuka: report {result['report']}")
     return 0

@@ -1,66 +1,79 @@
-"""Computed-torque tracking of the KUKA iiwa with learned inverse dynamics (``gpdyn control kuka``).
+"""Computed-torque tracking of any arm with learned inverse dynamics (``gpdyn control kuka|arm``).
 
-Control law at 100 Hz (feed-forward plus PD, as in learned inverse-dynamics control,
-Nguyen-Tuong & Peters 2011)::
+For every controller of :data:`ARM_CONTROLLERS` one episode of
+:func:`gpdyn.control.loop.run_episode` on the arm's :class:`~gpdyn.robots.arm_env.ArmEnv`,
+with a :class:`~gpdyn.control.computed_torque.ComputedTorqueController` whose
+feed-forward is nothing (``pd``), the plant's own inverse dynamics (``true``), the
+pretrained learner (``frozen``) or the same learner updated online (``online``: a
+:class:`~gpdyn.gp.residual.ResidualGP` on the frozen one, or the learner's own steps).
 
-    tau = f(q_ref, qd_ref, qdd_ref) + Kp (q_ref - q) + Kd (qd_ref - qd)
+The learner comes from a ``gpdyn learn`` run folder on the ``arm``/``kuka`` problem
+(``from_run``), or is pretrained here on the offline part of a store (``--store``, or a
+small collection of the same arm when none is given).
 
-with ``f`` one of: nothing (``pd``), MuJoCo's inverse dynamics of the actual plant
-(``true``, payload included), the pretrained learner (``frozen``), or the same learner
-updated online (``online``) from the measured torques: after each step the applied
-torque is the target for the state at the middle of the step and the finite-difference
-acceleration, ``x = [(q + q')/2, (qd + qd')/2, (qd' - qd)/dt]``, ``y = tau``. The torque is
-held for the whole 10 ms step, so ``f`` is evaluated at the reference of the middle of
-the step (``t + dt/2``), the same point its training pairs describe.
+PD gains (:func:`gpdyn.robots.arm.pd_gains`): critically damped per joint on the
+*effective* inertia, its minimum over the reference poses of the run. Gains built on the
+diagonal of M made the sampled 100 Hz loop of the iiwa unstable (spectral radius up to
+1.78, :func:`gpdyn.robots.arm.sampled_loop_radius`): it chattered at the Nyquist rate
+against the torque limits, which was a 0.04-0.05 rad "true model" error on joints 2 and 4.
 
-PD gains (:func:`pd_gains`): critically damped per joint, ``Kp = w^2 m_j``, ``Kd = 2 w m_j``,
-on the *effective* inertia ``m_j = 1 / (M^-1)_jj`` (the inertia joint j feels with the
-other joints free), its minimum over the reference poses. The diagonal ``M_jj`` is what
-a joint feels with the others locked; it is up to 2.4x larger on the iiwa's coupled
-joints 2 and 4, and gains built on it made the sampled 100 Hz loop unstable (spectral
-radius up to 1.78, :func:`sampled_loop_radius`): the arm chattered at the Nyquist rate
-against the torque limits from about t = 1.1 s, which was the 0.04-0.05 rad "true model"
-error on joints 2 and 4.
-
-A payload is added at the flange at step ``change_at``. Tracking RMSE per joint is
-reported before and after the change for each controller.
+A payload is added at the arm's payload body at step ``change_at`` (none when
+``payload`` is 0). Tracking RMSE per joint is reported before and after the change for
+each controller.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import mujoco
 import numpy as np
 import torch
-from tqdm import tqdm
 
+from gpdyn.control.computed_torque import ComputedTorqueController
+from gpdyn.control.dynamics import LearnedModel
+from gpdyn.control.loop import run_episode
+from gpdyn.device import DTYPES, resolve_dtype
+from gpdyn.errors import InputError
 from gpdyn.gp.residual import ResidualGP
 from gpdyn.gp.training import OnlineUpdater, build_learner, pretrain_learner
-from gpdyn.errors import InputError
-from gpdyn.gp import Learner
-from gpdyn.gp.online import DTYPES
+from gpdyn.robots.arm import ArmModel, pd_gains
 from gpdyn.runs import RunDir
 
-KUKA_CONTROLLERS = ("pd", "true", "frozen", "online")
+ARM_CONTROLLERS = ("pd", "true", "frozen", "online")
+FEEDFORWARD = {"pd": "none", "true": "true", "frozen": "learned", "online": "learned"}
 ADAPT = ("residual", "steps")
-N_JOINTS = 7
+PROBLEM = "arm"  # the inverse-dynamics problem of any arm store, [q, qd, qdd] -> tau
 
 
 @dataclass
-class KukaRunConfig:
-    """Settings of a KUKA tracking run; defaults run in about a minute on 2 cores."""
+class ArmRunConfig:
+    """Settings of an arm tracking run; defaults (the iiwa) run in about a minute on 2 cores.
 
+    The arm: ``model`` (an MJCF file; None: the shipped iiwa 14) with the
+    :class:`~gpdyn.robots.arm.ArmModel` options ``velocity_limits``, ``payload_body`` and
+    the joint terms ``damping``, ``armature``, ``friction`` (None: the file's values).
+    """
+
+    robot: str = "kuka"  # the name runs and logs carry: "kuka" or "arm"
+    model: str | None = None
+    velocity_limits: tuple[float, ...] | None = None
+    payload_body: str | None = None
+    damping: tuple[float, ...] | None = None
+    armature: tuple[float, ...] | None = None
+    friction: tuple[float, ...] | None = None
     learner: str = "svdgp"
+    from_run: str | None = None  # a `gpdyn learn` run folder: its learner is the model, not pretrained here
     scale: str = "small"
-    steps: int = 400  # control steps at 100 Hz
+    steps: int = 400  # control steps
     change_at: int = 200
-    payload: float = 3.0  # kg at the flange from step change_at
+    payload: float = 3.0  # kg at the payload body from step change_at
     family: str = "kuka1"
     speed: float = 1.0
+    rate_hz: float = 100.0  # control rate; a whole number of the model's simulation steps
     offline: int = 3000  # samples collected to pretrain on when no store is given
     pretrain_iterations: int = 100
     pretrain_batch: int = 128
@@ -68,199 +81,162 @@ class KukaRunConfig:
     updates: int = 1
     adapt: str = "residual"  # online model: "residual" (ResidualGP on the frozen one) or "steps" (the learner's own steps)
     window: int = 400  # ResidualGP: most recent samples it conditions on
-    qdd_lengthscale: float = 10.0  # ResidualGP: factor on the median-trick lengthscales of the 7 accelerations
+    qdd_lengthscale: float = 10.0  # ResidualGP: factor on the median-trick lengthscales of the accelerations
     omega: float = 20.0  # PD bandwidth, rad/s
-    controllers: tuple[str, ...] = KUKA_CONTROLLERS
+    controllers: tuple[str, ...] = ARM_CONTROLLERS
     seed: int = 0
     device: str = "cpu"
-    dtype: str = "float64"
+    dtype: str | None = None  # None: the device's default (gpdyn.device.resolve_dtype)
     progress: bool = True
 
     @property
     def dt(self) -> float:
-        return 0.01  # KukaIiwaEnv: frame_skip 10 x 1 ms
+        return 1.0 / self.rate_hz
+
+    def arm(self) -> ArmModel:
+        """The arm this run controls."""
+        terms = {"damping": self.damping, "armature": self.armature, "friction": self.friction}
+        if self.model is None:
+            from gpdyn.robots.kuka import kuka_arm
+
+            return kuka_arm(**terms)
+        return ArmModel(self.model, velocity_limits=self.velocity_limits, payload_body=self.payload_body, **terms)
 
     def validate(self) -> None:
         """Raise InputError naming the first bad option."""
+        where = f"control {self.robot}"
         if self.steps < 2 or not 0 <= self.change_at < self.steps:
-            raise InputError(f"control kuka: need steps >= 2 and 0 <= change_at < steps, got {self.steps}, {self.change_at}")
+            raise InputError(f"{where}: need steps >= 2 and 0 <= change_at < steps, got {self.steps}, {self.change_at}")
         if not np.isfinite(self.payload) or self.payload < 0:
-            raise InputError(f"control kuka: --payload must be a finite mass >= 0 kg, got {self.payload}")
+            raise InputError(f"{where}: --payload must be a finite mass >= 0 kg, got {self.payload}")
         if not self.omega > 0:
-            raise InputError(f"control kuka: omega must be > 0, got {self.omega}")
-        bad = [c for c in self.controllers if c not in KUKA_CONTROLLERS]
+            raise InputError(f"{where}: omega must be > 0, got {self.omega}")
+        bad = [c for c in self.controllers if c not in ARM_CONTROLLERS]
         if bad or not self.controllers:
-            raise InputError(f"control kuka: controllers {bad or '(none)'} not in {', '.join(KUKA_CONTROLLERS)}")
+            raise InputError(f"{where}: controllers {bad or '(none)'} not in {', '.join(ARM_CONTROLLERS)}")
         if self.adapt not in ADAPT:
-            raise InputError(f"control kuka: adapt must be one of {', '.join(ADAPT)}, got '{self.adapt}'")
+            raise InputError(f"{where}: adapt must be one of {', '.join(ADAPT)}, got '{self.adapt}'")
         if self.window < 4 or self.updates < 0 or not self.qdd_lengthscale > 0:
-            raise InputError(f"control kuka: need window >= 4, updates >= 0 and qdd_lengthscale > 0, got "
+            raise InputError(f"{where}: need window >= 4, updates >= 0 and qdd_lengthscale > 0, got "
                              f"{self.window}, {self.updates}, {self.qdd_lengthscale}")
-        if self.dtype not in DTYPES:
-            raise InputError(f"control kuka: dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise InputError(f"{where}: dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
+        if self.from_run is not None and not (Path(self.from_run) / "config.json").is_file():
+            raise InputError(f"{where}: --from-run {self.from_run} is not a run folder of `gpdyn learn`")
 
 
-class LearnedInverseDynamics:
-    """Torques ``[7]`` from a ``kuka`` learner (inputs [q, qd, qdd] normalised by the problem)."""
-
-    def __init__(self, learner: Learner, normalizer: Any) -> None:
-        if learner.input_dim != 3 * N_JOINTS or learner.output_dim != N_JOINTS:
-            raise InputError(f"LearnedInverseDynamics: learner maps {learner.input_dim} -> {learner.output_dim}, kuka needs 21 -> 7")
-        self.learner, self.normalizer = learner, normalizer
-
-    def _x(self, q: np.ndarray, qd: np.ndarray, qdd: np.ndarray) -> torch.Tensor:
-        x = torch.as_tensor(np.concatenate([q, qd, qdd])[None], device=self.learner.device, dtype=self.learner.dtype)
-        return self.normalizer.normalize_x(x)
-
-    def __call__(self, q: np.ndarray, qd: np.ndarray, qdd: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            mean, _ = self.learner.predict(self._x(q, qd, qdd))
-        return self.normalizer.denormalize_y(mean)[0].cpu().numpy().astype(np.float64)
-
-    def training_pair(self, q: np.ndarray, qd: np.ndarray, qdd: np.ndarray, tau: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        y = torch.as_tensor(tau[None], device=self.learner.device, dtype=self.learner.dtype)
-        return self._x(q, qd, qdd), self.normalizer.normalize_y(y)
-
-
-def inertia_matrix(model: mujoco.MjModel, q: np.ndarray, data: mujoco.MjData | None = None) -> np.ndarray:
-    """Joint-space inertia ``M(q)`` [nv, nv] (armature included)."""
-    data = data if data is not None else mujoco.MjData(model)
-    data.qpos[:] = q
-    mujoco.mj_forward(model, data)
-    full = np.zeros((model.nv, model.nv))
-    mujoco.mj_fullM(model, data, full)
-    return full
-
-
-def _poses(model: mujoco.MjModel, poses: np.ndarray) -> np.ndarray:
-    poses = np.atleast_2d(np.asarray(poses, dtype=np.float64))
-    if poses.shape[-1] != model.nq or poses.shape[0] < 1 or not np.isfinite(poses).all():
-        raise InputError(f"pd gains: poses must be finite [N, {model.nq}] joint positions, got shape {poses.shape}")
-    return poses
-
-
-def pd_gains(model: mujoco.MjModel, poses: np.ndarray, omega: float) -> tuple[np.ndarray, np.ndarray]:
-    """Critically damped gains ``(Kp, Kd)`` [nv] on the smallest effective inertia over ``poses`` [N, nq]."""
-    if not omega > 0:
-        raise InputError(f"pd gains: omega must be > 0 rad/s, got {omega}")
-    data = mujoco.MjData(model)
-    eff = np.min([1.0 / np.diag(np.linalg.inv(inertia_matrix(model, q, data))) for q in _poses(model, poses)], axis=0)
-    return omega**2 * eff, 2.0 * omega * eff
-
-
-def sampled_loop_radius(model: mujoco.MjModel, poses: np.ndarray, kp: np.ndarray, kd: np.ndarray, dt: float) -> float:
-    """Largest spectral radius over ``poses`` of the linearised PD loop sampled at ``dt`` (< 1: stable).
-
-    Error dynamics ``M e'' = -Kp e - Kd e'`` with the torque held for ``dt`` and the
-    semi-implicit Euler update ``v+ = v + dt a``, ``e+ = e + dt v+``.
-    """
-    data = mujoco.MjData(model)
-    eye = np.eye(model.nv)
-    worst = 0.0
-    for q in _poses(model, poses):
-        mi = np.linalg.inv(inertia_matrix(model, q, data))
-        a_p, a_d = dt * mi @ np.diag(kp), dt * mi @ np.diag(kd)
-        vel = np.hstack([-a_p, eye - a_d])
-        pos = np.hstack([eye, dt * eye]) + dt * vel
-        worst = max(worst, float(np.abs(np.linalg.eigvals(np.vstack([pos, vel]))).max()))
-    return worst
-
-
-def _kuka_problem(run: RunDir, cfg: KukaRunConfig, store: str | Path | None):
+def _problem(run: RunDir, cfg: ArmRunConfig, arm: ArmModel, store: str | Path | None):
+    """The ``arm`` problem of ``store`` (collected into the run folder when None), checked against the arm."""
     from gpdyn.data.problems import load_problem
-    from gpdyn.sim.kuka import collect_kuka
+    from gpdyn.sim.arm import collect_arm
 
     if store is None:
-        store = run.path / "kuka.zarr"
-        collect_kuka(store, offline=cfg.offline, online=max(100, cfg.offline // 10), family=cfg.family, seed=cfg.seed,
-                     progress=cfg.progress)
+        store = run.path / f"{cfg.robot}.zarr"
+        collect_arm(store, offline=cfg.offline, online=max(100, cfg.offline // 10), family=cfg.family, seed=cfg.seed,
+                    arm=arm, rate_hz=cfg.rate_hz, progress=cfg.progress)
     elif not Path(store).exists():
-        raise InputError(f"control kuka: --store {store} does not exist")
-    return load_problem(store, "kuka", protocol="ordered", seed=cfg.seed)
+        raise InputError(f"control {cfg.robot}: --store {store} does not exist")
+    problem = load_problem(store, PROBLEM, protocol="ordered", seed=cfg.seed)
+    if problem.output_dim != arm.n:
+        raise InputError(f"control {cfg.robot}: {store} holds a {problem.output_dim}-joint arm, "
+                         f"{arm.path.name} has {arm.n} joints")
+    return problem
 
 
-def run_kuka(run: RunDir, cfg: KukaRunConfig, store: str | Path | None = None) -> dict[str, Any]:
-    """Pretrain, track with every controller (payload added mid-run), write the report."""
-    from gpdyn.robots.arm_env import KukaIiwaEnv
-    from gpdyn.experiments.control_report import write_kuka_report
-    from gpdyn.sim.kuka import inverse_dynamics
+def _pretrained(run: RunDir, cfg: ArmRunConfig, arm: ArmModel, store: str | Path | None) -> tuple[LearnedModel, torch.Tensor]:
+    """The frozen model and the normalised inputs it was trained on (the residual GP's lengthscales come from them)."""
+    from gpdyn.experiments.learn import load
+
+    if cfg.from_run is not None:
+        learner, normalizer = load(cfg.from_run, device=cfg.device)
+        if learner.name != cfg.learner:
+            raise InputError(f"control {cfg.robot}: --learner {cfg.learner}, but {cfg.from_run} holds a {learner.name}")
+        if store is None:  # the store the learner was trained on
+            store = run_store(cfg.from_run)
+        problem = _problem(run, cfg, arm, store)
+        x_raw = torch.as_tensor(np.concatenate([problem.x_init, problem.x_train]), device=learner.device,
+                                dtype=learner.dtype)
+        return LearnedModel(learner, normalizer), normalizer.normalize_x(x_raw)
+    problem = _problem(run, cfg, arm, store)
+    dtype = resolve_dtype(cfg.dtype, cfg.device)
+    parts = [problem.tensors(s, cfg.device, dtype) for s in ("init", "train") if len(problem.split(s)[0])]
+    x_train, y_train = torch.cat([a for a, _ in parts]), torch.cat([b for _, b in parts])
+    learner = build_learner(cfg.learner, 3 * arm.n, arm.n, scale=cfg.scale, device=cfg.device, dtype=dtype, seed=cfg.seed)
+    t0 = time.perf_counter()
+    fit = pretrain_learner(learner, x_train, y_train, iterations=cfg.pretrain_iterations, batch=cfg.pretrain_batch,
+                           seed=cfg.seed, progress=cfg.progress)
+    seconds = time.perf_counter() - t0
+    run.log(kind="pretrain", robot=cfg.robot, learner=cfg.learner, rows=int(x_train.shape[0]), seconds=seconds, **fit)
+    print(f"   pretrained {cfg.learner} on {x_train.shape[0]} {cfg.robot} rows in {seconds:.1f} s")
+    return LearnedModel(learner, problem.normalizer), x_train
+
+
+def run_store(run_dir: str | Path) -> str:
+    """The store a ``gpdyn learn`` run trained on, from its config."""
+    config = RunDir(Path(run_dir)).config()
+    try:
+        return str(config["problem"]["source"])
+    except (KeyError, TypeError):
+        raise InputError(f"{run_dir}: its config names no store (problem.source); give --store") from None
+
+
+def _controller(name: str, cfg: ArmRunConfig, n: int, gains: tuple[np.ndarray, np.ndarray],
+                frozen: LearnedModel | None, x_train: torch.Tensor | None) -> ComputedTorqueController:
+    if name in ("pd", "true"):
+        return ComputedTorqueController(name, FEEDFORWARD[name], gains, cfg.dt)
+    assert frozen is not None and x_train is not None
+    if name == "frozen":
+        return ComputedTorqueController(name, "learned", gains, cfg.dt, model=frozen)
+    learner = copy.deepcopy(frozen.learner)  # the frozen controller keeps the pretrained one
+    if cfg.adapt == "residual":
+        factors = [1.0] * (2 * n) + [cfg.qdd_lengthscale] * n
+        learner = ResidualGP(learner, x_train, window=cfg.window, amplitude=1.0, lengthscale_factor=factors)
+    updater = OnlineUpdater(learner, batch=cfg.online_batch, updates=cfg.updates)
+    return ComputedTorqueController(name, "learned", gains, cfg.dt, model=LearnedModel(learner, frozen.normalizer),
+                                    updater=updater)
+
+
+def run_arm(run: RunDir, cfg: ArmRunConfig, store: str | Path | None = None) -> dict[str, Any]:
+    """Get the model, track with every controller (payload added mid-run), write the report."""
+    from gpdyn.experiments.control_report import write_arm_report
+    from gpdyn.robots.arm_env import ArmEnv
+    from gpdyn.sim.arm import get_family
 
     cfg.validate()
-    dtype = DTYPES[cfg.dtype]
-    learned = [c for c in cfg.controllers if c in ("frozen", "online")]
-    base: Learner | None = None
-    problem = None
-    if learned:
-        problem = _kuka_problem(run, cfg, store)
-        xs = [problem.tensors(s, cfg.device, dtype) for s in ("init", "train") if len(problem.split(s)[0])]
-        x_train, y_train = torch.cat([a for a, _ in xs]), torch.cat([b for _, b in xs])
-        base = build_learner(cfg.learner, 21, 7, scale=cfg.scale, device=cfg.device, dtype=dtype, seed=cfg.seed)
-        t0 = time.perf_counter()
-        fit = pretrain_learner(base, x_train, y_train, iterations=cfg.pretrain_iterations, batch=cfg.pretrain_batch,
-                               seed=cfg.seed, progress=cfg.progress)
-        run.log(kind="pretrain", robot="kuka", learner=cfg.learner, rows=int(x_train.shape[0]),
-                seconds=time.perf_counter() - t0, **fit)
-        print(f"   pretrained {cfg.learner} on {x_train.shape[0]} kuka rows in {time.perf_counter() - t0:.1f} s")
+    arm = cfg.arm()
+    frame_skip = arm.steps_per_sample(cfg.rate_hz)
+    frozen = x_train = None
+    if any(FEEDFORWARD[c] == "learned" for c in cfg.controllers):
+        frozen, x_train = _pretrained(run, cfg, arm, store)
+    pattern = get_family(cfg.family).pattern(cfg.seed, arm.limits)
+    poses = pattern.evaluate(np.arange(0.0, cfg.steps * cfg.dt, 0.05), cfg.speed)[0]
+    gains = pd_gains(arm.torque_model(), poses, cfg.omega)
+
+    def add_payload(t: int, env: Any) -> str | None:
+        if t != cfg.change_at or cfg.payload == 0:
+            return None
+        env.unwrapped.set_payload(cfg.payload)
+        return f"+{cfg.payload:g} kg"
+
+    def position_error(env: Any) -> dict[str, np.ndarray]:
+        sim = env.unwrapped
+        return {"q_error": sim.data.qpos - sim.reference(sim.data.time)[0]}
+
     joint_rmse: dict[str, dict[str, list[float]]] = {}
-    for ctrl in cfg.controllers:
-        env = KukaIiwaEnv(family=cfg.family, speed=cfg.speed, pattern_seed=cfg.seed)
-        obs, info = env.reset(seed=cfg.seed)
-        limits = np.abs(env.model.actuator_ctrlrange[:, 1])
-        poses = env.pattern.evaluate(np.arange(0.0, cfg.steps * cfg.dt, 0.05), cfg.speed)[0]
-        kp, kd = pd_gains(env.model, poses, cfg.omega)
-        scratch = mujoco.MjData(env.model)
-        model = updater = None
-        if ctrl in ("frozen", "online"):
-            assert base is not None and problem is not None
-            learner = base
-            if ctrl == "online":
-                learner = build_learner(cfg.learner, 21, 7, scale=cfg.scale, device=cfg.device, dtype=dtype, seed=cfg.seed)
-                learner.load_state_dict(base.state_dict())
-                if cfg.adapt == "residual":
-                    factors = [1.0] * (2 * N_JOINTS) + [cfg.qdd_lengthscale] * N_JOINTS
-                    learner = ResidualGP(learner, x_train, window=cfg.window, amplitude=1.0, lengthscale_factor=factors)
-                updater = OnlineUpdater(learner, batch=cfg.online_batch, updates=cfg.updates)
-            model = LearnedInverseDynamics(learner, problem.normalizer)
-        errors = np.zeros((cfg.steps, N_JOINTS))
-        for t in tqdm(range(cfg.steps), desc=f"kuka/{ctrl}", disable=not cfg.progress, leave=False):
-            if t == cfg.change_at:
-                env.set_payload(cfg.payload)
-            q, qd = obs[:N_JOINTS].copy(), obs[N_JOINTS:].copy()
-            ref = (info["q_ref"], info["qd_ref"])
-            mid = env.reference(info["t"] + 0.5 * cfg.dt)  # the torque is held over the whole step
-            if ctrl == "pd":
-                ff = np.zeros(N_JOINTS)
-            elif ctrl == "true":
-                ff = inverse_dynamics(env.model, scratch, *(r[None] for r in mid))[0]
-            else:
-                ff = model(*mid)
-            record: dict[str, Any] = {}
-            if ctrl in ("frozen", "online"):  # the learned feed-forward against the plant's own, N m
-                exact = inverse_dynamics(env.model, scratch, *(r[None] for r in mid))[0]
-                record["ff_error"] = (ff - exact).tolist()
-            ff_ok = bool(np.isfinite(ff).all())
-            if not ff_ok:  # a non-finite model output never reaches the motors: PD alone this step
-                ff = np.zeros(N_JOINTS)
-            tau = np.clip(ff + kp * (ref[0] - q) + kd * (ref[1] - qd), -limits, limits)
-            obs, _, _, _, info = env.step(tau)
-            q1, qd1 = obs[:N_JOINTS], obs[N_JOINTS:]
-            errors[t] = q1 - info["q_ref"]
-            if updater is not None:
-                t_up = time.perf_counter()
-                updater(*model.training_pair(0.5 * (q + q1), 0.5 * (qd + qd1), (qd1 - qd) / cfg.dt, tau))
-                record["update_seconds"] = time.perf_counter() - t_up
-            run.log(kind="step", robot="kuka", controller=ctrl, t=t, tracking_error=float(np.linalg.norm(errors[t])),
-                    payload=cfg.payload if t >= cfg.change_at else 0.0, fallback="" if ff_ok else "feed-forward not finite",
-                    **record)
+    for name in cfg.controllers:
+        controller = _controller(name, cfg, arm.n, gains, frozen, x_train)
+        env = ArmEnv(arm, frame_skip=frame_skip, family=cfg.family, speed=cfg.speed, pattern_seed=cfg.seed)
+        episode = run_episode(env, controller, steps=cfg.steps, reset_seed=cfg.seed, before_step=add_payload,
+                              rows=position_error, next_rows=("q_error",), log=run.log,
+                              tags={"robot": cfg.robot, "controller": name}, progress=cfg.progress)
         env.close()
+        errors = episode.rows["next_q_error"]
         phases = {"before": errors[: cfg.change_at], "after": errors[cfg.change_at :]}
-        joint_rmse[ctrl] = {k: np.sqrt((v**2).mean(0)).tolist() for k, v in phases.items() if len(v)}
-        run.log(kind="tracking", robot="kuka", controller=ctrl, rmse=joint_rmse[ctrl],
-                **(model.learner.diagnostics() if model is not None else {}))
-        print(f"   {ctrl:<7} " + "  ".join(f"{k} RMSE {np.mean(v):.4f} rad" for k, v in joint_rmse[ctrl].items()))
-    report = write_kuka_report(run, cfg, joint_rmse)
+        joint_rmse[name] = {k: np.sqrt((v**2).mean(0)).tolist() for k, v in phases.items() if len(v)}
+        run.log(kind="tracking", robot=cfg.robot, controller=name, rmse=joint_rmse[name])
+        print(f"   {name:<7} " + "  ".join(f"{k} RMSE {np.mean(v):.4f} rad" for k, v in joint_rmse[name].items()))
+    report = write_arm_report(run, cfg, arm, joint_rmse)
     return {"rmse": joint_rmse, "report": str(report)}
 
 
-__all__ = ["KUKA_CONTROLLERS", "KukaRunConfig", "LearnedInverseDynamics", "inertia_matrix", "pd_gains", "run_kuka",
-           "sampled_loop_radius"]
+__all__ = ["ARM_CONTROLLERS", "ArmRunConfig", "run_arm", "run_store"]

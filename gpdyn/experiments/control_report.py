@@ -225,15 +225,18 @@ def _plot_walker_error(path: Path, errs, steps: int, change_at: int, label: str)
     return _save(fig, path / "walker_model_error.png")
 
 
-def write_kuka_report(run: RunDir, cfg: Any, joint_rmse: dict[str, dict[str, list[float]]]) -> Path:
-    """Tracking RMSE per joint before/after the payload change, and the error over time."""
+def write_arm_report(run: RunDir, cfg: Any, arm: Any, joint_rmse: dict[str, dict[str, list[float]]]) -> Path:
+    """Tracking RMSE per joint before/after the payload change, and the error over time (any arm)."""
     records = run.metrics()
-    steps = [r for r in records if r.get("kind") == "step" and r.get("robot") == "kuka"]
+    steps = [r for r in records if r.get("kind") == "step" and r.get("robot") == cfg.robot]
+    n = arm.n
+    change = f"payload {cfg.payload} kg added at step {cfg.change_at}" if cfg.payload else "no plant change"
     lines = [
-        "# KUKA iiwa computed-torque tracking",
+        f"# {arm.path.name} computed-torque tracking ({n} joints)",
         "",
-        f"Learner `{cfg.learner}` ({cfg.scale} sizes), {cfg.steps} control steps at {1 / cfg.dt:.0f} Hz, "
-        f"trajectory family `{cfg.family}` at speed {cfg.speed}; payload {cfg.payload} kg added at step {cfg.change_at}.",
+        f"Learner `{cfg.learner}` ({f'from {cfg.from_run}' if cfg.from_run else f'{cfg.scale} sizes'}), "
+        f"{cfg.steps} control steps at {1 / cfg.dt:.0f} Hz, "
+        f"trajectory family `{cfg.family}` at speed {cfg.speed}; {change}.",
         "Control law: tau = f(q_ref, qd_ref, qdd_ref) + Kp (q_ref - q) + Kd (qd_ref - qd); "
         "`pd` has no feed-forward, `true` uses MuJoCo's inverse dynamics of the actual plant; f is evaluated "
         "at the reference of the middle of the step. PD gains: critically damped at "
@@ -244,8 +247,8 @@ def write_kuka_report(run: RunDir, cfg: Any, joint_rmse: dict[str, dict[str, lis
         "",
         "## Tracking RMSE per joint [rad]",
         "",
-        "| controller | phase | " + " | ".join(f"j{j + 1}" for j in range(7)) + " | mean |",
-        "|---|---|" + "---|" * 8,
+        "| controller | phase | " + " | ".join(f"j{j + 1}" for j in range(n)) + " | mean |",
+        "|---|---|" + "---|" * (n + 1),
     ]
     for ctrl, phases in joint_rmse.items():
         for phase, values in phases.items():
@@ -253,7 +256,7 @@ def write_kuka_report(run: RunDir, cfg: Any, joint_rmse: dict[str, dict[str, lis
     ff = [r for r in steps if "ff_error" in r]
     if ff:
         lines += ["", "## Feed-forward error against the plant's inverse dynamics, RMS per joint [N m]", "",
-                  "| controller | phase | " + " | ".join(f"j{j + 1}" for j in range(7)) + " |", "|---|---|" + "---|" * 7]
+                  "| controller | phase | " + " | ".join(f"j{j + 1}" for j in range(n)) + " |", "|---|---|" + "---|" * n]
         for ctrl in dict.fromkeys(r["controller"] for r in ff):
             for phase, keep in (("before", lambda t: t < cfg.change_at), ("after", lambda t: t >= cfg.change_at)):
                 e = np.array([r["ff_error"] for r in ff if r["controller"] == ctrl and keep(r["t"])])
@@ -274,12 +277,13 @@ def write_kuka_report(run: RunDir, cfg: Any, joint_rmse: dict[str, dict[str, lis
     ax.set_ylabel("joint-position error norm [rad]")
     ax.legend(fontsize=8)
     ax.autoscale()
-    _mark_change(ax, cfg.change_at, f"+{cfg.payload} kg")
-    plot = _save(fig, run.path / "kuka_tracking.png")
+    if cfg.payload:
+        _mark_change(ax, cfg.change_at, f"+{cfg.payload} kg")
+    plot = _save(fig, run.path / f"{cfg.robot}_tracking.png")
     lines += ["", "## Plot", "", f"![{plot.stem}]({plot.name})"]
     path = run.path / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
-__all__ = ["write_kuka_report", "write_walker_report"]
+__all__ = ["write_arm_report", "write_walker_report"]

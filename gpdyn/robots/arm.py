@@ -106,8 +106,9 @@ def actuator_torque_range(model: mujoco.MjModel, actuator: int) -> np.ndarray:
     if act.forcelimited[0]:
         force = np.array([max(force[0], act.forcerange[0]), min(force[1], act.forcerange[1])])
     gear = float(act.gear[0])
-    with np.errstate(invalid="ignore"):  # 0 x inf: a zero gear gives no torque at all
-        torque = np.nan_to_num(np.sort(gear * force), nan=0.0)
+    with np.errstate(invalid="ignore"):
+        torque = np.sort(gear * force)
+    torque[np.isnan(torque)] = 0.0  # 0 x inf: a zero gear gives no torque at all
     joint = int(act.trnid[0])
     if model.jnt_actfrclimited[joint]:
         lo, hi = model.jnt_actfrcrange[joint]

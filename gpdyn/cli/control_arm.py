@@ -1,0 +1,65 @@
+"""`gpdyn control kuka|arm`: computed-torque tracking of the iiwa, or of any arm given as an MJCF file.
+
+:func:`add_parsers` adds both subcommands to ``gpdyn control``; the options every control
+run takes come from the caller's ``add_common``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+from gpdyn.cli.collect import add_arm_options
+
+# the options copied onto ArmRunConfig when given
+ARM_OPTIONS = ("steps", "change_at", "payload", "controllers", "scale", "adapt", "dtype", "pretrain_iterations",
+               "family", "speed", "from_run", "velocity_limits", "payload_body", "damping", "armature", "friction")
+
+
+def add_parsers(robots: argparse._SubParsersAction, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
+    for robot, text in (("kuka", "KUKA iiwa: computed-torque tracking with learned inverse dynamics"),
+                        ("arm", "any arm from an MJCF file: computed-torque tracking with learned inverse dynamics")):
+        p = robots.add_parser(robot, help=text)
+        add_common(p)
+        add_arm_options(p, robot)
+        p.add_argument("--payload", type=float, default=None,
+                       help="payload in kg added at --change-at (default: 3 for kuka, none for arm)")
+        p.add_argument("--from-run", type=Path, default=None,
+                       help="a `gpdyn learn` run folder on this arm's store (problem arm or kuka): its learner is "
+                            "the model instead of one pretrained here; its store is the default --store")
+        p.add_argument("--family", choices=("kuka1", "kuka2"), default=None,
+                       help="trajectory family of the reference motion (default kuka1)")
+        p.add_argument("--speed", type=float, default=None, help="speed factor of the reference motion (default 1)")
+        p.set_defaults(handler="gpdyn.cli.control_arm:cli_control_arm")
+
+
+def cli_control_arm(args: argparse.Namespace) -> int:
+    """``gpdyn control kuka|arm``: the tracking run, its run folder and report.
+
+    The options and the arm's MJCF file are checked before the run folder is made or any data collected.
+    """
+    from dataclasses import asdict
+
+    from gpdyn.cli.control import copy_options
+    from gpdyn.experiments.control_arm import ArmRunConfig, run_arm
+    from gpdyn.runs import RunDir
+
+    cfg = ArmRunConfig(robot=args.robot, learner=args.learner, seed=args.seed, device=args.device)
+    if args.robot == "arm":
+        cfg.model, cfg.payload = str(args.model), 0.0
+    copy_options(cfg, args, ARM_OPTIONS)
+    if cfg.from_run is not None:
+        cfg.from_run = str(cfg.from_run)
+    if args.steps is not None and args.change_at is None:
+        cfg.change_at = cfg.steps // 2
+    cfg.validate()
+    arm = cfg.arm()
+    run = RunDir.create(f"control-{args.robot}", {**asdict(cfg), "model_sha256": arm.sha256}, out=args.out)
+    print(f"gpdyn control {args.robot}: {arm.path.name} ({arm.n} joints), run folder {run.path}")
+    result = run_arm(run, cfg, args.store)
+    print(f"gpdyn control {args.robot}: report {result['report']}")
+    return 0
+
+
+__all__ = ["ARM_OPTIONS", "add_parsers", "cli_control_arm"]

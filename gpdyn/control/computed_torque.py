@@ -1,0 +1,129 @@
+"""Computed-torque tracking of any arm, with the true or a learned inverse dynamics.
+
+Control law (feed-forward plus PD, as in learned inverse-dynamics control,
+Nguyen-Tuong & Peters 2011)::
+
+    tau = f(q_ref, qd_ref, qdd_ref) + Kp (q_ref - q) + Kd (qd_ref - qd)
+
+clipped to the arm's torque limits, with ``f`` one of (:data:`FEEDFORWARD`): nothing
+(``none``: PD alone), MuJoCo's inverse dynamics of the actual plant (``true``, payload
+included), or a learned model (``learned``: a :class:`~gpdyn.control.dynamics.LearnedModel`
+of the ``arm``/``kuka`` problem, ``[q, qd, qdd] -> tau``). The torque is held for the
+whole control step, so ``f`` is evaluated at the reference of the middle of the step
+(``t + dt/2``), the same point its training pairs describe.
+
+Online learning: after each step the applied torque is the target for the state at the
+middle of the step and the finite-difference acceleration,
+``x = [(q + q')/2, (qd + qd')/2, (qd' - qd)/dt]``, ``y = tau``, passed to ``updater``
+(:class:`gpdyn.gp.training.OnlineUpdater`, whose learner may be a
+:class:`gpdyn.gp.residual.ResidualGP` on a frozen model).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import mujoco
+import numpy as np
+import torch
+
+from gpdyn.control.dynamics import LearnedModel
+from gpdyn.control.loop import Controller
+from gpdyn.errors import InputError
+from gpdyn.robots.arm import inverse_dynamics
+
+FEEDFORWARD = ("none", "true", "learned")
+
+
+class ComputedTorqueController(Controller):
+    """Feed-forward plus PD on an :class:`~gpdyn.robots.arm_env.ArmEnv` (see the module notes).
+
+    ``gains``: ``(Kp, Kd)`` [n] (e.g. :func:`gpdyn.robots.arm.pd_gains`); ``dt``: the control
+    step (s). With ``feedforward="learned"``, ``model`` is the learned inverse dynamics and
+    every step logs ``ff_error``, its torque minus the plant's own (N m per joint), and
+    ``updater`` (optional) learns from each transition.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        feedforward: str,
+        gains: tuple[np.ndarray, np.ndarray],
+        dt: float,
+        *,
+        model: LearnedModel | None = None,
+        updater: Callable[[torch.Tensor, torch.Tensor], Mapping[str, float]] | None = None,
+    ) -> None:
+        if feedforward not in FEEDFORWARD:
+            raise InputError(f"computed torque: feedforward must be one of {', '.join(FEEDFORWARD)}, got '{feedforward}'")
+        if (feedforward == "learned") != (model is not None) or (updater is not None and model is None):
+            raise InputError("computed torque: a learned model goes with feedforward='learned' (and an updater needs one)")
+        self.kp, self.kd = (np.asarray(g, dtype=np.float64) for g in gains)
+        n = self.kp.shape[0]
+        if self.kd.shape != (n,) or not (np.isfinite(self.kp).all() and np.isfinite(self.kd).all()):
+            raise InputError(f"computed torque: gains must be two finite [n] vectors, got {self.kp.shape}, {self.kd.shape}")
+        if model is not None and (model.input_dim != 3 * n or model.output_dim != n):
+            raise InputError(f"computed torque: the learned model maps {model.input_dim} -> {model.output_dim}, "
+                             f"a {n}-joint arm needs {3 * n} -> {n} ([q, qd, qdd] -> tau)")
+        if not dt > 0:
+            raise InputError(f"computed torque: dt must be > 0 s, got {dt}")
+        self.name, self.feedforward, self.dt, self.n = name, feedforward, float(dt), n
+        self.model, self.updater = model, updater
+        self.env: Any = None
+        self._fallbacks = 0
+
+    def reset(self, env: Any) -> None:
+        self.env = env.unwrapped
+        if self.env.arm.n != self.n:
+            raise InputError(f"computed torque: gains for {self.n} joints, the arm has {self.env.arm.n}")
+        self.scratch = mujoco.MjData(self.env.model)
+        self.low, self.high = self.env.arm.limits.torque.T
+        self._fallbacks = 0
+
+    def _plant_torque(self, q: np.ndarray, qd: np.ndarray, qdd: np.ndarray) -> np.ndarray:
+        """The plant's own inverse dynamics (its current model: a payload change included)."""
+        return inverse_dynamics(self.env.model, self.scratch, q[None], qd[None], qdd[None])[0]
+
+    def act(self, obs: np.ndarray, info: Mapping[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
+        q, qd = obs[: self.n], obs[self.n :]
+        mid = self.env.reference(info["t"] + 0.5 * self.dt)  # the torque is held over the whole step
+        record: dict[str, Any] = {}
+        if self.feedforward == "none":
+            ff = np.zeros(self.n)
+        elif self.feedforward == "true":
+            ff = self._plant_torque(*mid)
+        else:
+            assert self.model is not None
+            with torch.no_grad():
+                mean, _ = self.model.predict(np.concatenate(mid))
+            ff = mean.cpu().numpy().astype(np.float64)
+            record["ff_error"] = (ff - self._plant_torque(*mid)).tolist()
+        record["fallback"] = ""
+        if not np.isfinite(ff).all():  # a non-finite model output never reaches the motors: PD alone this step
+            ff = np.zeros(self.n)
+            record["fallback"] = "feed-forward not finite"
+            self._fallbacks += 1
+        tau = ff + self.kp * (info["q_ref"] - q) + self.kd * (info["qd_ref"] - qd)
+        return np.clip(tau, self.low, self.high), record
+
+    def observe(self, obs: np.ndarray, action: np.ndarray, next_obs: np.ndarray, info: Mapping[str, Any]) -> dict[str, Any]:
+        record: dict[str, Any] = {"tracking_error": float(info["tracking_error"])}
+        if self.updater is not None:
+            assert self.model is not None
+            q, qd, q1, qd1 = obs[: self.n], obs[self.n :], next_obs[: self.n], next_obs[self.n :]
+            x = np.concatenate([0.5 * (q + q1), 0.5 * (qd + qd1), (qd1 - qd) / self.dt])
+            t0 = time.perf_counter()
+            metrics = self.updater(*self.model.training_pair(x, action))
+            record.update(update_seconds=time.perf_counter() - t0, **{f"update_{k}": v for k, v in metrics.items()})
+        return record
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"fallbacks": self._fallbacks}
+        if self.model is not None:
+            out.update(self.model.diagnostics())
+        return out
+
+
+__all__ = ["FEEDFORWARD", "ComputedTorqueController"]
