@@ -86,17 +86,5 @@ class RunDir:
         }
 
 
-def run_for_args(job: str, args: Any) -> RunDir:
-    """The run folder of a command-line job, its config the parsed arguments (``args.out`` or default).
-
-    Jobs whose output is a store (collect, import) call this once the work has succeeded,
-    so that bad input leaves no empty run folder behind.
-    """
-    config = {k: v for k, v in vars(args).items() if k not in ("handler", "out")}
-    run = RunDir.create(job, config, out=getattr(args, "out", None))
-    print(f"run folder: {run.path}")
-    return run
-
-
 def is_run_dir(path: str | Path) -> bool:
     return (Path(path) / "config.json").is_file()

@@ -74,7 +74,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--video", type=Path, default=None, help="also write an MP4 of the first episode")
     add_out(p)
-    p.set_defaults(handler="gpdyn.cli.collect:collect_walker")
+    p.set_defaults(handler=collect_walker)
 
     for robot, text in (("kuka", "simulated KUKA iiwa inverse-dynamics stream"),
                         ("arm", "inverse-dynamics stream of any arm given as an MJCF file")):
@@ -98,7 +98,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         if robot == "kuka":
             add_arm_options(p, robot)
         add_out(p)
-        p.set_defaults(handler="gpdyn.cli.collect:collect_arm")
+        p.set_defaults(handler=collect_arm)
 
     imp = sub.add_parser("import", help="import a real dataset into a store").add_subparsers(
         dest="format", metavar="FORMAT", required=True
@@ -107,12 +107,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("files", nargs="+", type=Path)
     p.add_argument("--store", type=Path, required=True)
     add_out(p)
-    p.set_defaults(handler="gpdyn.cli.collect:import_files")
+    p.set_defaults(handler=import_files)
     p = imp.add_parser("sarcos", help="SARCOS .mat files (sarcos_inv.mat)")
     p.add_argument("files", nargs="+", type=Path)
     p.add_argument("--store", type=Path, required=True)
     add_out(p)
-    p.set_defaults(handler="gpdyn.cli.collect:import_files")
+    p.set_defaults(handler=import_files)
 
 
 # ---------------------------------------------------------------------------- handlers

@@ -13,6 +13,10 @@ import importlib
 from collections.abc import Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpdyn.runs import RunDir
 
 
 class RegistryNames(Sequence[str]):
@@ -48,6 +52,21 @@ class RegistryNames(Sequence[str]):
 LEARNER_NAMES = RegistryNames("gpdyn.gp", "LEARNERS")
 PROBLEM_NAMES = RegistryNames("gpdyn.data.problems", "PROBLEMS")
 DTYPE_NAMES = RegistryNames("gpdyn.device", "DTYPES")
+
+
+def run_for_args(job: str, args: argparse.Namespace) -> RunDir:
+    """The run folder of a command-line job (``args.out`` or ``logs/<job>-<time>``), its config
+    the parsed arguments; prints its path.
+
+    Jobs whose output is a store (collect, import) call this once the work has succeeded,
+    so that bad input leaves no empty run folder behind.
+    """
+    from gpdyn.runs import RunDir
+
+    config = {k: v for k, v in vars(args).items() if k not in ("handler", "out")}
+    run = RunDir.create(job, config, out=getattr(args, "out", None))
+    print(f"run folder: {run.path}")
+    return run
 
 
 def add_out(p: argparse.ArgumentParser) -> None:
