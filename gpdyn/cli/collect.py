@@ -12,7 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpdyn.cli.common import add_out
+from gpdyn.cli.common import RegistryNames, add_out
+
+FAMILY_NAMES = RegistryNames("gpdyn.sim.arm", "FAMILIES")  # trajectory families of the arm streams
 
 
 def float_list(text: str) -> list[float]:
@@ -74,7 +76,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--video", type=Path, default=None, help="also write an MP4 of the first episode")
     add_out(p)
-    p.set_defaults(handler=collect_walker)
+    p.set_defaults(handler="gpdyn.cli.collect:collect_walker")
 
     for robot, text in (("kuka", "simulated KUKA iiwa inverse-dynamics stream"),
                         ("arm", "inverse-dynamics stream of any arm given as an MJCF file")):
@@ -85,7 +87,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--offline", type=int, default=17560, help="offline samples (default 17560, as KUKA1)")
         p.add_argument("--online", type=int, default=180360, help="online samples (default 180360, as KUKA1)")
         p.add_argument("--payload", type=float, default=0.0, help="end-effector payload in kg")
-        p.add_argument("--family", choices=("kuka1", "kuka2"), default="kuka1", help="trajectory family")
+        p.add_argument("--family", choices=FAMILY_NAMES, default="kuka1", metavar="NAME",
+                       help="trajectory family: %(choices)s (default kuka1)")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--rate", type=float, default=100.0,
                        help="sample rate in Hz, a whole number of the model's simulation steps")
@@ -98,7 +101,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         if robot == "kuka":
             add_arm_options(p, robot)
         add_out(p)
-        p.set_defaults(handler=collect_arm)
+        p.set_defaults(handler="gpdyn.cli.collect:collect_arm")
 
     imp = sub.add_parser("import", help="import a real dataset into a store").add_subparsers(
         dest="format", metavar="FORMAT", required=True
@@ -107,12 +110,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("files", nargs="+", type=Path)
     p.add_argument("--store", type=Path, required=True)
     add_out(p)
-    p.set_defaults(handler=import_files)
+    p.set_defaults(handler="gpdyn.cli.collect:import_files")
     p = imp.add_parser("sarcos", help="SARCOS .mat files (sarcos_inv.mat)")
     p.add_argument("files", nargs="+", type=Path)
     p.add_argument("--store", type=Path, required=True)
     add_out(p)
-    p.set_defaults(handler=import_files)
+    p.set_defaults(handler="gpdyn.cli.collect:import_files")
 
 
 # ---------------------------------------------------------------------------- handlers
@@ -185,5 +188,5 @@ def import_files(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["add_arm_options", "add_parsers", "arm_from_args", "collect_arm", "collect_walker", "float_list",
+__all__ = ["FAMILY_NAMES", "add_arm_options", "add_parsers", "arm_from_args", "collect_arm", "collect_walker", "float_list",
            "import_files"]
