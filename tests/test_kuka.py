@@ -208,6 +208,22 @@ def test_sensor_config_refuses_bad_values(kwargs: dict) -> None:
         SensorConfig(**kwargs)
 
 
+def test_estimated_joint_terms_are_options() -> None:
+    """Damping, armature and friction are guesses; joint 7's torque is almost all theirs."""
+    shipped, rigid = kuka_arm(), kuka_arm(damping=0, armature=0, friction=0)
+    assert shipped.joint_terms()["damping"] == [0.5] * 7  # the file's values by default
+    assert rigid.joint_terms() == {"damping": [0.0] * 7, "armature": [0.0] * 7, "friction": [0.0] * 7}
+    tau = {name: ArmStream(arm=arm, part="online", seed=0).next_chunk(1000)["tau"]
+           for name, arm in (("shipped", shipped), ("rigid", rigid))}
+    rms = {name: np.sqrt((t**2).mean(0)) for name, t in tau.items()}
+    assert rms["rigid"][6] < 0.01 * rms["shipped"][6]
+    assert rms["rigid"][1] == pytest.approx(rms["shipped"][1], rel=0.05)  # gravity dominates joint 2
+    one = kuka_arm(friction=[0, 0, 0, 0, 0, 0, 0.3])
+    assert one.joint_terms()["friction"] == [0.0] * 6 + [0.3]
+    with pytest.raises(InputError, match="armature must be one finite value >= 0 or one per joint"):
+        kuka_arm(armature=[0.1, 0.1])
+
+
 def test_cli_collect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "cli.zarr"
     args = ["collect", "kuka", "--store", str(path), "--offline", "20", "--online", "40", "--family", "kuka2"]
@@ -218,6 +234,14 @@ def test_cli_collect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert store.attrs["derivatives"] == "fd" and store.attrs["torque_noise"] == 0.1
     assert main(args) == 2  # the store exists
     assert "already exists" in capsys.readouterr().err
+    damped = tmp_path / "damped.zarr"
+    assert main(["collect", "kuka", "--store", str(damped), "--offline", "10", "--online", "10", "--damping", "0.2",
+                 "--friction", "0,0,0,0,0,0,0.05"]) == 0
+    terms = EpisodeStore.open(damped).attrs["joint_terms"]
+    assert terms["damping"] == [0.2] * 7 and terms["friction"] == [0.0] * 6 + [0.05]
+    assert terms["armature"] == kuka_arm().joint_terms()["armature"]
+    assert main(["collect", "kuka", "--store", str(tmp_path / "bad.zarr"), "--damping", "0.1,0.2"]) == 2
+    assert "damping must be one finite value" in capsys.readouterr().err
 
 
 def test_env_tracks_its_reference_with_computed_torque() -> None:

@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from gpdyn.cli.collect import add_arm_options
+from gpdyn.cli.collect import FAMILY_NAMES, add_arm_options
 
 # the options copied onto ArmRunConfig when given
 ARM_OPTIONS = ("steps", "change_at", "payload", "controllers", "scale", "adapt", "dtype", "pretrain_iterations",
@@ -28,8 +28,8 @@ def add_parsers(robots: argparse._SubParsersAction, add_common: Callable[[argpar
         p.add_argument("--from-run", type=Path, default=None,
                        help="a `gpdyn learn` run folder on this arm's store (problem arm or kuka): its learner is "
                             "the model instead of one pretrained here; its store is the default --store")
-        p.add_argument("--family", choices=("kuka1", "kuka2"), default=None,
-                       help="trajectory family of the reference motion (default kuka1)")
+        p.add_argument("--family", choices=FAMILY_NAMES, default=None, metavar="NAME",
+                       help="trajectory family of the reference motion: %(choices)s (default kuka1)")
         p.add_argument("--speed", type=float, default=None, help="speed factor of the reference motion (default 1)")
         p.set_defaults(handler="gpdyn.cli.control_arm:cli_control_arm")
 

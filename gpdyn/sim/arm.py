@@ -130,24 +130,13 @@ class TrajectoryFamily:
 
 
 FAMILIES: dict[str, TrajectoryFamily] = {
-    "kuka1": TrajectoryFamily(
-        name="kuka1",
-        seed=1,
-        n_sines=3,
-        frequency_range=(0.05, 0.25),
-        center_fraction=0.3,
-        offline_speeds=(0.6, 1.0, 1.4),
-        online_speeds=(0.5, 0.8, 1.0, 1.2, 1.5, 1.8),
-    ),
-    "kuka2": TrajectoryFamily(
-        name="kuka2",
-        seed=2,
-        n_sines=4,
-        frequency_range=(0.04, 0.3),
-        center_fraction=0.4,
-        offline_speeds=(0.5, 0.9, 1.3, 1.7),
-        online_speeds=(0.4, 0.7, 1.0, 1.3, 1.6, 1.9, 2.2),
-    ),
+    family.name: family
+    for family in (
+        TrajectoryFamily("kuka1", seed=1, n_sines=3, frequency_range=(0.05, 0.25), center_fraction=0.3,
+                         offline_speeds=(0.6, 1.0, 1.4), online_speeds=(0.5, 0.8, 1.0, 1.2, 1.5, 1.8)),
+        TrajectoryFamily("kuka2", seed=2, n_sines=4, frequency_range=(0.04, 0.3), center_fraction=0.4,
+                         offline_speeds=(0.5, 0.9, 1.3, 1.7), online_speeds=(0.4, 0.7, 1.0, 1.3, 1.6, 1.9, 2.2)),
+    )
 }
 
 
