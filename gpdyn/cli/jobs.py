@@ -238,10 +238,11 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--samples", type=int, default=1000, help="K sampled sequences (default 1000)")
     p.add_argument("--horizon", type=int, default=30, help="H steps (default 30)")
     p.add_argument("--repeats", type=int, default=1, help="timed control steps per model after a warm-up")
-    p.add_argument("--models", default="svdgp,wiski", help="comma-separated: svdgp (M_alpha 128^2), wiski")
+    p.add_argument("--models", type=comma_list, default=None, metavar="A,B",
+                   help="svdgp (M_alpha 128^2), wiski or both (default both)")
     add_device(p)
     add_out(p)
-    p.set_defaults(handler="gpdyn.experiments.bench_mpc:cli_bench")
+    p.set_defaults(handler=run_bench_mpc)
 
 
 def run_bench_learners(args: argparse.Namespace) -> int:
@@ -259,6 +260,13 @@ def run_bench_wiski(args: argparse.Namespace) -> int:
     ok = worst <= MAX_RATIO
     print(f"largest/smallest n ratio: {worst:.3f} ({'ok' if ok else 'FAIL'}: must be <= {MAX_RATIO})")
     return 0 if ok else 1
+
+
+def run_bench_mpc(args: argparse.Namespace) -> int:
+    from gpdyn.experiments.bench_mpc import run_benchmark
+
+    run_benchmark(args.models, args.samples, args.horizon, args.repeats, args.device, args.out)
+    return 0
 
 
 # --- report, render, doctor --------------------------------------------------------

@@ -11,8 +11,8 @@ second (dt = 8 ms); the table gives the ratio.
 
 from __future__ import annotations
 
-import argparse
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -87,19 +87,21 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def cli_bench(args: argparse.Namespace) -> int:
-    """``gpdyn bench mpc``: the planning-rate table into the run folder and on screen."""
-    device = resolve_device(args.device)
-    samples, horizon = getattr(args, "samples", None) or 1000, getattr(args, "horizon", None) or 30
-    repeats = getattr(args, "repeats", None) or 1
-    models = [m.strip() for m in (getattr(args, "models", None) or ",".join(BENCH_MODELS)).split(",") if m.strip()]
+def run_benchmark(
+    models: list[str] | None = None, samples: int = 1000, horizon: int = 30, repeats: int = 1,
+    device: str | torch.device = "cpu", out: str | Path | None = None,
+) -> RunDir:
+    """``gpdyn bench mpc``: the planning-rate table of ``models`` (default all of
+    :data:`BENCH_MODELS`) into a run folder's ``report.md`` and on screen."""
+    device = resolve_device(device)
+    models = list(models or BENCH_MODELS)
     bad = [m for m in models if m not in BENCH_MODELS]
     if bad or samples < 2 or horizon < 1 or repeats < 1:
         raise InputError(f"bench mpc: models from {', '.join(BENCH_MODELS)} (got {bad}), samples >= 2, horizon >= 1, repeats >= 1")
     dtype = torch.float32  # the hot path of a controller; float64 doubles memory and time
     run = RunDir.create("bench-mpc", {"models": models, "samples": samples, "horizon": horizon, "repeats": repeats,
                                       "device": str(device), "dtype": "float32", "threads": torch.get_num_threads()},
-                        out=args.out)
+                        out=out)
     print(f"gpdyn bench mpc: run folder {run.path}")
     rows = bench_mpc(models, samples, horizon, repeats, device, dtype)
     for r in rows:
@@ -107,7 +109,7 @@ def cli_bench(args: argparse.Namespace) -> int:
     text = table(rows)
     (run.path / "report.md").write_text(f"# MPC planning rate\n\nWalker2d real time: {REAL_TIME_HZ:.0f} control steps/s.\n\n{text}\n")
     print(text)
-    return 0
+    return run
 
 
-__all__ = ["BENCH_MODELS", "REAL_TIME_HZ", "bench_mpc", "cli_bench", "filled_model", "table"]
+__all__ = ["BENCH_MODELS", "REAL_TIME_HZ", "bench_mpc", "filled_model", "run_benchmark", "table"]
