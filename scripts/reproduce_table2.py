@@ -24,6 +24,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gpdyn.device import resolve_device
+from gpdyn.errors import InputError
+
 ROOT = Path(__file__).resolve().parents[1]
 LEARNERS = ["svdgp", "svi", "ivsgpr", "vsgpr", "gpr", "orthnat", "wiski"]
 
@@ -81,13 +84,18 @@ def main() -> None:
     parser.add_argument("--scale", choices=("paper", "cpu"), default="cpu")
     parser.add_argument("--datasets", default=",".join(DATASETS), help="comma-separated: kuka1, walker1")
     parser.add_argument("--learners", default=",".join(LEARNERS))
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:INDEX (default cpu)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--iterations", type=int, default=None, help="T (default: the scale's)")
     parser.add_argument("--select-lr", default=None, help="gamma_0 candidates per learner, e.g. 0.1,0.01,0.001")
     parser.add_argument("--select-iterations", type=int, default=100)
     parser.add_argument("--name", default=None, help="results folder suffix (default: the scale)")
     args = parser.parse_args()
+    try:
+        # checked before the collections: a missing GPU should not surface an hour later in replay
+        resolve_device(args.device)
+    except InputError as err:
+        parser.error(str(err))
     scale = PAPER if args.scale == "paper" else CPU
     learners = [s for s in args.learners.split(",") if s]
     for name in args.datasets.split(","):

@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
+from gpdyn.device import set_threads
 from gpdyn.runs import RunDir
 from gpdyn.robots.walker import ENV_ID as WALKER_ENV_ID
 from gpdyn.sim.policy import CHECKPOINT_DIR, SHIPPED_POLICY, evaluate_policy, export_sb3, load_policy
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--ship", action="store_true", help="copy the final policy and checkpoints into policies/")
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)
+    set_threads(1)
 
     from sb3_contrib import TRPO
     from stable_baselines3.common.callbacks import BaseCallback
