@@ -1,11 +1,18 @@
-"""GP learners, batched over outputs, with one registry of names (DESIGN.md "Command line")."""
+"""GP learners, batched over outputs, with one registry of names (DESIGN.md "Command line").
+
+:func:`make_learner` builds a registered learner at one of its named sizes
+(``preset``: "small", "cpu" or "paper", the learner's ``presets`` table), with any
+option overridden, and records the resolved options in ``learner.config``.
+"""
 
 from __future__ import annotations
 
 import importlib
 import inspect
 
-from gpdyn.gp.base import Learner, LearnerError
+from typing import Any
+
+from gpdyn.gp.base import PRESETS, Learner, LearnerError
 
 # name -> "module:Class". Modules import lazily so that one learner's absence or
 # import cost never affects the others.
@@ -19,6 +26,7 @@ LEARNERS: dict[str, str] = {
     "gpr": "gpdyn.gp.baselines:GPR",
     "wiski": "gpdyn.gp.wiski:WISKI",
     "exact": "gpdyn.gp.exact:ExactOnlineGP",
+    "residual": "gpdyn.gp.residual:ResidualGP",
 }
 
 
@@ -41,8 +49,13 @@ def learner_class(name: str) -> type[Learner]:
 
 
 def learner_options(cls: type[Learner]) -> dict[str, inspect.Parameter]:
-    """Keyword options of ``cls``'s constructor, through the ``**kwargs`` it forwards to its bases."""
+    """Keyword options of ``cls``'s constructor, through the ``**kwargs`` it forwards to its bases
+    (and those of its :meth:`~gpdyn.gp.base.Learner.from_options`, where it has its own)."""
     options: dict[str, inspect.Parameter] = {}
+    if cls.from_options.__func__ is not Learner.from_options.__func__:  # type: ignore[attr-defined]
+        for p in inspect.signature(cls.from_options).parameters.values():
+            if p.kind is inspect.Parameter.KEYWORD_ONLY:
+                options[p.name] = p
     for klass in cls.__mro__:
         if "__init__" not in vars(klass):
             continue
@@ -55,9 +68,30 @@ def learner_options(cls: type[Learner]) -> dict[str, inspect.Parameter]:
     return options
 
 
-def make_learner(name: str, input_dim: int, output_dim: int, **kwargs) -> Learner:
-    """Construct the learner registered under ``name``; an unknown option or a value of the
-    wrong kind (text for a number) is a LearnerError naming the learner and the option."""
+def preset_options(cls: type[Learner], preset: str | None) -> dict[str, Any]:
+    """The options of ``cls`` at ``preset`` (a copy; None: none, the constructor's defaults)."""
+    if preset is None:
+        return {}
+    if preset not in PRESETS:
+        raise LearnerError(f"unknown preset '{preset}'; choose one of {', '.join(PRESETS)}")
+    if preset not in cls.presets:
+        raise LearnerError(f"learner '{cls.name}' has no preset '{preset}' (it has {', '.join(cls.presets) or 'none'})")
+    return dict(cls.presets[preset])
+
+
+def make_learner(
+    name: str, input_dim: int, output_dim: int, *, preset: str | None = None, rows: int | None = None, **kwargs: Any
+) -> Learner:
+    """Construct the learner registered under ``name``.
+
+    ``preset`` picks the sizes of the learner's ``presets`` table ("small", "cpu",
+    "paper"; None: the constructor's defaults); ``kwargs`` override any option. ``rows``,
+    the training-set size where the caller knows it, caps the options that size a basis
+    or a data subset (the class's ``basis_options``): a basis larger than the data only
+    repeats points. The resolved options are in ``learner.config`` (with the preset's
+    name). An unknown option, a missing required one or a value of the wrong kind (text
+    for a number) is a LearnerError naming the learner and the option.
+    """
     cls = learner_class(name)
     options = learner_options(cls)
     for key, value in kwargs.items():
@@ -68,7 +102,22 @@ def make_learner(name: str, input_dim: int, output_dim: int, **kwargs) -> Learne
         optional = value is None and "None" in str(options[key].annotation)
         if numeric and not optional and not isinstance(value, (int, float)):
             raise LearnerError(f"learner '{name}': option '{key}' takes a number (default {default}), got {value!r}")
-    return cls(input_dim, output_dim, **kwargs)
+    resolved = {**preset_options(cls, preset), **kwargs}
+    missing = [k for k, p in options.items() if p.default is inspect.Parameter.empty and k not in resolved]
+    if missing:
+        raise LearnerError(f"learner '{name}' needs option(s) {', '.join(missing)}")
+    if rows is not None:
+        if int(rows) < 1:
+            raise LearnerError(f"learner '{name}': rows must be >= 1, got {rows}")
+        for key in cls.basis_options:
+            size = resolved.get(key, options[key].default)
+            if isinstance(size, int) and size > rows:
+                resolved[key] = int(rows)
+    learner = cls.from_options(input_dim, output_dim, **resolved)
+    if preset is not None:
+        learner.config["preset"] = preset
+    return learner
 
 
-__all__ = ["LEARNERS", "Learner", "LearnerError", "LearnerUnavailable", "learner_class", "learner_options", "make_learner"]
+__all__ = ["LEARNERS", "PRESETS", "Learner", "LearnerError", "LearnerUnavailable", "learner_class", "learner_options",
+           "make_learner", "preset_options"]

@@ -16,7 +16,6 @@ Cost, for ``n`` points seen and ``P`` outputs:
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -54,6 +53,15 @@ class ExactOnlineGP(Learner):
     """
 
     name = "exact"
+    capabilities = frozenset({"point_limit"})
+    # small: the control runs; cpu: refits of O(P n^3) that a core finishes in seconds;
+    # paper: the point limit of the WISKI paper's exact baseline runs (its Fig. 2)
+    presets = {"small": {"max_points": 1500}, "cpu": {"max_points": 1024}, "paper": {"max_points": 2000}}
+    # the data buffers are preallocated (buffer_size rows) and only their first n rows
+    # are state; a checkpoint keeps buffer_size so that a restored learner computes on
+    # buffers of the same strides, bit for bit as the original
+    state_fields = ("initialized", "steps", "n", "buffer_size", "inputs", "targets", "chol", "whitened", "hp",
+                    "optimizer", "generator")
 
     def __init__(
         self,
@@ -91,11 +99,9 @@ class ExactOnlineGP(Learner):
         self.initialized = False
         self.n = 0
         self.steps = 0
-        kw = {"device": self.device, "dtype": self.dtype}
-        self._X = torch.zeros(0, input_dim, **kw)
-        self._Y = torch.zeros(0, output_dim, **kw)
-        self._L = torch.zeros(output_dim, 0, 0, **kw)  # lower Cholesky of K + sigma^2 I, [P, cap, cap]
-        self._z = torch.zeros(output_dim, 0, **kw)  # L^{-1} y, [P, n]
+        # X [cap, D], Y [cap, P], the lower Cholesky factor L of K + sigma^2 I [P, cap, cap]
+        # and z = L^{-1} y [P, cap]; grown by doubling
+        self.buffer_size = 0
         self._alpha: Tensor | None = None  # (K + sigma^2 I)^{-1} y, refreshed lazily
 
     # -- helpers ---------------------------------------------------------------------
@@ -106,13 +112,62 @@ class ExactOnlineGP(Learner):
         cap = self._X.shape[0]
         if n <= cap:
             return
-        new = min(max(n, 2 * cap, 64), self.max_points)
+        old = (self._X, self._Y, self._L, self._z)
+        self.buffer_size = min(max(n, 2 * cap, 64), self.max_points)
+        self._X[:cap], self._Y[:cap], self._L[:, :cap, :cap], self._z[:, :cap] = old
+
+    # -- the state: the first n rows of the buffers ----------------------------------------
+    @property
+    def buffer_size(self) -> int:
+        """Rows allocated for data; setting it allocates empty buffers of that size."""
+        return self._X.shape[0]
+
+    @buffer_size.setter
+    def buffer_size(self, size: int) -> None:
         kw = {"device": self.device, "dtype": self.dtype}
-        X = torch.zeros(new, self.input_dim, **kw)
-        Y = torch.zeros(new, self.output_dim, **kw)
-        L = torch.zeros(self.output_dim, new, new, **kw)
-        X[:cap], Y[:cap], L[:, :cap, :cap] = self._X, self._Y, self._L
-        self._X, self._Y, self._L = X, Y, L
+        self._X = torch.zeros(size, self.input_dim, **kw)
+        self._Y = torch.zeros(size, self.output_dim, **kw)
+        self._L = torch.zeros(self.output_dim, size, size, **kw)
+        self._z = torch.zeros(self.output_dim, size, **kw)
+
+    @property
+    def inputs(self) -> Tensor:
+        """The observed inputs ``[n, D]`` (a view)."""
+        return self._X[: self.n]
+
+    @property
+    def targets(self) -> Tensor:
+        """The observed targets ``[n, P]`` (a view)."""
+        return self._Y[: self.n]
+
+    @property
+    def chol(self) -> Tensor:
+        """Lower Cholesky factor of ``K + sigma^2 I`` over the observed inputs, ``[P, n, n]`` (a view)."""
+        return self._L[:, : self.n, : self.n]
+
+    @property
+    def whitened(self) -> Tensor:
+        """``L^{-1} y``, ``[P, n]`` (a view)."""
+        return self._z[:, : self.n]
+
+    def _state_shapes(self, state: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+        n, size = state["n"], state["buffer_size"]
+        if not (isinstance(n, int) and isinstance(size, int) and 0 <= n <= size <= self.max_points):
+            raise LearnerError(f"ExactOnlineGP.load_state_dict: need 0 <= n <= buffer_size <= max_points={self.max_points}, "
+                               f"got n={n!r}, buffer_size={size!r}")
+        d, p = self.input_dim, self.output_dim
+        return {"inputs": (n, d), "targets": (n, p), "chol": (p, n, n), "whitened": (p, n)}
+
+    def _after_load(self) -> None:
+        self._alpha = None
+
+    # -- the point limit -----------------------------------------------------------------
+    @property
+    def point_limit(self) -> int:
+        return self.max_points
+
+    def room(self) -> int:
+        return self.max_points - self.n
 
     def _block(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Block Cholesky update for new rows: ``S = L^{-1} K_{X x}``, ``L22``, whitened ``z2``."""
@@ -123,9 +178,9 @@ class ExactOnlineGP(Learner):
             s = torch.zeros(self.output_dim, 0, x.shape[0], device=self.device, dtype=self.dtype)
             resid = y.T
         else:
-            s = torch.linalg.solve_triangular(self._L[:, :n, :n], self._k(self._X[:n], x), upper=False)
+            s = torch.linalg.solve_triangular(self.chol, self._k(self.inputs, x), upper=False)
             kxx = kxx - s.transpose(-1, -2) @ s
-            resid = y.T - (s * self._z.unsqueeze(-1)).sum(-2)
+            resid = y.T - (s * self.whitened.unsqueeze(-1)).sum(-2)
         l22 = cholesky(kxx)
         z2 = torch.linalg.solve_triangular(l22, resid.unsqueeze(-1), upper=False).squeeze(-1)
         return s, l22, z2
@@ -140,6 +195,8 @@ class ExactOnlineGP(Learner):
         """Condition on ``x [q, D]``, ``y [q, P]`` by a block Cholesky update (``O(P n^2 q)``)."""
         self.check_xy(x, y, "observe")
         self.check_finite("observe", x=x, y=y)
+        if x.shape[0] == 0:
+            return
         if self.n + x.shape[0] > self.max_points:
             raise LearnerError(
                 f"ExactOnlineGP.observe: {self.n + x.shape[0]} points exceed max_points={self.max_points}; "
@@ -154,13 +211,13 @@ class ExactOnlineGP(Learner):
         self._Y[n : n + q] = y
         self._L[:, n : n + q, :n] = s.transpose(-1, -2)
         self._L[:, n : n + q, n : n + q] = l22
-        self._z = torch.cat([self._z, z2], dim=-1)
+        self._z[:, n : n + q] = z2
         self.n = n + q
         self._alpha = None
 
     def mll(self) -> Tensor:
         """Log marginal likelihood of all observed data per output, ``[P]`` (WISKI eq. (1)); differentiable."""
-        x, y = self._X[: self.n], self._Y[: self.n]
+        x, y = self.inputs, self.targets
         k = self._k(x, x) + self.hp.noise[:, None, None] * torch.eye(self.n, device=self.device, dtype=self.dtype)
         chol = cholesky(k)
         z = torch.linalg.solve_triangular(chol, y.T.unsqueeze(-1), upper=False).squeeze(-1)
@@ -171,10 +228,10 @@ class ExactOnlineGP(Learner):
     def refactor(self) -> None:
         """Fresh Cholesky factor after the hyperparameters changed (``O(P n^3)``)."""
         n = self.n
-        x, y = self._X[:n], self._Y[:n]
+        x, y = self.inputs, self.targets
         k = self._k(x, x) + self.hp.noise[:, None, None] * torch.eye(n, device=self.device, dtype=self.dtype)
         self._L[:, :n, :n] = cholesky(k)
-        self._z = torch.linalg.solve_triangular(self._L[:, :n, :n], y.T.unsqueeze(-1), upper=False).squeeze(-1)
+        self._z[:, :n] = torch.linalg.solve_triangular(self.chol, y.T.unsqueeze(-1), upper=False).squeeze(-1)
         self._alpha = None
 
     def step(self, x: Tensor, y: Tensor) -> dict[str, float]:
@@ -194,8 +251,8 @@ class ExactOnlineGP(Learner):
 
     def _alpha_cache(self) -> Tensor:
         if self._alpha is None:
-            lt = self._L[:, : self.n, : self.n].transpose(-1, -2)
-            self._alpha = torch.linalg.solve_triangular(lt, self._z.unsqueeze(-1), upper=True).squeeze(-1)
+            lt = self.chol.transpose(-1, -2)
+            self._alpha = torch.linalg.solve_triangular(lt, self.whitened.unsqueeze(-1), upper=True).squeeze(-1)
         return self._alpha
 
     @torch.no_grad()
@@ -210,9 +267,9 @@ class ExactOnlineGP(Learner):
         if self.n == 0:
             mean, var = torch.zeros_like(prior), prior
         else:
-            ksx = self._k(self._X[: self.n], xf)  # [P, n, N]
+            ksx = self._k(self.inputs, xf)  # [P, n, N]
             mean = (ksx * self._alpha_cache().unsqueeze(-1)).sum(-2)
-            v = torch.linalg.solve_triangular(self._L[:, : self.n, : self.n], ksx, upper=False)
+            v = torch.linalg.solve_triangular(self.chol, ksx, upper=False)
             var = (prior - (v * v).sum(-2)).clamp_min(0.0)
         return mean.T.reshape(*lead, self.output_dim), var.T.reshape(*lead, self.output_dim)
 
@@ -235,46 +292,3 @@ class ExactOnlineGP(Learner):
         self.hp.set(**values)
         self.initialized = True
         self.refactor()
-
-    def state_dict(self) -> dict[str, Any]:
-        n = self.n
-        return {
-            "name": self.name,
-            "input_dim": self.input_dim,
-            "output_dim": self.output_dim,
-            "initialized": self.initialized,
-            "n": n,
-            "steps": self.steps,
-            "X": self._X[:n].clone(),
-            "Y": self._Y[:n].clone(),
-            "L": self._L[:, :n, :n].clone(),
-            "z": self._z.clone(),
-            "hyperparameters": self.hp.state_dict(),
-            "optimizer": copy.deepcopy(self.optimizer.state_dict()),  # Adam state tensors are live
-            "generator": self.generator.get_state(),
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if state.get("name") != self.name or state["input_dim"] != self.input_dim or state["output_dim"] != self.output_dim:
-            raise LearnerError(
-                f"ExactOnlineGP.load_state_dict: state is for {state.get('name')} with "
-                f"{state.get('input_dim')} -> {state.get('output_dim')}, this learner is {self.input_dim} -> {self.output_dim}"
-            )
-        kw = {"device": self.device, "dtype": self.dtype}
-        n = int(state["n"])
-        self.n = 0
-        self._X = torch.zeros(0, self.input_dim, **kw)
-        self._Y = torch.zeros(0, self.output_dim, **kw)
-        self._L = torch.zeros(self.output_dim, 0, 0, **kw)
-        self._ensure_capacity(n)
-        self._X[:n] = torch.as_tensor(state["X"]).to(**kw)
-        self._Y[:n] = torch.as_tensor(state["Y"]).to(**kw)
-        self._L[:, :n, :n] = torch.as_tensor(state["L"]).to(**kw)
-        self._z = torch.as_tensor(state["z"]).to(**kw)
-        self.n = n
-        self.steps = int(state["steps"])
-        self.initialized = bool(state["initialized"])
-        self.hp.load_state_dict(state["hyperparameters"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.generator.set_state(state["generator"])
-        self._alpha = None

@@ -10,13 +10,12 @@ lengthscales, output variance for the noise, unit amplitude.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from gpdyn.gp.base import LearnerError
+from gpdyn.gp.base import LearnerError, Stateful
 from gpdyn.gp.kernels import median_lengthscale
 
 
@@ -30,8 +29,10 @@ def initial_noise_variance(y: Tensor) -> Tensor:
     return torch.where(torch.isfinite(var) & (var > 0), var, torch.ones_like(var))
 
 
-class SEHyperparameters:
+class SEHyperparameters(Stateful):
     """``lengthscale [P, D]``, ``amplitude [P]``, ``noise [P]`` as leaf tensors with gradients."""
+
+    state_fields = ("raw_lengthscale", "raw_amplitude", "raw_noise", "noise_floor")
 
     def __init__(
         self, num_outputs: int, dim: int, *, device: torch.device, dtype: torch.dtype, noise_floor: float = 1e-6
@@ -85,21 +86,3 @@ class SEHyperparameters:
     def as_dict(self) -> dict[str, Tensor]:
         """Detached current values."""
         return {"lengthscale": self.lengthscale.detach(), "amplitude": self.amplitude.detach(), "noise": self.noise.detach()}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "raw_lengthscale": self.raw_lengthscale.detach().clone(),
-            "raw_amplitude": self.raw_amplitude.detach().clone(),
-            "raw_noise": self.raw_noise.detach().clone(),
-            "noise_floor": self.noise_floor,
-        }
-
-    @torch.no_grad()
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        for name in ("raw_lengthscale", "raw_amplitude", "raw_noise"):
-            target = getattr(self, name)
-            value = torch.as_tensor(state[name])
-            if value.shape != target.shape:
-                raise LearnerError(f"hyperparameter state '{name}' has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
-            target.copy_(value.to(device=target.device, dtype=target.dtype))
-        self.noise_floor = float(state["noise_floor"])

@@ -19,10 +19,14 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from gpdyn.device import DTYPES, dtype_name, sync
+from gpdyn.device import dtype_name, resolve_dtype, sync
 from gpdyn.errors import InputError
 from gpdyn.gp import make_learner
-from gpdyn.gp.base import Learner
+from gpdyn.gp.base import Learner, LearnerError, check_plain
+
+#: the layout of a checkpoint: learner name, config, dtype, the learner's declared state
+#: (gpdyn.gp.base.Stateful) and the caller's extras, all plain data
+CHECKPOINT_FORMAT = 2
 
 
 def nmse(mean: Tensor, y: Tensor) -> Tensor:
@@ -64,15 +68,18 @@ def run_online(
         learner: any :class:`~gpdyn.gp.base.Learner` (untrained, or resumed from a checkpoint).
         stream: yields ``(x [N_m, D], y [N_m, P])`` on the learner's device and dtype.
         x_test, y_test: the held-out split, normalised like the stream.
-        n_delta: basis functions added per iteration (SVDGP N_Delta), for learners that have one.
+        n_delta: basis functions added per iteration (SVDGP N_Delta), for learners with the
+            ``"n_delta"`` capability.
         eval_every: iterations between evaluations (one more after the last iteration).
         callback: called with each record, e.g. ``run.log(**record)``.
-        n_data: the training-set size N of the bound, for learners that use one.
+        n_data: the training-set size N of the bound, for learners with the ``"n_data"`` capability.
         progress: show a tqdm bar.
 
     Each record has ``iteration``, ``loss`` (of the last step), ``step_s`` (mean wall time
     per iteration since the last record, synchronised with the device only here),
-    ``elapsed_s`` and the :func:`evaluate` metrics.
+    ``elapsed_s`` and the :func:`evaluate` metrics. A learner with a ``"point_limit"``
+    observes the rows that fit and keeps taking steps; its records count the rows it
+    could not observe in this call (``unobserved``).
     """
     if iterations < 1:
         raise InputError(f"run_online: iterations must be >= 1, got {iterations}")
@@ -81,24 +88,28 @@ def run_online(
     if n_delta is not None:
         if n_delta < 1:
             raise InputError(f"run_online: n_delta must be >= 1, got {n_delta}")
-        if hasattr(learner, "n_delta"):
-            learner.n_delta = int(n_delta)
-            learner.config["n_delta"] = int(n_delta)  # a checkpoint rebuilds it with this rate
-    if n_data is not None and hasattr(learner, "n_data"):
-        learner.n_data = int(n_data)
-        learner.config["n_data"] = int(n_data)
+        if learner.can("n_delta"):
+            learner.set_n_delta(n_delta)
+    if n_data is not None and learner.can("n_data"):
+        learner.set_n_data(n_data)
     records: list[dict[str, Any]] = []
     batches = iter(stream)
     start = time.perf_counter()
     last_time, last_it = start, 0
     loss: Tensor | float = float("nan")
+    unobserved = 0
     bar = tqdm(range(1, iterations + 1), desc=f"learn {learner.name}", disable=not progress, unit="it")
     for it in bar:
         try:
             xb, yb = next(batches)
         except StopIteration:
             raise InputError(f"run_online: the stream ended after {it - 1} of {iterations} iterations") from None
-        learner.observe(xb, yb)
+        room = learner.room()
+        if room is not None and room < xb.shape[0]:
+            unobserved += xb.shape[0] - room
+            learner.observe(xb[:room], yb[:room])
+        else:
+            learner.observe(xb, yb)
         metrics = learner.step(xb, yb)
         loss = metrics.get("loss", loss)
         if it % eval_every == 0 or it == iterations:
@@ -112,6 +123,8 @@ def run_online(
             }
             record.update(evaluate(learner, x_test, y_test))
             record.update(learner.diagnostics())
+            if learner.can("point_limit"):
+                record["unobserved"] = unobserved
             records.append(record)
             bar.set_postfix(nmse=f"{record['nmse_mean']:.4f}", vlb=f"{record['vlb_mean']:.3f}")
             if callback is not None:
@@ -121,22 +134,24 @@ def run_online(
 
 
 def save_learner(learner: Learner, path: str | Path, **extra: Any) -> Path:
-    """Write a checkpoint that :func:`load_learner` restores exactly (``extra`` is kept alongside)."""
-    config = getattr(learner, "config", None)
-    if config is None:
-        raise InputError(f"save_learner: {type(learner).__name__} has no constructor config to rebuild it from")
+    """Write a checkpoint that :func:`load_learner` restores exactly (``extra`` is kept alongside).
+
+    Everything in it is plain data (tensors, numbers, strings, dicts, lists), so that
+    loading runs no pickled code; anything else (a custom kernel object in the config,
+    say) is a LearnerError naming where it is.
+    """
+    checkpoint = {
+        "format": CHECKPOINT_FORMAT,
+        "learner": learner.name,
+        "config": dict(learner.config),
+        "dtype": dtype_name(learner.dtype),
+        "state": learner.state_dict(),
+        "extra": extra,
+    }
+    check_plain(checkpoint, f"save_learner({learner.name})")
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
-    torch.save(
-        {
-            "learner": learner.name,
-            "config": dict(config),
-            "dtype": dtype_name(learner.dtype),
-            "state": learner.state_dict(),
-            "extra": extra,
-        },
-        partial,
-    )
+    torch.save(checkpoint, partial)
     os.replace(partial, path)  # atomic: a crash mid-save never leaves a truncated checkpoint
     return path
 
@@ -149,23 +164,29 @@ def load_learner(
     if not path.is_file():
         raise InputError(f"{path}: no such checkpoint")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # a truncated or foreign file: say which
         raise InputError(f"{path}: not a gpdyn checkpoint ({err})") from err
-    if not isinstance(ckpt, Mapping) or not {"learner", "config", "state"} <= set(ckpt):
-        raise InputError(f"{path}: not a gpdyn learner checkpoint (missing learner/config/state)")
+    if not isinstance(ckpt, Mapping) or not {"learner", "config", "state", "dtype"} <= set(ckpt):
+        raise InputError(f"{path}: not a gpdyn learner checkpoint (missing learner/config/state/dtype)")
+    if ckpt.get("format") != CHECKPOINT_FORMAT:
+        raise InputError(f"{path}: checkpoint format {ckpt.get('format', 1)}, this gpdyn reads format {CHECKPOINT_FORMAT} "
+                         "(written by another version: run the job again to write a new one)")
     config = dict(ckpt["config"])
     input_dim, output_dim = config.pop("input_dim"), config.pop("output_dim")
-    learner = make_learner(
-        ckpt["learner"],
-        input_dim,
-        output_dim,
-        device=device or "cpu",
-        dtype=dtype or DTYPES[ckpt.get("dtype", "float64")],
-        **config,
-    )
-    learner.load_state_dict(ckpt["state"])
+    try:
+        learner = make_learner(
+            ckpt["learner"],
+            input_dim,
+            output_dim,
+            device=device or "cpu",
+            dtype=dtype or resolve_dtype(ckpt["dtype"], option=f"{path}: dtype"),
+            **config,
+        )
+        learner.load_state_dict(ckpt["state"])
+    except LearnerError as err:
+        raise InputError(f"{path}: {err}") from err
     return learner, dict(ckpt.get("extra", {}))
 
 
-__all__ = ["evaluate", "load_learner", "nmse", "run_online", "save_learner"]
+__all__ = ["CHECKPOINT_FORMAT", "evaluate", "load_learner", "nmse", "run_online", "save_learner"]

@@ -6,6 +6,10 @@ columns (:class:`LinearKernelGP`) on the residual ``y - prior(x)`` of every new 
 over a sliding window. One Adam step per control step barely moves a variational model;
 exact conditioning changes the prediction at the very next step, and the window lets it
 forget the plant before a change.
+
+:class:`ResidualGP` is a registered learner (``make_learner("residual", D, P, prior=...)``):
+its config names the prior's learner and config, so a checkpoint rebuilds the prior and
+restores its state with the residual's.
 """
 
 from __future__ import annotations
@@ -17,14 +21,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gpdyn.gp.base import LOG_2PI, Learner, LearnerError, cholesky
+from gpdyn.gp import make_learner
+from gpdyn.gp.base import LOG_2PI, Learner, LearnerError, Stateful, cholesky
 from gpdyn.gp.exact import ExactOnlineGP
+from gpdyn.gp.online import load_learner
 from gpdyn.gp.kernels import median_lengthscale
 
 RESIDUAL_KERNELS = ("se", "linear")  # ResidualGP's residual model: an exact SE-ARD GP, or a linear-kernel GP
 
 
-class LinearKernelGP:
+class LinearKernelGP(Stateful):
     """A GP with a linear kernel over some input columns: the residual model of
     ``ResidualGP(kernel="linear")``.
 
@@ -46,6 +52,8 @@ class LinearKernelGP:
     correlate with the action along a gait still enter ``W`` (docs/control.md, eleventh
     study), which is why it is used behind ResidualGP's evidence gate.
     """
+
+    state_fields = ("features", "targets")  # the window; the posterior follows from them
 
     def __init__(self, output_dim: int, columns: Sequence[int], *, window: int, noise: float,
                  prior_var: float = 1.0, forget: float = 1.0, device: torch.device, dtype: torch.dtype) -> None:
@@ -93,13 +101,37 @@ class LinearKernelGP:
         var = var + self.noise
         return (-0.5 * ((y - mean).pow(2) / var + var.log() + LOG_2PI)).reshape(-1, self.output_dim).mean(0)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"features": self.features.clone(), "targets": self.targets.clone()}
+    def _state_shapes(self, state: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+        rows = state["features"].shape[0] if isinstance(state["features"], Tensor) else -1
+        if not 0 <= rows <= self.window:
+            raise LearnerError(f"LinearKernelGP.load_state_dict: 'features' must hold 0 to {self.window} rows, got {rows}")
+        return {"features": (rows, self.features.shape[1]), "targets": (rows, self.output_dim)}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.features = state["features"].clone().to(self.device, self.dtype)
-        self.targets = state["targets"].clone().to(self.device, self.dtype)
+    def _after_load(self) -> None:
         self._refresh()
+
+
+class ZeroMean(Learner):
+    """The zero function as a prior: ``ResidualGP`` without a prior learner. It has nothing
+    to learn (``observe`` and ``step`` only check their input) and no likelihood of its own."""
+
+    name = "zero"
+    initialized = True
+
+    def observe(self, x: Tensor, y: Tensor) -> None:
+        self.check_xy(x, y, "observe")
+
+    def step(self, x: Tensor, y: Tensor) -> dict[str, float]:
+        self.check_xy(x, y, "step")
+        return {}
+
+    def predict(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        self.check_xy(x, where="predict")
+        zeros = x.new_zeros(*x.shape[:-1], self.output_dim)
+        return zeros, zeros.clone()
+
+    def vlb(self, x: Tensor, y: Tensor) -> Tensor:
+        raise LearnerError("ZeroMean.vlb: the zero prior has no likelihood of its own (ResidualGP.vlb scores the residual)")
 
 
 class ResidualGP(Learner):
@@ -133,14 +165,55 @@ class ResidualGP(Learner):
     columns ``linear_inputs`` with noise variance ``noise``, a sliding window of
     ``window`` samples and forgetting factor ``forget`` (1: none). ``lengthscale_factor``,
     ``amplitude`` and the refits belong to the SE kernel and are not used.
+
+    Without ``reference_x`` the SE lengthscales are ``lengthscale_factor`` itself (in the
+    units of x; inputs normalised to unit variance suit 1); a checkpoint restores the
+    fitted ones.
     """
 
     name = "residual"
+    # the window is chosen for control (docs/control.md), not by a paper: one size at every scale
+    presets = {"small": {"window": 400}, "cpu": {"window": 400}, "paper": {"window": 400}}
+    state_fields = ("prior", "hyper", "residual", "observed", "gate_sums")
+
+    @classmethod
+    def from_options(
+        cls,
+        input_dim: int,
+        output_dim: int,
+        *,
+        prior: Learner | str | Mapping[str, Any] | None = None,
+        reference_x: Tensor | None = None,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float64,
+        seed: int = 0,
+        **options: Any,
+    ) -> ResidualGP:
+        """The registry's constructor. ``prior``: a learner, the path of a checkpoint
+        (:func:`gpdyn.gp.online.save_learner`), ``{"learner": name, "config": {...}}`` as
+        this learner's config records it (a fresh prior; a checkpoint then restores its
+        state), or None: the zero function (:class:`ZeroMean`), which makes the residual GP
+        a sliding-window GP on y itself."""
+        if prior is None:
+            prior = ZeroMean(input_dim, output_dim, device=device, dtype=dtype, seed=seed)
+        elif isinstance(prior, str):
+            prior = load_learner(prior, device=device, dtype=dtype)[0]
+        elif isinstance(prior, Mapping) and isinstance(prior.get("learner"), str):
+            config = {k: v for k, v in dict(prior.get("config", {})).items() if k not in ("input_dim", "output_dim")}
+            config.setdefault("seed", seed)
+            prior = make_learner(prior["learner"], input_dim, output_dim, device=device, dtype=dtype, **config)
+        elif not isinstance(prior, Learner):
+            raise LearnerError("ResidualGP: prior must be a learner, a checkpoint path or {'learner': name, 'config': {...}}, "
+                               f"got {type(prior).__name__}")
+        if (prior.input_dim, prior.output_dim) != (input_dim, output_dim):
+            raise LearnerError(f"ResidualGP: the prior maps {prior.input_dim} -> {prior.output_dim} inputs to outputs, "
+                               f"not {input_dim} -> {output_dim}")
+        return cls(prior, reference_x, **options)
 
     def __init__(
         self,
         prior: Learner,
-        reference_x: Tensor,
+        reference_x: Tensor | None = None,
         *,
         window: int = 400,
         lengthscale_factor: float | list[float] | Tensor = 1.0,
@@ -175,18 +248,24 @@ class ResidualGP(Learner):
         if kernel == "linear" and not (linear_inputs and all(0 <= i < prior.input_dim for i in linear_inputs)):
             raise LearnerError(f"ResidualGP: kernel 'linear' needs linear_inputs, columns in [0, {prior.input_dim}), "
                                f"got {linear_inputs}")
-        if reference_x.ndim != 2 or reference_x.shape[1] != prior.input_dim or reference_x.shape[0] < 2:
+        if reference_x is not None and (reference_x.ndim != 2 or reference_x.shape[1] != prior.input_dim
+                                        or reference_x.shape[0] < 2):
             raise LearnerError(f"ResidualGP: reference_x must be [N >= 2, {prior.input_dim}], got {tuple(reference_x.shape)}")
         self.prior = prior
         self.window = int(window)
         # the SE kernel's hyperparameters (the linear kernel has none to set or refit)
-        self.hyper = {} if kernel != "se" else {
-            "lengthscale": (factor.to(prior.device) * median_lengthscale(reference_x.to(prior.device, prior.dtype),
-                                                                         generator=self.generator)).expand(prior.output_dim, -1).clone(),
-            "amplitude": float(amplitude),
-            "noise": float(noise),
-        }
-        self.config.update(window=self.window, lengthscale_factor=factor.tolist(), amplitude=float(amplitude),
+        self.hyper: dict[str, Tensor] = {}
+        if kernel == "se":
+            lengthscale = factor.to(prior.device)
+            if reference_x is not None:
+                lengthscale = lengthscale * median_lengthscale(reference_x.to(prior.device, prior.dtype), generator=self.generator)
+            per_output = {"device": prior.device, "dtype": prior.dtype}
+            self.hyper = {"lengthscale": lengthscale.expand(prior.output_dim, prior.input_dim).clone(),
+                          "amplitude": torch.full((prior.output_dim,), float(amplitude), **per_output),
+                          "noise": torch.full((prior.output_dim,), float(noise), **per_output)}
+        # the live config of the prior: a checkpoint rebuilds it by name and config
+        spec = None if isinstance(prior, ZeroMean) else {"learner": prior.name, "config": prior.config}
+        self.config.update(prior=spec, window=self.window, lengthscale_factor=factor.tolist(), amplitude=float(amplitude),
                            noise=float(noise), refit_every=int(refit_every), refit_iters=int(refit_iters), lr=float(lr),
                            gated=bool(gated), gate_decay=float(gate_decay), gate_z=float(gate_z),
                            kernel=kernel, linear_inputs=linear_inputs, forget=float(forget))
@@ -195,6 +274,11 @@ class ResidualGP(Learner):
         # gated: exponentially weighted sums per output of d = (error of the prior alone)^2 -
         # (error with the residual)^2, of d^2, of the weights and of their squares
         self.gate_sums = torch.zeros(4, prior.output_dim, device=prior.device, dtype=prior.dtype)
+
+    @property
+    def initialized(self) -> bool:  # type: ignore[override]
+        """The frozen prior predicts: the residual starts at zero."""
+        return self.prior.initialized
 
     def diagnostics(self) -> dict[str, float]:
         """The frozen prior's counters, how many residual samples are conditioned on and (gated)
@@ -246,8 +330,7 @@ class ResidualGP(Learner):
         gp = self.residual
         if isinstance(gp, ExactOnlineGP) and gp.n + x.shape[0] > self.window:
             keep = max(0, self.window // 2 - x.shape[0])
-            state = gp.state_dict()
-            old_x, old_r = state["X"][gp.n - keep :], state["Y"][gp.n - keep :]
+            old_x, old_r = gp.inputs[gp.n - keep :].clone(), gp.targets[gp.n - keep :].clone()
             self.hyper = {k: v.detach().clone() for k, v in gp.hp.as_dict().items()}
             gp = self.residual = self._fresh()
             if keep:
@@ -275,22 +358,5 @@ class ResidualGP(Learner):
         self.check_xy(x, y, "vlb")
         return self.residual.vlb(x, y - self._prior_mean(x))
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "prior": self.prior.state_dict(), "residual": self.residual.state_dict(),
-                "hyper": {k: (v.clone() if isinstance(v, Tensor) else v) for k, v in self.hyper.items()},
-                "observed": self.observed, "gate_sums": self.gate_sums.clone()}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if state.get("name") != self.name:
-            raise LearnerError(f"ResidualGP.load_state_dict: a '{state.get('name')}' checkpoint, not '{self.name}'")
-        self.prior.load_state_dict(state["prior"])
-        self.hyper = dict(state["hyper"])
-        self.residual = self._fresh()
-        self.residual.load_state_dict(state["residual"])
-        self.observed = int(state["observed"])
-        saved = state.get("gate_sums")  # older checkpoints have none: the gate starts over
-        self.gate_sums = (torch.zeros_like(self.gate_sums) if saved is None
-                          else saved.clone().to(self.device, self.dtype))
-
-
-__all__ = ["RESIDUAL_KERNELS", "LinearKernelGP", "ResidualGP"]
+__all__ = ["RESIDUAL_KERNELS", "LinearKernelGP", "ResidualGP", "ZeroMean"]

@@ -24,7 +24,6 @@ Subclasses implement the expected log-likelihood and the KL term of the bound
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -78,6 +77,9 @@ class VariationalLearner(Learner):
     """
 
     default_lr: float = 1e-2
+    capabilities = frozenset({"basis", "n_delta", "n_data"})
+    # parameters, non-optimised buffers, basis counts, Adam state, counters and the generator
+    state_fields = ("params", "buffers", "counts", "initialized", "t", "n_seen", "n_data", "optimizer", "generator")
 
     def __init__(
         self,
@@ -355,44 +357,28 @@ class VariationalLearner(Learner):
         """Mean and variance ``[P, N]`` for ``x [N, D]`` from :meth:`prepare`'s tensors."""
         raise LearnerError(f"{type(self).__name__} does not define predict_cached()")
 
-    # -- checkpoints ----------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """Parameters, buffers, basis counts, Adam state, counters and the generator state."""
-        return {
-            "name": self.name,
-            "config": dict(self.config),
-            "params": {k: v.detach().clone() for k, v in self.params.items()},
-            "buffers": {k: v.detach().clone() for k, v in self.buffers.items()},
-            "counts": dict(self.counts),
-            "initialized": self.initialized,
-            "t": self.t,
-            "n_seen": self.n_seen,
-            "n_data": self.n_data,
-            "optimizer": copy.deepcopy(self.optimizer.state_dict()) if self.optimizer is not None else None,
-            "generator": self.generator.get_state(),
-        }
+    # -- capabilities -----------------------------------------------------------------
+    @property
+    def basis_capacity(self) -> dict[str, int]:
+        return dict(self.capacity)
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore exactly what :meth:`state_dict` returned (same sizes required)."""
-        where = f"{type(self).__name__}.load_state_dict"
-        if state.get("name") != self.name:
-            raise LearnerError(f"{where}: the state is for learner '{state.get('name')}', this is '{self.name}'")
-        for group in ("params", "buffers"):
-            mine = getattr(self, group)
-            theirs = state[group]
-            if set(theirs) != set(mine):
-                raise LearnerError(f"{where}: {group} {sorted(theirs)} do not match {sorted(mine)}")
-            for k, v in theirs.items():
-                if tuple(v.shape) != tuple(mine[k].shape):
-                    raise LearnerError(f"{where}: {group}.{k} has shape {tuple(v.shape)}, expected {tuple(mine[k].shape)}")
-                with torch.no_grad():
-                    mine[k].copy_(v.to(device=self.device, dtype=self.dtype))
-        self.counts = {k: int(v) for k, v in state["counts"].items()}
-        self.initialized = bool(state["initialized"])
-        self.t = int(state["t"])
-        self.n_seen = int(state["n_seen"])
-        self.n_data = state["n_data"]
-        if state["optimizer"] is not None and self.optimizer is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.generator.set_state(state["generator"])
+    @property
+    def basis_counts(self) -> dict[str, int]:
+        return dict(self.counts)
+
+    def set_n_delta(self, n_delta: int) -> None:
+        if not self.can("n_delta"):
+            raise self.lacks("n_delta", "set_n_delta")
+        if n_delta < 1:
+            raise LearnerError(f"{type(self).__name__}.set_n_delta: n_delta must be >= 1, got {n_delta}")
+        self.n_delta = int(n_delta)
+        self.config["n_delta"] = self.n_delta  # a checkpoint rebuilds it with this rate
+
+    def set_n_data(self, n_data: int) -> None:
+        if n_data < 1:
+            raise LearnerError(f"{type(self).__name__}.set_n_data: n_data must be >= 1, got {n_data}")
+        self.n_data = int(n_data)
+        self.config["n_data"] = self.n_data
+
+    def _after_load(self) -> None:
         self._cache = None

@@ -48,7 +48,6 @@ whole protocol point by point.
 
 from __future__ import annotations
 
-import copy
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -151,6 +150,16 @@ class WISKI(Learner):
     """
 
     name = "wiski"
+    capabilities = frozenset({"pretrain", "step_on_observed"})
+    # small: the WISKI paper's 16 points per projected dimension (m = 256); cpu the same;
+    # paper: the grid of the SVDGP Table 2 replays (docs/results). lr 0.1: the gamma_0
+    # chosen by the step-size selection (docs/results/*-select).
+    presets = {"small": {"grid_size": 16}, "cpu": {"grid_size": 16, "lr": 0.1}, "paper": {"grid_size": 32, "lr": 0.1}}
+    # the caches of eqs. (7), (16), (17), the hyperparameters, the grid, the clamp counters,
+    # the projection (PROJECTION_FIELDS, with a projection) and the optimiser
+    state_fields = ("initialized", "n", "grid_state", "gram", "wty", "yty", "observe_clamped", "predict_clamped", "hp",
+                    "optimizer", "generator")
+    PROJECTION_FIELDS = ("proj_weight", "bn_gamma", "bn_beta", "bn_mean", "bn_std")
 
     def __init__(
         self,
@@ -314,6 +323,8 @@ class WISKI(Learner):
     def observe(self, x: Tensor, y: Tensor) -> None:
         """Add ``x [q, D]``, ``y [q, P]`` to the caches (WISKI eqs. (7), (16), (17)): ``O(P q 16^d)``."""
         self.check_xy(x, y, "observe")
+        if x.shape[0] == 0:
+            return
         if not self.initialized:
             self.check_finite("observe", x=x, y=y)
             self._initialize(x, y)
@@ -474,7 +485,7 @@ class WISKI(Learner):
             if callback is not None:
                 callback(t, metrics)
 
-    # -- hyperparameters and checkpoints -------------------------------------------------------
+    # -- hyperparameters -------------------------------------------------------------------------
     def set_hyperparameters(self, **values: Any) -> None:
         """Set lengthscale / amplitude / noise (the caches do not depend on them)."""
         self.hp.set(**values)
@@ -484,58 +495,29 @@ class WISKI(Learner):
         """Points clamped onto the grid edge so far (by observe, by predict)."""
         return {"observe_clamped": float(self.observe_clamped), "predict_clamped": float(self.predict_clamped)}
 
-    def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {
-            "name": self.name,
-            "input_dim": self.input_dim,
-            "output_dim": self.output_dim,
-            "projection": self.projection,
-            "grid_sizes": list(self.grid_sizes),
-            "initialized": self.initialized,
-            "n": self.n,
-            "grid": self.grid.state_dict() if self.grid is not None else None,
-            "gram": self.gram.clone(),
-            "wty": self.wty.clone(),
-            "yty": self.yty.clone(),
-            "observe_clamped": self.observe_clamped.clone(),
-            "predict_clamped": self.predict_clamped.clone(),
-            "hyperparameters": self.hp.state_dict(),
-            "optimizer": copy.deepcopy(self.optimizer.state_dict()),  # Adam state tensors are live
-            "generator": self.generator.get_state(),
-        }
-        if self.proj_params:
-            state["projection_params"] = {
-                "weight": self.proj_weight.detach().clone(),
-                "gamma": self.bn_gamma.detach().clone(),
-                "beta": self.bn_beta.detach().clone(),
-                "bn_mean": self.bn_mean.clone(),
-                "bn_std": self.bn_std.clone(),
-            }
-        return state
+    # -- checkpoints -----------------------------------------------------------------------------
+    def state_names(self) -> tuple[str, ...]:
+        return self.state_fields + (self.PROJECTION_FIELDS if self.proj_params else ())
 
-    @torch.no_grad()
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        mine = (self.name, self.input_dim, self.output_dim, self.projection, list(self.grid_sizes))
-        theirs = (state.get("name"), state.get("input_dim"), state.get("output_dim"), state.get("projection"), list(state.get("grid_sizes", [])))
-        if mine != theirs:
-            raise LearnerError(f"WISKI.load_state_dict: state is for (name, D, P, projection, grid) = {theirs}, this learner is {mine}")
-        kw = {"device": self.device, "dtype": self.dtype}
-        self.initialized = bool(state["initialized"])
-        self.n = int(state["n"])
-        self.grid = Grid.from_state(state["grid"], self.device, self.dtype) if state["grid"] is not None else None
-        self.gram = torch.as_tensor(state["gram"]).to(**kw).clone()
-        self.wty = torch.as_tensor(state["wty"]).to(**kw).clone()
-        self.yty = torch.as_tensor(state["yty"]).to(**kw).clone()
-        self.observe_clamped = torch.as_tensor(state["observe_clamped"]).to(self.device).clone()
-        self.predict_clamped = torch.as_tensor(state["predict_clamped"]).to(self.device).clone()
-        self.hp.load_state_dict(state["hyperparameters"])
-        if self.proj_params:
-            pp = state["projection_params"]
-            self.proj_weight.copy_(torch.as_tensor(pp["weight"]).to(**kw))
-            self.bn_gamma.copy_(torch.as_tensor(pp["gamma"]).to(**kw))
-            self.bn_beta.copy_(torch.as_tensor(pp["beta"]).to(**kw))
-            self.bn_mean = torch.as_tensor(pp["bn_mean"]).to(**kw).clone()
-            self.bn_std = torch.as_tensor(pp["bn_std"]).to(**kw).clone()
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.generator.set_state(state["generator"])
+    @property
+    def grid_state(self) -> dict[str, Any] | None:
+        """The grid as checkpoint data (None until the first data sets it, when no bounds were given)."""
+        return None if self.grid is None else self.grid.state_dict()
+
+    @grid_state.setter
+    def grid_state(self, state: Mapping[str, Any] | None) -> None:
+        self.grid = None if state is None else Grid.from_state(state, self.device, self.dtype)
+
+    def _state_shapes(self, state: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+        grid = state["grid_state"]
+        if grid is not None:
+            d = self.feature_dim
+            ok = isinstance(grid, Mapping) and set(grid) == {"lower", "spacing", "sizes"}
+            if not ok or tuple(grid["sizes"]) != self.grid_sizes or any(
+                not isinstance(grid[k], Tensor) or tuple(grid[k].shape) != (d,) for k in ("lower", "spacing")
+            ):
+                raise LearnerError(f"WISKI.load_state_dict: 'grid_state' is not a grid of sizes {self.grid_sizes}")
+        return {}
+
+    def _after_load(self) -> None:
         self._stale = True
