@@ -10,7 +10,7 @@ plots to ``docs/results/<dataset>/``.
 
 ``--select-lr 0.1,0.01,0.001`` picks each learner's gamma_0 as the paper does (the best
 objective after ``--select-iterations`` = 100 iterations); without it every learner
-uses its default. ``--iterations`` overrides the scale's T and ``--name`` the results
+uses its preset's. ``--iterations`` overrides the scale's T and ``--name`` the results
 folder (default ``<dataset>-<scale>``).
 
 The scales are written into each report's config, so every number says what made it.
@@ -30,39 +30,12 @@ from gpdyn.errors import InputError
 ROOT = Path(__file__).resolve().parents[1]
 LEARNERS = ["svdgp", "svi", "ivsgpr", "vsgpr", "gpr", "orthnat", "wiski"]
 
-# SVDGP Appendix B sizes; the registry's defaults are these already, listed for the record.
-PAPER = {
-    "iterations": 2000,
-    "batch_size": 1024,
-    "n_delta": 128,
-    "eval_every": 100,
-    "sizes": {
-        "svdgp": {"m_alpha": 16384, "m_beta": 128},
-        "svi": {"m": 1024},
-        "ivsgpr": {"m": 256},
-        "vsgpr": {"m": 1024, "n_subset": 4096},
-        "gpr": {"n_subset": 1024},
-        "orthnat": {"m_gamma": 3500, "m_beta": 1500},
-        "wiski": {"grid_size": 32},
-    },
-}
-# What fits the 2-core CPU in well under an hour per dataset; the ratios between the
-# models' sizes follow the paper's (SVDGP's mean basis 32x SVI's, its covariance basis
-# half of iVSGPR's).
-CPU = {
-    "iterations": 300,
-    "batch_size": 512,
-    "n_delta": 64,
-    "eval_every": 25,
-    "sizes": {
-        "svdgp": {"m_alpha": 4096, "m_beta": 128},
-        "svi": {"m": 128},
-        "ivsgpr": {"m": 256},
-        "vsgpr": {"m": 512, "n_subset": 2048},
-        "gpr": {"n_subset": 1024},
-        "orthnat": {"m_gamma": 1024, "m_beta": 256},
-        "wiski": {"grid_size": 16},
-    },
+# The protocol at each scale; the learners' sizes are their presets of the same name
+# (``paper``: SVDGP Appendix B; ``cpu``: what fits a 2-core CPU in well under an hour
+# per dataset, with the ratios between the models' sizes kept).
+SCALES = {
+    "paper": {"iterations": 2000, "batch_size": 1024, "n_delta": 128, "eval_every": 100},
+    "cpu": {"iterations": 300, "batch_size": 512, "n_delta": 64, "eval_every": 25},
 }
 DATASETS = {
     # name: (store, problem, how to collect it, held-out rows scored at the CPU scale)
@@ -81,7 +54,7 @@ def gpdyn(*args: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scale", choices=("paper", "cpu"), default="cpu")
+    parser.add_argument("--scale", choices=tuple(SCALES), default="cpu", help="protocol and learner preset (default cpu)")
     parser.add_argument("--datasets", default=",".join(DATASETS), help="comma-separated: kuka1, walker1")
     parser.add_argument("--learners", default=",".join(LEARNERS))
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:INDEX (default cpu)")
@@ -96,7 +69,7 @@ def main() -> None:
         resolve_device(args.device)
     except InputError as err:
         parser.error(str(err))
-    scale = PAPER if args.scale == "paper" else CPU
+    scale = SCALES[args.scale]
     learners = [s for s in args.learners.split(",") if s]
     for name in args.datasets.split(","):
         store, problem, collect, eval_rows = DATASETS[name]
@@ -107,10 +80,7 @@ def main() -> None:
         replay = ["--store", store, "--problem", problem, "--learners", ",".join(learners),
                   "--iterations", str(args.iterations or scale["iterations"]), "--batch-size", str(scale["batch_size"]),
                   "--n-delta", str(scale["n_delta"]), "--eval-every", str(scale["eval_every"]),
-                  "--seed", str(args.seed), "--device", args.device, "--out", str(out)]
-        for learner in learners:
-            for key, value in scale["sizes"].get(learner, {}).items():
-                replay += ["--size", f"{learner}.{key}={value}"]
+                  "--preset", args.scale, "--seed", str(args.seed), "--device", args.device, "--out", str(out)]
         if eval_rows is not None and args.scale == "cpu":
             replay += ["--eval-rows", str(eval_rows)]
         if args.select_lr:

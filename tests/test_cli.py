@@ -135,3 +135,18 @@ def test_learner_options_are_checked_by_name_and_kind():
     with pytest.raises(LearnerError, match="'m_alpha' takes a number"):
         make_learner("svdgp", 3, 2, m_alpha="abc")
     assert make_learner("svdgp", 3, 2, m_alpha=16, m_beta=4, n_columns=None).config["n_columns"] is None
+
+
+def test_learn_takes_a_preset_and_sizes_over_it(walker_store, tmp_path):
+    from gpdyn.gp import learner_class
+
+    out = tmp_path / "run"
+    argv = ["learn", "--store", str(walker_store.path), "--problem", "walker-1", "--learner", "svdgp", "--iterations", "2",
+            "--batch-size", "16", "--n-delta", "4", "--eval-every", "2", "--preset", "small", "--size", "m_beta=4",
+            "--out", str(out)]
+    assert main(argv) == 0
+    config = json.loads((out / "config.json").read_text())["learner_config"]
+    assert config["preset"] == "small" and config["m_alpha"] == learner_class("svdgp").presets["small"]["m_alpha"]
+    assert config["m_beta"] == 4 and config["n_delta"] == 4
+    assert main([*argv[:-2], "--preset", "huge", "--out", str(tmp_path / "bad")]) == 2
+    assert not (tmp_path / "bad").exists()

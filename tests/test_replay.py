@@ -141,3 +141,19 @@ def test_bad_step_size_selection(kuka_store):
         cfg = _config(kuka_store, protocol="ordered", learners=["svi"], sizes={"svi": {"m": 16}},
                       init_iterations=0, select_lr=[0.1], select_iterations=1000)
         _run(cfg, None)
+
+
+def test_a_preset_sizes_every_learner_and_sizes_override_it(kuka_store, tmp_path):
+    from gpdyn.gp import learner_class
+    from gpdyn.gp.online import load_learner
+
+    cfg = _config(kuka_store, iterations=2, preset="small", sizes={"svi": {"m": 16}})
+    run, _ = _run(cfg, tmp_path / "run")
+    svdgp, _ = load_learner(run.path / "checkpoints" / "svdgp.pt")
+    small = learner_class("svdgp").presets["small"]
+    assert svdgp.config["preset"] == "small"
+    assert (svdgp.config["m_alpha"], svdgp.config["m_beta"]) == (small["m_alpha"], small["m_beta"])
+    svi, _ = load_learner(run.path / "checkpoints" / "svi.pt")
+    assert svi.config["m"] == 16 and svi.config["n_delta"] == cfg.n_delta  # --size and the protocol's N_Delta win
+    with pytest.raises(InputError, match="unknown preset 'huge'"):
+        _config(kuka_store, preset="huge").validate()

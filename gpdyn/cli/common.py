@@ -1,7 +1,7 @@
 """Options and names shared by the command groups of the ``gpdyn`` command.
 
-Learner, problem and dtype names come from their registries (:data:`gpdyn.gp.LEARNERS`,
-:data:`gpdyn.data.problems.PROBLEMS`, :data:`gpdyn.device.DTYPES`), read when a
+Learner, preset, problem and dtype names come from their registries (:data:`gpdyn.gp.LEARNERS`,
+:data:`gpdyn.gp.PRESETS`, :data:`gpdyn.data.problems.PROBLEMS`, :data:`gpdyn.device.DTYPES`), read when a
 command first needs them: those modules import torch (about a second), which
 ``gpdyn --help`` and the parser's construction should not wait for.
 """
@@ -51,6 +51,7 @@ class RegistryNames(Sequence[str]):
 
 LEARNER_NAMES = RegistryNames("gpdyn.gp", "LEARNERS")
 PROBLEM_NAMES = RegistryNames("gpdyn.data.problems", "PROBLEMS")
+PRESET_NAMES = RegistryNames("gpdyn.gp", "PRESETS")
 DTYPE_NAMES = RegistryNames("gpdyn.device", "DTYPES")
 
 
@@ -86,6 +87,12 @@ def add_dtype(p: argparse.ArgumentParser) -> None:
 
 def add_learner(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument("--learner", choices=LEARNER_NAMES, required=required, metavar="NAME", help="learner: %(choices)s")
+
+
+def add_preset(p: argparse.ArgumentParser, what: str = "the learner's") -> None:
+    p.add_argument("--preset", choices=PRESET_NAMES, default=None, metavar="NAME",
+                   help=f"{what} sizes at a named scale: %(choices)s (default: the constructor's); --size "
+                        "overrides one of them, --n-delta sets N_Delta")
 
 
 def add_problem(p: argparse.ArgumentParser) -> None:

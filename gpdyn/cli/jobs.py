@@ -18,6 +18,7 @@ from gpdyn.cli.common import (
     add_learner,
     add_learners,
     add_out,
+    add_preset,
     add_problem,
     comma_list,
 )
@@ -136,6 +137,7 @@ def add_learn(sub: argparse._SubParsersAction) -> None:
     add_problem(p)
     add_learner(p)
     _add_protocol(p)
+    add_preset(p)
     p.add_argument("--size", type=size_option, action="append", default=[], metavar="KEY=VALUE",
                    help="learner option, e.g. m_alpha=4096 (repeatable)")
     add_dtype(p)
@@ -150,7 +152,7 @@ def run_learn(args: argparse.Namespace) -> int:
     cfg = LearnConfig(
         store=str(args.store), problem=args.problem, learner=args.learner, iterations=args.iterations,
         batch_size=args.batch_size, n_delta=args.n_delta, eval_every=args.eval_every, seed=args.seed,
-        device=args.device, dtype=args.dtype, sizes=dict(args.size),
+        device=args.device, dtype=args.dtype, preset=args.preset, sizes=dict(args.size),
     )
     run, final = learn(cfg, args.out)
     print(
@@ -173,6 +175,7 @@ def add_replay(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--init-iterations", type=int, default=200, help="ordered protocol: iterations on the offline part")
     p.add_argument("--eval-rows", type=int, default=None,
                    help="score on a seeded subset of this many held-out rows (default: all of them)")
+    add_preset(p, "every learner's")
     p.add_argument("--size", type=learner_size_option, action="append", default=[], metavar="LEARNER.KEY=VALUE",
                    help="learner option, e.g. svdgp.m_alpha=4096 (repeatable)")
     p.add_argument("--select-lr", type=float_list, default=None, metavar="G1,G2,...",
@@ -199,7 +202,8 @@ def run_replay(args: argparse.Namespace) -> int:
         iterations=args.iterations, batch_size=args.batch_size, n_delta=args.n_delta, eval_every=args.eval_every,
         init_iterations=args.init_iterations, eval_rows=args.eval_rows, seed=args.seed, device=args.device,
         # the config records the dtype the run used: a resumed run must use it again
-        dtype=dtype_name(resolve_dtype(args.dtype, args.device)), sizes=sizes, select_lr=args.select_lr,
+        dtype=dtype_name(resolve_dtype(args.dtype, args.device)), preset=args.preset, sizes=sizes,
+        select_lr=args.select_lr,
         select_iterations=args.select_iterations,
     )
     cfg.validate()

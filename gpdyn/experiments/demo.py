@@ -31,11 +31,7 @@ DEMO = {
     "replay_iterations": 60,
     "replay_batch": 128,
     "replay_n_delta": 32,
-    "replay_sizes": {
-        "svdgp": {"m_alpha": 1024, "m_beta": 64, "n_columns": 256},
-        "orthnat": {"m_gamma": 256, "m_beta": 64},
-        "svi": {"m": 128},
-    },
+    "replay_preset": "small",  # every learner's small sizes (its presets table)
 }
 
 
@@ -97,7 +93,7 @@ def _replay(run: RunDir, seed: int) -> dict[str, Any]:
         n_delta=DEMO["replay_n_delta"],
         eval_every=DEMO["replay_iterations"] // 3,
         seed=seed,
-        sizes=DEMO["replay_sizes"],
+        preset=DEMO["replay_preset"],
     )
     replay_run = open_run(cfg, run.path / "replay-walker-1")
     finals = replay(cfg, replay_run)

@@ -17,7 +17,7 @@ from gpdyn.data.problems import Normalizer, load_problem
 from gpdyn.data.streams import IIDStream
 from gpdyn.device import dtype_name, resolve_device, resolve_dtype
 from gpdyn.errors import InputError
-from gpdyn.gp import Learner, make_learner
+from gpdyn.gp import Learner, learner_class, learner_options, make_learner
 from gpdyn.gp.online import load_learner, run_online, save_learner
 from gpdyn.runs import RunDir
 
@@ -38,12 +38,21 @@ class LearnConfig:
     seed: int = 0
     device: str = "cpu"
     dtype: str | None = None  # None: the device's default (gpdyn.device.resolve_dtype)
-    sizes: dict[str, Any] = field(default_factory=dict)  # learner constructor options
+    preset: str | None = None  # the learner's sizes at this named scale (gpdyn.gp.PRESETS); None: its defaults
+    sizes: dict[str, Any] = field(default_factory=dict)  # learner constructor options, over the preset's
 
     def validate(self) -> None:
         for name in ("iterations", "batch_size", "n_delta", "eval_every"):
             if getattr(self, name) < 1:
                 raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+
+
+def protocol_options(learner: str, n_delta: int, n_data: int) -> dict[str, int]:
+    """The protocol's N_Delta (basis functions added per iteration) and N (training rows, the
+    bound's data size) as constructor options of ``learner``, where it takes them: its config,
+    and so its run folder and checkpoints, then record the values the run used."""
+    takes = learner_options(learner_class(learner))
+    return {k: v for k, v in {"n_delta": n_delta, "n_data": n_data}.items() if k in takes}
 
 
 def learn(cfg: LearnConfig, out: str | Path | None = None, *, progress: bool = True) -> tuple[RunDir, dict[str, Any]]:
@@ -54,9 +63,11 @@ def learn(cfg: LearnConfig, out: str | Path | None = None, *, progress: bool = T
     problem = load_problem(cfg.store, cfg.problem, protocol="iid", seed=cfg.seed)
     x_train, y_train = problem.tensors("train", device, dtype)
     x_test, y_test = problem.tensors("test", device, dtype)
+    options = {**protocol_options(cfg.learner, cfg.n_delta, len(x_train)), **cfg.sizes}
     try:
         learner = make_learner(
-            cfg.learner, problem.input_dim, problem.output_dim, device=device, dtype=dtype, seed=cfg.seed, **cfg.sizes
+            cfg.learner, problem.input_dim, problem.output_dim, device=device, dtype=dtype, seed=cfg.seed,
+            preset=cfg.preset, **options,
         )
     except TypeError as err:  # an option the learner does not take
         raise InputError(f"--size for learner '{cfg.learner}': {err}") from err
@@ -81,10 +92,8 @@ def learn(cfg: LearnConfig, out: str | Path | None = None, *, progress: bool = T
         x_test,
         y_test,
         iterations=cfg.iterations,
-        n_delta=cfg.n_delta,
         eval_every=cfg.eval_every,
         callback=lambda r: run.log(**r),
-        n_data=len(x_train),
         progress=progress,
     )
     save_learner(learner, run.path / CHECKPOINT, normalizer=problem.normalizer.to_json(), problem=problem.describe())

@@ -41,8 +41,9 @@ from gpdyn.data.problems import Problem, load_problem
 from gpdyn.data.streams import IIDStream, OrderedStream
 from gpdyn.device import resolve_device, resolve_dtype
 from gpdyn.errors import InputError
+from gpdyn.experiments.learn import protocol_options
 from gpdyn.experiments.report import STEP_SIZE_FILE
-from gpdyn.gp import LEARNERS, Learner, LearnerError, learner_class, learner_options, make_learner
+from gpdyn.gp import LEARNERS, Learner, LearnerError, learner_class, learner_options, make_learner, preset_options
 from gpdyn.gp.online import load_learner, run_online, save_learner
 from gpdyn.runs import RunDir, is_run_dir
 
@@ -66,7 +67,8 @@ class ReplayConfig:
     seed: int = 0
     device: str = "cpu"
     dtype: str = "float64"  # a key of gpdyn.device.DTYPES
-    sizes: dict[str, dict[str, Any]] = field(default_factory=dict)  # learner -> constructor options
+    preset: str | None = None  # every learner's sizes at this named scale (gpdyn.gp.PRESETS); None: its defaults
+    sizes: dict[str, dict[str, Any]] = field(default_factory=dict)  # learner -> constructor options, over the preset's
     select_lr: list[float] | None = None  # gamma_0 candidates, chosen per learner (SVDGP Section 4)
     select_iterations: int = 100
 
@@ -85,6 +87,8 @@ class ReplayConfig:
             raise InputError(f"--eval-rows must be >= 1, got {self.eval_rows}")
         if self.init_iterations < 0:
             raise InputError(f"--init-iterations must be >= 0, got {self.init_iterations}")
+        for name in self.learners:  # a learner without the preset: say so before any work
+            preset_options(learner_class(name), self.preset)
         stray = set(self.sizes) - set(self.learners)
         if stray:
             raise InputError(f"--size names learners not in --learners: {sorted(stray)}")
@@ -218,12 +222,11 @@ def replay(
 
 def _make(name: str, cfg: ReplayConfig, problem: Problem, dtype: torch.dtype, options: dict[str, Any]) -> Learner:
     # the protocol's N_Delta and N, so that a step-size probe runs the model of the main run
-    takes = learner_options(learner_class(name))
-    protocol = {"n_delta": cfg.n_delta, "n_data": len(problem.x_train) + len(problem.x_init)}
-    options = {**{k: v for k, v in protocol.items() if k in takes}, **options}
+    options = {**protocol_options(name, cfg.n_delta, len(problem.x_train) + len(problem.x_init)), **options}
     try:
         return make_learner(
-            name, problem.input_dim, problem.output_dim, device=cfg.device, dtype=dtype, seed=cfg.seed, **options
+            name, problem.input_dim, problem.output_dim, device=cfg.device, dtype=dtype, seed=cfg.seed,
+            preset=cfg.preset, **options,
         )
     except TypeError as err:  # an option the learner does not take
         raise InputError(f"--size for learner '{name}': {err}") from err

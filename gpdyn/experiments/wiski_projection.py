@@ -44,7 +44,8 @@ def run_wiski(projection: str, x: torch.Tensor, y: torch.Tensor, batch: int, see
 
 
 def run_svdgp(x: torch.Tensor, y: torch.Tensor, iterations: int, batch: int, seed: int) -> Learner:
-    learner = make_learner("svdgp", x.shape[1], y.shape[1], seed=seed, m_alpha=512, m_beta=64, n_delta=64, n_columns=128)
+    # the small preset with the measurement's N_Delta and sampled columns (docs/wiski.md)
+    learner = make_learner("svdgp", x.shape[1], y.shape[1], seed=seed, preset="small", n_delta=64, n_columns=128)
     g = torch.Generator().manual_seed(seed)
     for _ in tqdm(range(iterations), desc="svdgp", leave=False):
         idx = torch.randint(0, x.shape[0], (batch,), generator=g)
