@@ -184,3 +184,10 @@ def test_arm_problem_takes_any_joint_count_but_one_per_field(tmp_path: Path) -> 
     odd = make_kuka_store(tmp_path / "odd.zarr", offline=[30], online=[40], n_joints=3, widths={"tau": 2})
     with pytest.raises(StoreError, match="'tau' of width 3 \\(as 'q'\\)"):
         load_problem(odd, "arm")
+
+
+def test_the_users_example_arm_loads() -> None:
+    """envs/three_link_arm.xml, the file envs/README.md walks through, is a valid arm."""
+    arm = ArmModel(Path(__file__).parents[1] / "envs" / "three_link_arm.xml")
+    assert arm.n == 3 and arm.payload_body == "payload" and arm.steps_per_sample(100.0) == 5
+    np.testing.assert_array_equal(arm.limits.torque, [[-10, 10], [-20, 20], [-8, 8]])  # the shoulder's 4:1 gear
