@@ -12,6 +12,8 @@ def report() -> dict[str, object]:
     """What this installation has: versions, devices, thread settings, MuJoCo rendering."""
     import torch
 
+    from gpdyn.device import DEVICE_TYPES, dtype_name, resolve_dtype
+
     devices = ["cpu"]
     if torch.cuda.is_available():
         devices += [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
@@ -20,6 +22,7 @@ def report() -> dict[str, object]:
         "versions": package_versions(),
         "torch build": f"{torch.__version__} (CUDA {torch.version.cuda or 'none'})",
         "devices": devices,
+        "default dtype": ", ".join(f"{d} {dtype_name(resolve_dtype(None, d))}" for d in DEVICE_TYPES),
         "torch threads": torch.get_num_threads(),
         "cpu cores": os.cpu_count(),
         "MUJOCO_GL": os.environ.get("MUJOCO_GL", "(unset: set MUJOCO_GL=egl for offscreen rendering)"),

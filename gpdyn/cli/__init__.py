@@ -1,10 +1,12 @@
-"""The ``gpdyn`` command: one subcommand per job (docs: "Command line").
+"""The ``gpdyn`` command: one subcommand per job (docs/architecture.md, "Command line").
 
 All argparse code lives in this package: :mod:`gpdyn.cli.jobs` (demo, inspect, learn,
-replay, bench, report, render, doctor), :mod:`gpdyn.cli.collect` (collect, import) and
-:mod:`gpdyn.cli.control` (control); :mod:`gpdyn.cli.common` holds the shared options.
-A subcommand's handler takes the parsed arguments and returns an exit status; it
-imports its stage only when it runs, so that ``--help`` needs neither torch nor MuJoCo.
+replay, bench, report, render, doctor), :mod:`gpdyn.cli.collect` (collect, import),
+:mod:`gpdyn.cli.control` (control walker, and the options every robot's run takes) and
+:mod:`gpdyn.cli.control_arm` (control kuka, control arm); :mod:`gpdyn.cli.common` holds
+the shared options and the registries' names. A subcommand's handler (a function, or
+``"module:function"``) takes the parsed arguments and returns an exit status; it imports
+its stage only when it runs, so that ``--help`` needs neither torch nor MuJoCo.
 
 Before any handler runs, :func:`main` applies ``--threads`` and checks ``--device``
 through :mod:`gpdyn.device`. Bad input (:class:`gpdyn.errors.InputError`) exits 2 with
