@@ -22,6 +22,8 @@ STUDIES = sorted((ROOT / "docs" / "studies").glob("*.md"))
 # a repository path in backquotes; gymnasium ids such as gpdyn/KukaIiwa-v0 are names, not paths
 REPO_PATH = re.compile(r"`((?:gpdyn|docs|scripts|tests|policies|envs|logs)/[^`\s]*)`")
 GYM_ID = re.compile(r"gpdyn/[A-Z]\w*-v\d+$")
+# a repository file named anywhere in the text, e.g. in `python scripts/x.py ...`
+REPO_FILE = re.compile(r"(?<![\w/.-])((?:scripts|docs|gpdyn|tests|envs|policies)/[\w./-]*\.(?:py|md|xml|pt|sh|json|png))")
 # the tracker's items and numbered studies: the history of how the code came to be
 _ORDINAL = r"(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|\d+(?:st|nd|rd|th))"
 HISTORY = re.compile(rf"\bissue\b|\b{_ORDINAL} study\b", re.IGNORECASE)
@@ -58,6 +60,8 @@ def test_guides_name_paths_that_exist_and_no_process_history(guide):
         if any(c in path for c in "*<>[]{}|") or GYM_ID.match(path):  # patterns and placeholders
             continue
         assert (ROOT / path).exists(), f"{_guide_id(guide)} names {path}, which does not exist"
+    for path in REPO_FILE.findall(text):
+        assert (ROOT / path).exists(), f"{_guide_id(guide)} names {path}, which does not exist"
     history = HISTORY.search(text)
     assert history is None, f"{_guide_id(guide)}: '{history.group(0)}' is process history; it belongs in docs/studies/"
 
@@ -79,7 +83,7 @@ def _resolves(name: str) -> bool:
 
 @pytest.mark.parametrize("guide", GUIDES, ids=_guide_id)
 def test_guides_cite_python_names_that_exist(guide):
-    names = sorted(set(re.findall(r"`(gpdyn(?:\.[A-Za-z_]\w*)+)", guide.read_text())))
+    names = sorted(set(re.findall(r"(?<![\w./-])(gpdyn(?:\.[A-Za-z_]\w*)+)", guide.read_text())))
     missing = [n for n in names if not _resolves(n)]
     assert not missing, f"{_guide_id(guide)} cites names that do not import: {missing}"
 
