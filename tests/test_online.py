@@ -121,3 +121,13 @@ def test_in_memory_copy_shares_no_optimiser_state():
     a.step(x, y)
     reference.step(x, y)
     torch.testing.assert_close(a.predict(x)[0], reference.predict(x)[0], rtol=0, atol=0)
+
+
+def test_a_learner_with_a_point_limit_observes_what_fits_and_counts_the_rest():
+    x, y, xt, yt = sinc_data(100)
+    learner = make_learner("exact", 1, 1, max_points=50, refit_every=2, refit_iters=1)
+    records = run_online(learner, IIDStream(x, y, 20, seed=0), xt, yt, iterations=5, eval_every=5, progress=False)
+    assert learner.n == 50 and learner.room() == 0
+    assert records[-1]["unobserved"] == 5 * 20 - 50
+    assert "unobserved" not in run_online(make_learner("svi", 1, 1, m=8), IIDStream(x, y, 20), xt, yt, iterations=1,
+                                          progress=False)[-1]

@@ -161,3 +161,53 @@ def test_linear_kernel_gp_forgetting_is_weighted_bayesian_linear_regression() ->
     mean, var = gp.predict(probe)
     torch.testing.assert_close(mean, probe_phi @ mean_weights)
     torch.testing.assert_close(var[:, 0], (probe_phi @ torch.linalg.solve(precision, probe_phi.T)).diagonal())
+
+
+@pytest.mark.parametrize("kernel", ["se", "linear"])
+def test_residual_checkpoint_rebuilds_its_prior_from_name_and_config(kernel: str, tmp_path) -> None:
+    from gpdyn.gp.online import load_learner, save_learner
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(200, 3, generator=gen, dtype=torch.float64)
+    y = torch.stack([x.sin().sum(-1), x.cos().sum(-1)], -1)
+    prior = make_learner("svdgp", 3, 2, preset="small", rows=64, seed=2)
+    for lo in range(0, 120, 40):
+        prior.observe(x[lo : lo + 40], y[lo : lo + 40])
+        prior.step(x[lo : lo + 40], y[lo : lo + 40])
+    path = save_learner(prior, tmp_path / "prior.pt")
+    # the prior by checkpoint path, as `--size residual.prior=PATH` gives it
+    res = make_learner("residual", 3, 2, prior=str(path), reference_x=x, window=30, gated=True, refit_every=3,
+                       refit_iters=2, kernel=kernel, linear_inputs=[1, 2])
+    assert res.config["prior"]["learner"] == "svdgp" and res.config["prior"]["config"]["m_alpha"] == 64
+    changed = y + 0.5 + 0.2 * x[:, :1]
+    for i in range(120, 160):  # past the window: the SE residual rebuilds itself
+        res.observe(x[i : i + 1], changed[i : i + 1])
+        res.step(x[i : i + 1], changed[i : i + 1])
+    restored, _ = load_learner(save_learner(res, tmp_path / "residual.pt"))
+    assert type(restored.prior) is type(prior) and restored.prior.config == prior.config
+    for got, want in zip(restored.predict(x[160:]), res.predict(x[160:])):
+        assert torch.equal(got, want)
+    for model in (res, restored):
+        for i in range(160, 170):
+            model.observe(x[i : i + 1], changed[i : i + 1])
+            model.step(x[i : i + 1], changed[i : i + 1])
+    for got, want in zip(restored.predict(x[170:]), res.predict(x[170:])):
+        assert torch.equal(got, want)
+    assert restored.gate().tolist() == res.gate().tolist()
+
+
+def test_residual_without_a_prior_is_a_window_gp_on_y() -> None:
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(30, 3, generator=gen, dtype=torch.float64)
+    y = torch.stack([x[:, 0], -x[:, 1]], -1)
+    res = make_learner("residual", 3, 2, window=50, refit_iters=0, amplitude=1.0)
+    res.observe(x, y)
+    gp = make_learner("exact", 3, 2, max_points=50, learn_hyperparameters=False)
+    gp.set_hyperparameters(**res.hyper)
+    gp.observe(x, y)
+    torch.testing.assert_close(res.predict(x[:5]), gp.predict(x[:5]), rtol=0, atol=0)
+    assert res.config["prior"] is None
+    with pytest.raises(InputError, match="prior must be"):
+        make_learner("residual", 3, 2, prior=3.5)
+    with pytest.raises(InputError, match="maps 3 -> 2"):
+        make_learner("residual", 4, 2, prior=make_learner("exact", 3, 2))

@@ -99,8 +99,10 @@ def make_learner(
             raise LearnerError(f"learner '{name}' has no option '{key}'; it takes {', '.join(sorted(options))}")
         default = options[key].default
         numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
-        optional = value is None and "None" in str(options[key].annotation)
-        if numeric and not optional and not isinstance(value, (int, float)):
+        # text (from a command line) or None where a number is due; lists and tensors pass
+        # to the constructor, which checks the options that take them
+        wrong = isinstance(value, str) or (value is None and "None" not in str(options[key].annotation))
+        if numeric and wrong:
             raise LearnerError(f"learner '{name}': option '{key}' takes a number (default {default}), got {value!r}")
     resolved = {**preset_options(cls, preset), **kwargs}
     missing = [k for k, p in options.items() if p.default is inspect.Parameter.empty and k not in resolved]

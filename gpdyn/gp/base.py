@@ -82,8 +82,8 @@ def check_plain(value: Any, where: str) -> None:
         for i, item in enumerate(value):
             check_plain(item, f"{where}[{i}]")
         return
-    raise LearnerError(f"{where}: a {type(value).__name__} is not checkpoint data (tensors, numbers, strings, "
-                       "dicts and lists of them)")
+    raise LearnerError(f"{where}: an object of type {type(value).__name__} is not checkpoint data (tensors, numbers, "
+                       "strings, dicts and lists of them)")
 
 
 def _save(value: Any) -> Any:
@@ -216,16 +216,18 @@ class Stateful:
         return {**self._state_header(), **{name: _save(getattr(self, name)) for name in self.state_names()}}
 
     def check_state(self, state: Mapping[str, Any], where: str | None = None) -> None:
-        """Raise LearnerError unless ``state`` is a complete, consistent state for this object."""
+        """Raise LearnerError unless ``state`` is a complete, consistent state for this object
+        (``where``: the path of a nested state in the messages)."""
+        prefix = f"{where}." if where else f"{type(self).__name__}.load_state_dict: "
         where = where or f"{type(self).__name__}.load_state_dict"
         header = self._state_header()
         _check_keys(set(header) | set(self.state_names()), set(state), where)
         for key, value in header.items():
             if state[key] != value:
-                raise LearnerError(f"{where}: the state is for {key} {state[key]!r}, this is {value!r}")
+                raise LearnerError(f"{prefix}{key}: the state is for {state[key]!r}, this is {value!r}")
         shapes = self._state_shapes(state)
         for name in self.state_names():
-            _check(getattr(self, name), state[name], f"{where}: '{name}'", shapes.get(name))
+            _check(getattr(self, name), state[name], f"{prefix}{name}", shapes.get(name))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore exactly what :meth:`state_dict` returned (checked first, see the class docs)."""
@@ -255,7 +257,10 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     # step() must be given the batch just observed (WISKI eq. (18)), not any recent minibatch
     "step_on_observed": (),
 }
-#: the named scales of every learner's size table (``presets``)
+#: the named scales of every learner's size table (``presets``): "small", the control runs
+#: (minutes on 2 cores); "cpu", the steps of a 2000-iteration replay at N_m = 1024 in 2.5 to
+#: 6 minutes of one core (measured in CPU time, float64, D = 23, P = 9); "paper", the
+#: papers' sizes (SVDGP Section 4 and Appendix B)
 PRESETS = ("small", "cpu", "paper")
 
 

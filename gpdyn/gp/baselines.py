@@ -32,8 +32,8 @@ class SVI(ORTHNAT):
     """Stochastic variational inference with natural gradients on a coupled basis of ``m`` points."""
 
     name = "svi"
-    # small: the control runs; cpu: a 2000-iteration replay on one core; paper: SVDGP
-    # Section 4 (M = 1024). lr 0.1: the gamma_0 chosen by the step-size selection.
+    # the scales of gpdyn.gp.base.PRESETS; paper: SVDGP Section 4 (M = 1024). lr 0.1: the
+    # gamma_0 chosen by the step-size selection (docs/results/*-select)
     presets = {
         "small": {"m": 128, "n_delta": 32},
         "cpu": {"m": 128, "n_delta": 64, "lr": 0.1},
@@ -61,7 +61,7 @@ class IVSGPR(ORTHNAT):
     # paper: SVDGP Section 4 (M = 256); lr 0.1: the gamma_0 chosen by the step-size selection
     presets = {
         "small": {"m": 128, "n_delta": 32},
-        "cpu": {"m": 256, "n_delta": 64, "lr": 0.1},
+        "cpu": {"m": 128, "n_delta": 64, "lr": 0.1},
         "paper": {"m": 256, "n_delta": 128, "lr": 0.1},
     }
     basis_options = ("m",)
@@ -129,7 +129,7 @@ class VSGPR(_SubsetLearner):
     # paper: SVDGP Section 4 (M = 1024 on 4096 points)
     presets = {
         "small": {"m": 128, "n_subset": 512, "n_delta": 32},
-        "cpu": {"m": 512, "n_subset": 2048, "n_delta": 64},
+        "cpu": {"m": 128, "n_subset": 1024, "n_delta": 64},
         "paper": {"m": 1024, "n_subset": 4096, "n_delta": 128},
     }
     basis_options = ("m", "n_subset")
@@ -176,7 +176,7 @@ class GPR(_SubsetLearner):
     # the basis is the data subset, filled at once: no N_Delta (observe takes what fits)
     capabilities = ORTHNAT.capabilities - {"n_delta"}
     # paper: SVDGP Section 4 (the exact GP on 1024 points)
-    presets = {"small": {"n_subset": 256}, "cpu": {"n_subset": 1024}, "paper": {"n_subset": 1024}}
+    presets = {"small": {"n_subset": 256}, "cpu": {"n_subset": 256}, "paper": {"n_subset": 1024}}
     basis_options = ("n_subset",)
 
     def __init__(self, input_dim: int, output_dim: int, *, n_subset: int = 1024, **kwargs) -> None:

@@ -89,11 +89,11 @@ class ORTH(VariationalLearner):
 
     name = "orth"
     natural_beta = False
-    # small: the control runs; cpu: a 2000-iteration replay on one core; paper: ORTHDGP
-    # Fig. 2c. lr 0.1: the gamma_0 chosen by the step-size selection (docs/results/*-select).
+    # the scales of gpdyn.gp.base.PRESETS; paper: ORTHDGP Fig. 2c. lr 0.1: the gamma_0
+    # chosen by the step-size selection (docs/results/*-select)
     presets = {
         "small": {"m_gamma": 256, "m_beta": 64, "n_columns": 64, "n_delta": 32},
-        "cpu": {"m_gamma": 1024, "m_beta": 256, "n_columns": 64, "n_delta": 64, "lr": 0.1},
+        "cpu": {"m_gamma": 512, "m_beta": 128, "n_columns": 64, "n_delta": 64, "lr": 0.1},
         "paper": {"m_gamma": 3500, "m_beta": 1500, "n_columns": 64, "n_delta": 128, "lr": 0.1},
     }
     basis_options = ("m_gamma", "m_beta")

@@ -45,12 +45,12 @@ class SVDGP(VariationalLearner):
     """
 
     name = "svdgp"
-    # small: the control runs (minutes on 2 cores); cpu: a 2000-iteration replay on one
-    # core; paper: SVDGP Section 4 / Appendix B. lr 0.1: the gamma_0 that the step-size
-    # selection of SVDGP Section 4 chose on every dataset (docs/results/*-select).
+    # the scales of gpdyn.gp.base.PRESETS; paper: SVDGP Section 4 / Appendix B. lr 0.1: the
+    # gamma_0 that the step-size selection of SVDGP Section 4 chose on every dataset
+    # (docs/results/*-select/step_size.json)
     presets = {
         "small": {"m_alpha": 512, "m_beta": 64, "n_columns": 256, "n_delta": 32},
-        "cpu": {"m_alpha": 4096, "m_beta": 128, "n_columns": 1024, "n_delta": 64, "lr": 0.1},
+        "cpu": {"m_alpha": 1024, "m_beta": 64, "n_columns": 256, "n_delta": 64, "lr": 0.1},
         "paper": {"m_alpha": 128**2, "m_beta": 128, "n_columns": 1024, "n_delta": 128, "lr": 0.1},
     }
     basis_options = ("m_alpha", "m_beta")

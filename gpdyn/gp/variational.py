@@ -364,7 +364,7 @@ class VariationalLearner(Learner):
 
     @property
     def basis_counts(self) -> dict[str, int]:
-        return dict(self.counts)
+        return {name: self.counts[name] for name in self.capacity}  # counts also holds data subsets
 
     def set_n_delta(self, n_delta: int) -> None:
         if not self.can("n_delta"):

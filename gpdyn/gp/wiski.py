@@ -509,14 +509,18 @@ class WISKI(Learner):
         self.grid = None if state is None else Grid.from_state(state, self.device, self.dtype)
 
     def _state_shapes(self, state: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
-        grid = state["grid_state"]
-        if grid is not None:
-            d = self.feature_dim
-            ok = isinstance(grid, Mapping) and set(grid) == {"lower", "spacing", "sizes"}
-            if not ok or tuple(grid["sizes"]) != self.grid_sizes or any(
-                not isinstance(grid[k], Tensor) or tuple(grid[k].shape) != (d,) for k in ("lower", "spacing")
-            ):
-                raise LearnerError(f"WISKI.load_state_dict: 'grid_state' is not a grid of sizes {self.grid_sizes}")
+        # the grid is None until the first data: its own layout is checked here
+        grid, where = state["grid_state"], "WISKI.load_state_dict: grid_state"
+        if grid is None:
+            return {}
+        if not isinstance(grid, Mapping) or set(grid) != {"lower", "spacing", "sizes"}:
+            raise LearnerError(f"{where}: expected a dict of lower, spacing and sizes")
+        if tuple(grid["sizes"]) != self.grid_sizes:
+            raise LearnerError(f"{where}.sizes: {grid['sizes']}, expected {list(self.grid_sizes)}")
+        for key in ("lower", "spacing"):
+            if not isinstance(grid[key], Tensor) or tuple(grid[key].shape) != (self.feature_dim,):
+                raise LearnerError(f"{where}.{key}: shape {tuple(getattr(grid[key], 'shape', ()))}, "
+                                   f"expected ({self.feature_dim},)")
         return {}
 
     def _after_load(self) -> None:
