@@ -24,16 +24,24 @@ import torch
 
 from gpdyn.device import dtype_name, resolve_device, resolve_dtype, set_threads
 from gpdyn.errors import InputError
-from gpdyn.gp import make_learner
+from gpdyn.gp import learner_class, make_learner, preset_options
 from gpdyn.runs import RunDir
 
 N_M, D, P = 1024, 23, 9
+
+
+def _paper(name: str, **overrides: Any) -> dict[str, Any]:
+    """The learner's "paper" preset with ``overrides``: the sizes a configuration times."""
+    return {**preset_options(learner_class(name), "paper"), **overrides}
+
+
+_SVDGP = _paper("svdgp")
 CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "svdgp-4096": ("svdgp", {"m_alpha": 4096, "m_beta": 128}),
-    "svdgp-16384": ("svdgp", {"m_alpha": 16384, "m_beta": 128}),
-    "svi-1024": ("svi", {"m": 1024}),
-    "orthnat-3500-1500": ("orthnat", {"m_gamma": 3500, "m_beta": 1500}),
-    "orthnat-16384-128": ("orthnat", {"m_gamma": 16384, "m_beta": 128}),
+    "svdgp-4096": ("svdgp", _paper("svdgp", m_alpha=_SVDGP["m_alpha"] // 4)),
+    "svdgp-16384": ("svdgp", _SVDGP),
+    "svi-1024": ("svi", _paper("svi")),
+    "orthnat-3500-1500": ("orthnat", _paper("orthnat")),
+    "orthnat-16384-128": ("orthnat", _paper("orthnat", m_gamma=_SVDGP["m_alpha"], m_beta=_SVDGP["m_beta"])),
 }
 
 
@@ -62,11 +70,11 @@ def bench_one(name: str, sizes: dict[str, Any], device: str, dtype: torch.dtype,
     g = torch.Generator().manual_seed(0)
     x = torch.randn(N_M, D, generator=g, dtype=torch.float64).to(device, dtype)
     y = torch.sin(x[:, :P]).to(device, dtype)
-    learner = make_learner(name, D, P, device=device, dtype=dtype, n_delta=N_M, n_data=100 * N_M, **sizes)
+    learner = make_learner(name, D, P, device=device, dtype=dtype, **{**sizes, "n_delta": N_M, "n_data": 100 * N_M})
     while True:  # fill every basis before timing
-        before = dict(learner.counts)
+        before = learner.basis_counts
         learner.observe(torch.randn(N_M, D, generator=g, dtype=torch.float64).to(device, dtype), y)
-        if learner.counts == before:
+        if learner.basis_counts == before:
             break
     learner.step(x, y)  # warm-up
     cuda = device.startswith("cuda")
@@ -98,7 +106,7 @@ def bench_one(name: str, sizes: dict[str, Any], device: str, dtype: torch.dtype,
     return {
         "learner": name,
         "sizes": sizes,
-        "counts": dict(learner.counts),
+        "counts": learner.basis_counts,
         "step_s": times[len(times) // 2],
         "step_cpu_s": cpu[len(cpu) // 2],
         "predict_s": predict_s,

@@ -28,20 +28,19 @@ from gpdyn.robots.walker import ACTION_HIGH, ACTION_LOW, DT, LAYOUT, NU, NX, Tor
 from gpdyn.runs import RunDir
 
 REAL_TIME_HZ = 1.0 / DT  # 125 control steps per second
-BENCH_MODELS: dict[str, dict[str, Any]] = {
-    "svdgp": {"m_alpha": 128**2, "m_beta": 128, "n_delta": 1024},
-    "wiski": {},
-}
+BENCH_MODELS = ("svdgp", "wiski")  # at their "paper" preset
 
 
 def filled_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LearnedDynamics:
     """A walker-1 model of bench size with every basis function in place (random inputs)."""
     d, p = LAYOUT.input_dim, LAYOUT.nv
-    learner = make_learner(name, d, p, device=device, dtype=dtype, seed=seed, **BENCH_MODELS[name])
+    learner = make_learner(name, d, p, preset="paper", device=device, dtype=dtype, seed=seed)
     gen = torch.Generator().manual_seed(seed)
     n = 2048
-    capacity = getattr(learner, "capacity", {})
-    rounds = max(1, -(-max(capacity.values(), default=n) // min(n, getattr(learner, "n_delta", n))))
+    per_round = n // 2 if learner.can("n_delta") else n
+    if learner.can("n_delta"):
+        learner.set_n_delta(per_round)  # fill the bases in a few rounds
+    rounds = max(1, -(-max(learner.basis_capacity.values(), default=n) // per_round))
     for _ in range(rounds):
         x = torch.randn(n, d, generator=gen, dtype=dtype).to(device)
         y = torch.randn(n, p, generator=gen, dtype=dtype).to(device)
