@@ -130,7 +130,7 @@ def _check(current: Any, saved: Any, where: str, shape: tuple[int, ...] | None =
         if not isinstance(saved, Mapping):
             raise LearnerError(f"{where}: expected a state dict, got {type(saved).__name__}")
         current.check_state(saved, where)
-    elif isinstance(current, Mapping):
+    elif isinstance(current, dict):
         if not isinstance(saved, Mapping):
             raise LearnerError(f"{where}: expected a dict, got {type(saved).__name__}")
         _check_keys(set(current), set(saved), where)
@@ -235,7 +235,7 @@ class Stateful:
         for name in self.state_names():
             current = getattr(self, name)
             value = _restore(current, state[name])
-            if value is not current:
+            if value is not current or isinstance(current, PLAIN_TYPES):  # plain values go through setters
                 setattr(self, name, value)
         self._after_load()
 
