@@ -209,3 +209,36 @@ def test_clamp_counters_reach_the_replay_records():
     far = torch.full((5, 2), 40.0, dtype=D64)  # outside any grid learned on [0, 1]
     records = run_online(learner, iter([(x, y)]), far, torch.zeros(5, 1, dtype=D64), iterations=1, progress=False)
     assert records[-1]["predict_clamped"] >= 5 and records[-1]["observe_clamped"] == 0
+
+
+def test_non_finite_inputs_are_errors_or_nan_never_bad_indices():
+    x, y = _data(40)
+    learner = WISKI(2, 2, grid_size=8, pretrain_iters=2)
+    learner.observe(x[:0], y[:0])  # an empty first batch: nothing to start from yet
+    assert not learner.initialized
+    learner.pretrain(x, y, progress=False)
+    bad = x[:3].clone()
+    bad[1, 0] = float("nan")
+    with pytest.raises(LearnerError, match="step: x contains NaN"):
+        learner.step(bad, y[:3])
+    with pytest.raises(LearnerError, match="predict: x contains NaN"):
+        learner.predict(bad)
+    # without the CPU check (a GPU has none): the NaN row gives NaN, the others their values
+    from gpdyn.gp.ski import interp_weights
+
+    idx, w, _ = interp_weights(bad, learner.grid)
+    assert bool(((idx >= 0) & (idx < learner.num_inducing)).all())
+    assert torch.isnan(w[1]).all() and torch.isfinite(w[[0, 2]]).all()
+    inf = x[:2].clone()
+    inf[0, 1] = float("inf")
+    with pytest.raises(LearnerError, match="predict: x contains NaN or inf"):
+        learner.predict(inf)
+
+
+def test_an_empty_first_batch_is_no_data_for_the_exact_gp_either():
+    gp = ExactOnlineGP(2, 2)
+    x, y = _data(5)
+    gp.observe(x[:0], y[:0])
+    assert not gp.initialized and gp.n == 0
+    gp.observe(x, y)
+    assert gp.n == 5

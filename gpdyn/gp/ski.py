@@ -138,6 +138,8 @@ def interp_weights(x: Tensor, grid: Grid) -> tuple[Tensor, Tensor, Tensor]:
 
     ``idx [..., 4^d]`` flat grid indices, ``w [..., 4^d]`` weights (differentiable in
     ``x``), ``outside [...]`` true where ``x`` left the interior and was clamped onto it.
+    A NaN coordinate gives valid indices and NaN weights: NaN results downstream, never
+    an index out of bounds (checking would sync a GPU).
     """
     if x.shape[-1] != grid.dim:
         raise GridError(f"interp_weights: x has {x.shape[-1]} columns, the grid has {grid.dim} dimensions")
@@ -146,7 +148,7 @@ def interp_weights(x: Tensor, grid: Grid) -> tuple[Tensor, Tensor, Tensor]:
     outside = ((s < 1.0) | (s > g - 2.0)).any(dim=-1)
     s = torch.minimum(torch.maximum(s, torch.ones_like(s)), g - 2.0)
     # u_i <= x < u_{i+1}; at the upper edge use the last cell with t = 1
-    i0 = torch.minimum(torch.floor(s.detach()), g - 3.0)
+    i0 = torch.nan_to_num(torch.minimum(torch.floor(s.detach()), g - 3.0), nan=1.0)
     t = s - i0
     wk = cubic_weights(t)  # [..., d, 4]
     ik = i0.long().unsqueeze(-1) + torch.arange(-1, 3, device=x.device)  # [..., d, 4]

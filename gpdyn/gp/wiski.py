@@ -352,6 +352,8 @@ class WISKI(Learner):
     def step(self, x: Tensor, y: Tensor) -> dict[str, float]:
         """One Adam step on theta (eq. (13)) and the projection (eq. (18)); ``x, y`` = the batch just observed."""
         self.check_xy(x, y, "step")
+        if self.device.type == "cpu":  # free on the CPU; on a GPU it would be a host sync
+            self.check_finite("step", x=x, y=y)
         if not self.learn_hyperparameters or self.n == 0:
             return {}
         self.optimizer.zero_grad()
@@ -392,6 +394,8 @@ class WISKI(Learner):
         if not self.initialized:
             raise LearnerError("WISKI.predict: no data yet (call pretrain or observe first)")
         self.check_xy(x, None, "predict")
+        if self.device.type == "cpu":  # on a GPU a NaN input gives NaN outputs (interp_weights), with no sync
+            self.check_finite("predict", x=x)
         if self._stale:
             self._refresh()
         lead = x.shape[:-1]
