@@ -137,7 +137,7 @@ def test_walker_loop_with_residual_adaptation(kernel: str, walker_zarr: Path, tm
     assert all("update_seconds" in s for s in steps)
     with pytest.raises(InputError, match="adapt"):
         WalkerRunConfig(adapt="nope").validate()
-    for bad in ({"residual_kernel": "nope"}, {"residual_forget": 0.0}, {"residual_gate_z": -1.0}):
+    for bad in ({"residual_kernel": "nope"}, {"residual_forget": 0.0}, {"residual_gate_z": -1.0}, {"scale": "huge"}):
         with pytest.raises(InputError, match=next(iter(bad))):
             WalkerRunConfig(**bad).validate()
 

@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from gpdyn.cli.common import add_device, add_learner, add_out
+from gpdyn.cli.common import DTYPE_NAMES, PRESET_NAMES, add_device, add_learner, add_out
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -20,12 +20,13 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--change-at", type=int, default=None, help="step of the plant change (walker: 0 = from the start)")
     p.add_argument("--controllers", default=None, help="comma-separated (walker: trpo,true,frozen,online; kuka: pd,true,frozen,online)")
-    p.add_argument("--scale", choices=("small", "paper"), default=None, help="learner sizes (default small)")
+    p.add_argument("--scale", choices=PRESET_NAMES, default=None, metavar="PRESET",
+                   help="learner sizes, a preset of %(choices)s (default small)")
     p.add_argument("--pretrain-iterations", type=int, default=None,
                    help="minibatch steps on the stored data before control (default 100)")
     p.add_argument("--adapt", choices=("residual", "steps"), default=None,
                    help="online model: an exact GP on the frozen model's residuals (default), or the learner's own steps")
-    p.add_argument("--dtype", choices=("float64", "float32"), default=None)
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default=None, metavar="DTYPE", help="%(choices)s (default float64)")
     add_device(p)
     add_out(p)
 

@@ -44,7 +44,7 @@ from gpdyn.errors import InputError
 from gpdyn.gp import LEARNERS, Learner
 from gpdyn.gp.online import nmse
 from gpdyn.gp.residual import RESIDUAL_KERNELS, ResidualGP
-from gpdyn.gp.training import OnlineUpdater, build_learner, pretrain_learner
+from gpdyn.gp.training import SCALES, OnlineUpdater, build_learner, pretrain_learner
 from gpdyn.robots.walker import (
     ACTION_INPUTS,
     DT,
@@ -83,7 +83,7 @@ class WalkerRunConfig:
 
     learner: str = "svdgp"
     target: str = "change"  # the learner's outputs: "change" (qvel[t+1] - qvel[t]) or "velocity" (qvel[t+1], walker-1 as is)
-    scale: str = "small"  # learner sizes: "small" (SMALL_SIZES) or "paper" (the learner's defaults)
+    scale: str = "small"  # learner sizes: a preset of the learner's size table (gpdyn.gp.PRESETS)
     planner: str = "mppi"
     cost: str = "reward"  # COSTS: the Walker2d reward, or tracking the nominal plant under the policy
     # cost="track": price of an action offset to the policy, (rad/s)^2 per unit^2 (NominalTrackingCost);
@@ -149,6 +149,8 @@ class WalkerRunConfig:
         if self.steps < 1 or self.episodes < 1 or self.store_episodes < 1 or self.pretrain_iterations < 0:
             raise InputError(f"control walker: steps, episodes, store_episodes >= 1 and pretrain_iterations >= 0 needed, "
                              f"got {self.steps}, {self.episodes}, {self.store_episodes}, {self.pretrain_iterations}")
+        if self.scale not in SCALES:
+            raise InputError(f"control walker: scale must be one of {', '.join(SCALES)}, got '{self.scale}'")
         plant_change_factor(self.change, self.change_factor)
         if not 0 <= self.change_at < self.steps:
             raise InputError(f"control walker: --change-at must be in [0, steps={self.steps}), got {self.change_at}")
