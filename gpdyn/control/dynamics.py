@@ -207,14 +207,6 @@ class LearnedDynamics:
         delta = layout.velocity_inputs if target == "change" else None
         return cls(LearnedModel(learner, normalizer, delta), layout)
 
-    @property
-    def learner(self) -> Learner:
-        return self.model.learner
-
-    @property
-    def normalizer(self) -> Normalizer:
-        return self.model.normalizer
-
     def predict_velocity(self, state: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
         """Mean and variance of qvel at t+1 in physical units, ``[K, nv]`` each."""
         return self.model.predict(self.layout.features(state, action))

@@ -283,7 +283,7 @@ def online_walker_model(learner: Learner, frozen: LearnedDynamics, cfg: WalkerRu
         if residual_reference is None:
             raise InputError("control walker: adapt='residual' needs the walker-1 training inputs as its reference")
         twin = walker_residual_gp(twin, residual_reference, cfg)
-    dynamics = LearnedDynamics.from_learner(twin, frozen.normalizer, LAYOUT, cfg.target)
+    dynamics = LearnedDynamics.from_learner(twin, frozen.model.normalizer, LAYOUT, cfg.target)
     return dynamics, OnlineUpdater(twin, batch=cfg.online_batch, updates=cfg.updates)
 
 
