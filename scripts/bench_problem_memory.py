@@ -3,7 +3,7 @@
 Writes (once) a walker-schema store of ``--rows`` rows (default 1M, 1000-step
 episodes), then, in a fresh process, builds ``walker-1`` from it and prints the peak
 resident memory added by ``load_problem`` against the size of the problem's own arrays.
-Target (DESIGN.md): below 3x.
+Target (docs/architecture.md): below 3x.
 
     python scripts/bench_problem_memory.py [--rows 1000000] [--store /tmp/gpdyn-1m.zarr]
 """

@@ -11,7 +11,7 @@ Writes a run folder (``logs/train-walker-<time>`` by default): ``config.json``,
 ``metrics.jsonl`` (episode returns during training, the final evaluation),
 ``checkpoints/walker2d_trpo_<steps>.pt`` every ``--checkpoint-every`` steps, and
 ``walker2d_trpo.pt``: all in gpdyn's safe policy format (gpdyn.sim.policy). With
-``--ship`` the final policy and the checkpoints are copied into ``policies/``.
+``--ship`` the final policy and the checkpoints are copied into ``gpdyn/policies/`` (package data).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint-every", type=int, default=100_000, help="environment steps between checkpoints")
     ap.add_argument("--eval-episodes", type=int, default=10)
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--ship", action="store_true", help="copy the final policy and checkpoints into policies/")
+    ap.add_argument("--ship", action="store_true", help="copy the final policy and checkpoints into gpdyn/policies/ (package data)")
     args = ap.parse_args(argv)
     set_threads(1)
 

@@ -1,4 +1,4 @@
-"""Regression problems built from an episode store (DESIGN.md "Regression problems").
+"""Regression problems built from an episode store (docs/architecture.md "Regression problems").
 
 =========  ==========================================================  =======
 name       x                                                           y
@@ -176,7 +176,7 @@ class Problem:
         A dynamics model's usual target (PILCO, PETS): for ``walker-1`` the velocity change
         over the step instead of the next velocity. A GP's prior mean then says "the
         velocity persists" away from its data, where a GP on the next velocity reverts to
-        the training mean (measured in docs/control.md). Output statistics are recomputed.
+        the training mean (measured in docs/studies/2026-11-walker-control-studies.md). Output statistics are recomputed.
         """
         width = len(range(self.input_dim)[input_columns])
         if width != self.output_dim:

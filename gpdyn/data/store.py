@@ -1,6 +1,6 @@
 """Episode store: time-major zarr v3 arrays concatenated across episodes.
 
-Layout (the robotics zarr convention, see DESIGN.md "Episode store"):
+Layout (the robotics zarr convention, see docs/architecture.md "Episode store"):
 
     <root>/data/<field>          [rows, columns]   one array per field, time-major
     <root>/meta/episode_ends     [episodes] int64  cumulative row counts (the commit point)

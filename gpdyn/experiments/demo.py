@@ -1,6 +1,6 @@
 """`gpdyn demo`: every stage of the pipeline on a small default, in one run folder.
 
-Stages, in data-flow order (DESIGN.md "Data flow"):
+Stages, in data-flow order (docs/architecture.md "Data flow"):
 
 1. collect Walker2d episodes with the shipped TRPO policy (``walker.zarr``);
 2. collect a small simulated KUKA inverse-dynamics stream (``kuka.zarr``);

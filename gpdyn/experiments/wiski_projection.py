@@ -2,7 +2,7 @@
 
 WISKI's protocol (Sec. 5.1, Algorithm 1): pretrain on the first 5% of the training
 stream, then one pass over the rest, ``observe`` + ``step`` per minibatch. SVDGP runs its
-own protocol (DESIGN.md: minibatches sampled from the training split, observe + step)
+own protocol (docs/architecture.md: minibatches sampled from the training split, observe + step)
 for the same number of iterations. Metric: test nMSE per output (MSE over the variance
 of the test targets, in normalised units), mean and std over outputs.
 

@@ -1,4 +1,4 @@
-"""GP learners, batched over outputs, with one registry of names (DESIGN.md "Command line").
+"""GP learners, batched over outputs, with one registry of names (docs/architecture.md "Command line").
 
 :func:`make_learner` builds a registered learner at one of its named sizes
 (``preset``: "small", "cpu" or "paper", the learner's ``presets`` table), with any

@@ -1,4 +1,4 @@
-"""The learner contract shared by every GP learner (DESIGN.md "Learners").
+"""The learner contract shared by every GP learner (docs/architecture.md "Learners").
 
 Every learner models P outputs at once: each output has its own GP, and the outputs
 are a leading batch dimension on every tensor (lengthscales ``[P, D]``, bases

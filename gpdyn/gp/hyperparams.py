@@ -4,7 +4,7 @@ Used by the exact-inference learners (WISKI, exact GP); :func:`initial_noise_var
 is shared with the variational learners. Lengthscales ``[P, D]``,
 amplitude (signal variance) ``[P]`` and noise variance ``[P]`` are ``exp`` of raw
 tensors; the noise has a floor added so that ``K + sigma^2 I`` stays positive definite.
-Initialisation follows DESIGN.md "Online learning protocol": median trick for the
+Initialisation follows docs/architecture.md "Online learning protocol": median trick for the
 lengthscales, output variance for the noise, unit amplitude.
 """
 

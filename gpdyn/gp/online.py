@@ -1,4 +1,4 @@
-"""The online learning protocol (DESIGN.md; SVDGP Algorithm 1 and Appendix B), and checkpoints.
+"""The online learning protocol (docs/architecture.md; SVDGP Algorithm 1 and Appendix B), and checkpoints.
 
 Each iteration draws a minibatch from the stream, lets the learner add basis functions
 from it (``observe``: the first call also starts the hyperparameters by the median

@@ -22,7 +22,7 @@ With an empty gamma this is the coupled basis of Titsias / Hensman (eq. (7) with
 
 This is the paper's model. GPyTorch's ``OrthogonallyDecoupledVariationalStrategy``
 uses the posterior, not the prior, residual covariance for the gamma part and is a
-different model (DESIGN.md).
+different model (docs/architecture.md).
 
 - :class:`ORTH`: Adam on everything (the paper's ORTH).
 - :class:`ORTHNAT`: natural-gradient steps on the beta part, eqs. (15b)-(15c), and for

@@ -49,7 +49,7 @@ class LinearKernelGP(Stateful):
     the action differs from the prior's, a bias and a gain per action, the form of the
     change a weakened motor makes. Unlike an SE kernel over all inputs it cannot follow
     the prior's own errors as they vary with the state along a trajectory. Those that
-    correlate with the action along a gait still enter ``W`` (docs/control.md, eleventh
+    correlate with the action along a gait still enter ``W`` (docs/studies/2026-11-walker-control-studies.md, eleventh
     study), which is why it is used behind ResidualGP's evidence gate.
     """
 
@@ -172,7 +172,7 @@ class ResidualGP(Learner):
     """
 
     name = "residual"
-    # the window is chosen for control (docs/control.md), not by a paper: one size at every scale
+    # the window is chosen for control (docs/studies/2026-11-walker-control-studies.md), not by a paper: one size at every scale
     presets = {"small": {"window": 400}, "cpu": {"window": 400}, "paper": {"window": 400}}
     state_fields = ("prior", "hyper", "residual", "observed", "gate_sums")
 

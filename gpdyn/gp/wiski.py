@@ -39,7 +39,7 @@ batch normalisation (statistics fixed after pretraining), ``tanh`` into ``[-1, 1
 (18): only the rows of the newest batch depend on them, the rows already in the caches
 stay as they were.
 
-Online protocol (WISKI Algorithm 1), in the DESIGN.md interface: ``observe(x, y)`` adds
+Online protocol (WISKI Algorithm 1), in the interface of docs/architecture.md: ``observe(x, y)`` adds
 the rows to the caches, then ``step(x, y)`` takes one Adam step on ``theta`` (eq. (13))
 and ``phi`` (eq. (18), ``x, y`` being the batch just observed). :meth:`WISKI.pretrain`
 is the batch phase on the first 5% of the stream; :meth:`WISKI.learn_stream` runs the
@@ -287,7 +287,7 @@ class WISKI(Learner):
 
     @torch.no_grad()
     def _initialize(self, x: Tensor, y: Tensor) -> None:
-        """Hyperparameters, BN statistics and grid from the first data (DESIGN.md protocol)."""
+        """Hyperparameters, BN statistics and grid from the first data (the protocol of docs/architecture.md)."""
         if self.projection != "none":
             self.bn_mean, self.bn_std = _bn_stats(x @ self.proj_weight)
         elif self.grid is None:
