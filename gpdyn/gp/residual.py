@@ -49,8 +49,9 @@ class LinearKernelGP(Stateful):
     the action differs from the prior's, a bias and a gain per action, the form of the
     change a weakened motor makes. Unlike an SE kernel over all inputs it cannot follow
     the prior's own errors as they vary with the state along a trajectory. Those that
-    correlate with the action along a gait still enter ``W`` (docs/studies/2026-11-walker-control-studies.md, eleventh
-    study), which is why it is used behind ResidualGP's evidence gate.
+    correlate with the action along a gait still enter ``W`` (measured in
+    docs/studies/2026-11-walker-control-studies.md), which is why it is used behind
+    ResidualGP's evidence gate.
     """
 
     state_fields = ("features", "targets")  # the window; the posterior follows from them
