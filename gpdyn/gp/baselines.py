@@ -28,7 +28,19 @@ from gpdyn.gp.orthdgp import ORTHNAT, coupled_optimum
 from gpdyn.gp.variational import chol, tri_solve
 
 
-class SVI(ORTHNAT):
+class _Coupled(ORTHNAT):
+    """One coupled basis of ``m`` points: the orthogonally decoupled model with no gamma basis."""
+
+    basis_options = ("m",)
+
+    def __init__(self, input_dim: int, output_dim: int, *, m: int, **kwargs) -> None:
+        kwargs.pop("m_gamma", None)  # fixed by the method; present in a saved config
+        kwargs.pop("m_beta", None)
+        super().__init__(input_dim, output_dim, m_gamma=0, m_beta=m, **kwargs)
+        self.config.update(m=int(m))
+
+
+class SVI(_Coupled):
     """Stochastic variational inference with natural gradients on a coupled basis of ``m`` points."""
 
     name = "svi"
@@ -39,16 +51,12 @@ class SVI(ORTHNAT):
         "cpu": {"m": 128, "n_delta": 64, "lr": 0.1},
         "paper": {"m": 1024, "n_delta": 128, "lr": 0.1},
     }
-    basis_options = ("m",)
 
     def __init__(self, input_dim: int, output_dim: int, *, m: int = 1024, **kwargs) -> None:
-        kwargs.pop("m_gamma", None)  # fixed by the method; present in a saved config
-        kwargs.pop("m_beta", None)
-        super().__init__(input_dim, output_dim, m_gamma=0, m_beta=m, **kwargs)
-        self.config.update(m=int(m))
+        super().__init__(input_dim, output_dim, m=m, **kwargs)
 
 
-class IVSGPR(ORTHNAT):
+class IVSGPR(_Coupled):
     """Incremental variational sparse GPR: stochastic mirror ascent on q, ``m`` = 256 points.
 
     With the KL divergence as the Bregman divergence, a mirror-ascent step on a Gaussian
@@ -64,13 +72,9 @@ class IVSGPR(ORTHNAT):
         "cpu": {"m": 128, "n_delta": 64, "lr": 0.1},
         "paper": {"m": 256, "n_delta": 128, "lr": 0.1},
     }
-    basis_options = ("m",)
 
     def __init__(self, input_dim: int, output_dim: int, *, m: int = 256, **kwargs) -> None:
-        kwargs.pop("m_gamma", None)  # fixed by the method; present in a saved config
-        kwargs.pop("m_beta", None)
-        super().__init__(input_dim, output_dim, m_gamma=0, m_beta=m, **kwargs)
-        self.config.update(m=int(m))
+        super().__init__(input_dim, output_dim, m=m, **kwargs)
 
     def _before_adam(self, x: Tensor, y: Tensor, lr: float) -> None:
         self.mirror_update(x, y, self.nat_step_size())
