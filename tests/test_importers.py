@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy.io import savemat
+from scipy.sparse import csc_matrix
 
 from gpdyn.cli import main
 from gpdyn.data.importers import (
     KUKA_TAU_SCALE,
     ImportFormatError,
+    episode_splits,
     import_kuka_ilgr,
     import_sarcos,
     read_kuka_ilgr,
 )
 from gpdyn.data.problems import load_problem
 from gpdyn.data.store import EpisodeStore
+from gpdyn.errors import InputError
 
 
 def _rows(n: int, seed: int) -> np.ndarray:
@@ -46,7 +50,13 @@ def test_kuka_ilgr_round_trip_through_the_command(tmp_path: Path, capsys: pytest
     for i, name in enumerate(("q", "qd", "qdd", "tau")):
         np.testing.assert_array_equal(store.read(name), np.concatenate([offline, online])[:, 7 * i : 7 * i + 7])
     assert store.attrs["tau_scale"] == list(KUKA_TAU_SCALE)
-    assert "file units" in store.fields["tau"].unit and store.fields["q"].unit == "rad"
+    # the published files are normalised: no input is labelled in rad unless the user says so
+    assert store.attrs["input_units"] == "normalised"
+    assert {store.fields[n].unit for n in ("q", "qd", "qdd")} == {"normalised (file units)"}
+    assert store.fields["tau"].unit == "N m / [40/40/20/20/4/4/2] (file units)"
+    assert list(store.episode_values("file")) == [0, 1]
+    assert [(e["file"], e["split"]) for e in store.attrs["imported_files"]] == [
+        ("kuka1_offline.txt", "train"), ("kuka1_online.txt", "train")]
     problem = load_problem(store, "kuka", protocol="ordered")
     assert len(problem.x_init) == 40 and problem.input_dim == 21
 
@@ -78,6 +88,10 @@ def test_blank_lines_are_skipped_and_line_numbers_count_them(tmp_path: Path) -> 
     [
         (lambda cells: cells[:-1], r"line 3: expected 28 columns, found 27"),
         (lambda cells: cells[:5] + ["abc"] + cells[6:], r"line 3, column 6: 'abc' is not a number"),
+        # float() and numpy read these three as numbers
+        (lambda cells: cells[:1] + ["1_000"] + cells[2:], r"line 3, column 2: '1_000' is not a number"),
+        (lambda cells: cells[:27] + ["\u0663.5"], r"line 3, column 28: '\u0663.5' is not a number"),
+        (lambda cells: cells[:3] + ["1e5_0"] + cells[4:], r"line 3, column 4: '1e5_0' is not a number"),
         (lambda cells: cells[:9] + ["NaN"] + cells[10:], r"line 3, column 10: value nan is not finite"),
         (lambda cells: cells[:27] + ["-inf"], r"line 3, column 28: value -inf is not finite"),
     ],
@@ -133,3 +147,108 @@ def test_import_refuses_an_existing_store(tmp_path: Path) -> None:
     import_kuka_ilgr([path], tmp_path / "s.zarr")
     with pytest.raises(ImportFormatError, match="already exists"):
         import_kuka_ilgr([path], tmp_path / "s.zarr")
+
+
+def test_kuka_scale_and_units_options_are_recorded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = _rows(8, 10)
+    path = _write_text(tmp_path / "kuka_sim_offline.txt", rows)
+    store_path = tmp_path / "sim.zarr"
+    assert main(["import", "kuka-ilgr", str(path), "--store", str(store_path), "--torque-scale", "50,70,20,20,4,4,2",
+                 "--units", "physical"]) == 0
+    assert "inputs physical, torque N m / [50/70/20/20/4/4/2] (file units)" in capsys.readouterr().out
+    store = EpisodeStore.open(store_path)
+    assert store.attrs["tau_scale"] == [50.0, 70.0, 20.0, 20.0, 4.0, 4.0, 2.0]
+    assert [store.fields[n].unit for n in ("q", "qd", "qdd")] == ["rad", "rad/s", "rad/s^2"]
+    np.testing.assert_array_equal(store.read("tau"), rows[:, 21:])  # stored as in the file, the scale beside it
+    # one factor stands for every joint; 1 means the file holds N m
+    store = import_kuka_ilgr([path], tmp_path / "one.zarr", torque_scale=[1.0])
+    assert store.attrs["tau_scale"] == [1.0] * 7 and store.fields["tau"].unit == "N m"
+
+
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("--torque-scale", "40,40,20", "torque scale [40.0, 40.0, 20.0]: expected 1 or 7 positive finite factors"),
+    ("--torque-scale", "40,40,20,20,4,4,-2", "expected 1 or 7 positive finite factors"),
+    ("--torque-scale", "40,x", "'40,x' is not a number"),
+    ("--units", "rad", "invalid choice: 'rad'"),
+])
+def test_bad_import_options_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str,
+                                   message: str) -> None:
+    path = _write_text(tmp_path / "kuka1_offline.txt", _rows(3, 11))
+    assert main(["import", "kuka-ilgr", str(path), "--store", str(tmp_path / "s.zarr"), option, value]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_gzip_text_files_are_read_and_broken_ones_refused(tmp_path: Path) -> None:
+    rows = _rows(5, 12)
+    text = _write_text(tmp_path / "kuka2_online.txt", rows).read_bytes()
+    packed = gzip.compress(text)
+    (tmp_path / "kuka2_online.txt.gz").write_bytes(packed)
+    store = import_kuka_ilgr([tmp_path / "kuka2_online.txt.gz"], tmp_path / "gz.zarr")
+    np.testing.assert_array_equal(store.read("qd"), rows[:, 7:14])
+    assert store.attrs["imported_files"][0]["file"] == "kuka2_online.txt.gz"
+    assert list(store.episode_values("online")) == [1]
+    (tmp_path / "cut.txt.gz").write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(ImportFormatError, match="cut.txt.gz: not a readable gzip file"):
+        read_kuka_ilgr(tmp_path / "cut.txt.gz")
+    bad = bytearray(packed)
+    bad[len(bad) // 2] ^= 0xFF  # a flipped byte in the compressed stream
+    (tmp_path / "flip.txt.gz").write_bytes(bytes(bad))
+    with pytest.raises(ImportFormatError, match="flip.txt.gz: not a readable gzip file"):
+        read_kuka_ilgr(tmp_path / "flip.txt.gz")
+
+
+def test_sarcos_test_file_is_marked_per_episode(tmp_path: Path) -> None:
+    train, test = _rows(20, 13), _rows(7, 14)
+    # the test file is recognised by its variable as well as by its name
+    savemat(tmp_path / "held_out.mat", {"sarcos_inv_test": test})
+    savemat(tmp_path / "sarcos_inv.mat", {"sarcos_inv": train})
+    store = import_sarcos([tmp_path / "held_out.mat", tmp_path / "sarcos_inv.mat"], tmp_path / "s.zarr")
+    assert list(store.episode_values("file")) == [0, 1]
+    assert [(e["file"], e["split"], e["online"]) for e in store.attrs["imported_files"]] == [
+        ("sarcos_inv.mat", "train", 0), ("held_out.mat", "test", 1)]
+    assert list(episode_splits(store)) == ["train", "test"]
+    assert store.attrs["input_units"] == "physical" and store.fields["tau"].unit == "N m"
+    kuka = import_kuka_ilgr([_write_text(tmp_path / "k_offline.txt", train)], tmp_path / "k.zarr")
+    assert list(episode_splits(kuka)) == ["train"]
+
+
+def test_episode_splits_of_a_store_without_the_file_key(tmp_path: Path) -> None:
+    """Stores imported before the per-episode file key: one episode per file, SARCOS's online file is its test."""
+    from gpdyn.data.arm_schema import arm_episode_keys, arm_fields
+
+    entries = [{"file": "sarcos_inv.mat", "rows": 4, "online": 0}, {"file": "b.mat", "rows": 3, "online": 1}]
+    store = EpisodeStore.create(tmp_path / "old.zarr", arm_fields(7), source="import sarcos", env_id="sarcos", dt=0.0,
+                                seed=None, episode_keys=arm_episode_keys(), extra_attrs={"imported_files": entries})
+    rows = _rows(7, 15)
+    store.append_episodes([{n: rows[a:b, 7 * i: 7 * i + 7] for i, n in enumerate(("q", "qd", "qdd", "tau"))}
+                           for a, b in ((0, 4), (4, 7))], [{"online": 0}, {"online": 1}])
+    assert list(episode_splits(store)) == ["train", "test"]
+    plain = EpisodeStore.create(tmp_path / "sim.zarr", arm_fields(7), source="collect", env_id="kuka", dt=0.01,
+                                seed=0, episode_keys=arm_episode_keys())
+    with pytest.raises(InputError, match="sim.zarr: not an imported dataset"):
+        episode_splits(plain)
+
+
+def test_non_float_mat_matrices_are_refused(tmp_path: Path) -> None:
+    savemat(tmp_path / "int.mat", {"sarcos_inv": np.arange(5 * 28, dtype=np.int32).reshape(5, 28)})
+    with pytest.raises(ImportFormatError, match="int.mat: variable 'sarcos_inv' holds int32 values, expected floating"):
+        import_sarcos([tmp_path / "int.mat"], tmp_path / "a.zarr")
+    savemat(tmp_path / "bool.mat", {"sarcos_inv": np.ones((3, 28), dtype=bool)})
+    with pytest.raises(ImportFormatError, match="bool.mat: variable 'sarcos_inv' holds uint8 values"):
+        import_sarcos([tmp_path / "bool.mat"], tmp_path / "b.zarr")
+    cells = np.empty((3, 28), dtype=object)
+    cells[:] = 1.5
+    cells[1, 4] = "abc"
+    savemat(tmp_path / "cells.mat", {"sarcos_inv": cells})
+    with pytest.raises(ImportFormatError, match="cells.mat: variable 'sarcos_inv' row 2, column 5: a <U3 array"):
+        import_sarcos([tmp_path / "cells.mat"], tmp_path / "c.zarr")
+    savemat(tmp_path / "sparse.mat", {"sarcos_inv": csc_matrix(np.eye(28))})
+    with pytest.raises(ImportFormatError, match="sparse.mat: variable 'sarcos_inv' is a csc_matrix, expected a dense"):
+        import_sarcos([tmp_path / "sparse.mat"], tmp_path / "d.zarr")
+    single = _rows(4, 16).astype(np.float32)  # MATLAB single is floating point: accepted
+    savemat(tmp_path / "single.mat", {"sarcos_inv": single})
+    np.testing.assert_array_equal(import_sarcos([tmp_path / "single.mat"], tmp_path / "e.zarr").read("q"),
+                                  single[:, :7].astype(np.float64))
+    for name in "abcd":
+        assert not (tmp_path / f"{name}.zarr").exists()

@@ -15,6 +15,7 @@ from typing import Any
 from gpdyn.cli.common import RegistryNames, add_out
 
 FAMILY_NAMES = RegistryNames("gpdyn.sim.arm", "FAMILIES")  # trajectory families of the arm streams
+IMPORT_UNITS = RegistryNames("gpdyn.data.importers", "UNITS")  # what imported input columns hold
 
 
 def float_list(text: str) -> list[float]:
@@ -106,16 +107,22 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     imp = sub.add_parser("import", help="import a real dataset into a store").add_subparsers(
         dest="format", metavar="FORMAT", required=True
     )
-    p = imp.add_parser("kuka-ilgr", help="KUKA1/KUKA2 text files (28 columns)")
-    p.add_argument("files", nargs="+", type=Path)
-    p.add_argument("--store", type=Path, required=True)
-    add_out(p)
-    p.set_defaults(handler="gpdyn.cli.collect:import_files")
-    p = imp.add_parser("sarcos", help="SARCOS .mat files (sarcos_inv.mat)")
-    p.add_argument("files", nargs="+", type=Path)
-    p.add_argument("--store", type=Path, required=True)
-    add_out(p)
-    p.set_defaults(handler="gpdyn.cli.collect:import_files")
+    for fmt, text, scale, units in (
+        ("kuka-ilgr", "KUKA1/KUKA2 text files, plain or .txt.gz (28 columns)",
+         "40,40,20,20,4,4,2, the real KUKA1/KUKA2 files; the simulated ones use 50,70,20,20,4,4,2", "normalised"),
+        ("sarcos", "SARCOS .mat files (sarcos_inv.mat, sarcos_inv_test.mat)", "1, torques in N m", "physical"),
+    ):
+        p = imp.add_parser(fmt, help=text)
+        p.add_argument("files", nargs="+", type=Path)
+        p.add_argument("--store", type=Path, required=True)
+        p.add_argument("--torque-scale", type=float_list, default=None, metavar="S[,S...]",
+                       help=f"factors the file's torques were divided by (N m = value x factor), one value or one "
+                            f"per joint; kept in the store attribute tau_scale (default {scale})")
+        p.add_argument("--units", choices=IMPORT_UNITS, default=units, metavar="UNITS",
+                       help="what the position, velocity and acceleration columns hold: %(choices)s; kept in the "
+                            "store attribute input_units and the field units (default %(default)s)")
+        add_out(p)
+        p.set_defaults(handler="gpdyn.cli.collect:import_files")
 
 
 # ---------------------------------------------------------------------------- handlers
@@ -171,22 +178,28 @@ def collect_arm(args: argparse.Namespace) -> int:
 
 
 def import_files(args: argparse.Namespace) -> int:
-    """``gpdyn import kuka-ilgr|sarcos FILE... --store PATH``."""
+    """``gpdyn import kuka-ilgr|sarcos FILE... --store PATH [--torque-scale S,...] [--units UNITS]``."""
     from gpdyn.data.importers import import_kuka_ilgr, import_sarcos
     from gpdyn.cli.common import run_for_args
 
     importers = {"kuka-ilgr": import_kuka_ilgr, "sarcos": import_sarcos}
-    store = importers[args.format](args.files, args.store)
+    options = {"units": args.units}
+    if args.torque_scale is not None:
+        options["torque_scale"] = args.torque_scale
+    store = importers[args.format](args.files, args.store, **options)
     parts = store.episode_values("online")
+    attrs = store.attrs
     run_for_args(f"import-{args.format}", args).log(store=str(store.path), episodes=store.n_episodes, rows=store.n_rows,
                                                     offline_episodes=int((parts == 0).sum()),
-                                                    files=store.attrs["imported_files"])
-    for entry, ends in zip(store.attrs["imported_files"], store.episode_ends):
+                                                    files=attrs["imported_files"], tau_scale=attrs["tau_scale"],
+                                                    input_units=attrs["input_units"])
+    for entry, ends in zip(attrs["imported_files"], store.episode_ends):
         part = "online" if entry["online"] else "offline"
-        print(f"  {entry['file']}: {entry['rows']} rows -> {part} part (rows to {int(ends)})")
-    print(f"{store.path}: {store.n_rows} rows in {store.n_episodes} episodes ({int((parts == 0).sum())} offline)")
+        print(f"  {entry['file']}: {entry['rows']} rows -> {part} part, {entry['split']} split (rows to {int(ends)})")
+    print(f"{store.path}: {store.n_rows} rows in {store.n_episodes} episodes ({int((parts == 0).sum())} offline); "
+          f"inputs {attrs['input_units']}, torque {store.fields['tau'].unit}")
     return 0
 
 
-__all__ = ["FAMILY_NAMES", "add_arm_options", "add_parsers", "arm_from_args", "collect_arm", "collect_walker", "float_list",
+__all__ = ["FAMILY_NAMES", "IMPORT_UNITS", "add_arm_options", "add_parsers", "arm_from_args", "collect_arm", "collect_walker", "float_list",
            "import_files"]

@@ -1,39 +1,69 @@
 """Importers of the real inverse-dynamics datasets into the arm store format (:mod:`gpdyn.data.arm_schema`).
 
 - KUKA1/KUKA2 (Meier et al. 2014, the ILGR data used by SVDGP Section 5): text
-  files, one sample per line, 28 whitespace-separated numbers: 7 joint positions,
-  7 velocities, 7 accelerations, 7 torques. The torques in the files are divided
-  by ``KUKA_TAU_SCALE`` = [40, 40, 20, 20, 4, 4, 2]; they are stored as they are in
-  the file and the scale goes to the store attributes (torque in N m = tau x scale).
-  A file whose name contains "online" (e.g. ``kuka1_online.txt``) becomes the
-  online part (``online = 1``), any other file the offline part; offline files are
-  stored first, then online files, each file one episode, in command-line order.
+  files, plain or gzip-compressed (``.txt.gz``), one sample per line, 28
+  whitespace-separated numbers: 7 joint positions, 7 velocities, 7 accelerations,
+  7 torques. The published files are normalised: the inputs are not in rad, and the
+  torques are divided by a per-joint scale (``KUKA_TAU_SCALE`` = [40, 40, 20, 20, 4,
+  4, 2] for the real KUKA1/KUKA2 files; the simulated files use [50, 70, 20, 20, 4,
+  4, 2]). Values are stored as they are in the file; the scale (``torque_scale``)
+  and the input units (``units``) are options, written to the store attributes
+  ``tau_scale`` and ``input_units`` and to the field units. A file whose name
+  contains "online" (e.g. ``kuka1_online.txt``) becomes the online part
+  (``online = 1``), any other file the offline part.
 - SARCOS (``sarcos_inv.mat``, ``sarcos_inv_test.mat``): MATLAB v4-v7.2 files
-  holding one [N, 28] matrix with the same column order; torques unscaled. The
-  training file becomes ``online = 0``; a file whose name or variable contains
-  "test" becomes ``online = 1`` (so that the ``kuka`` problem's ordered protocol
-  streams the test set after the training set), stored after the training files.
+  holding one floating-point [N, 28] matrix with the same column order, in physical
+  units, torques unscaled. The training file becomes ``online = 0``; the test file
+  ``online = 1`` (so that the ``kuka`` problem's ordered protocol streams the test
+  set after the training set).
 
-Malformed input (wrong column count, non-numeric cell, NaN or infinity, no rows)
-is refused with the file and line (text) or row (.mat, 1-based) named; nothing is
-written before every file has been read and checked.
+Each file is one episode; offline files are stored first, then online files, in
+command-line order. The per-episode key ``file`` indexes the root attribute
+``imported_files`` (one entry per file in stored order: name, rows, ``online`` and
+``split``). ``split`` is ``"test"`` for a file whose name or .mat variable contains
+"test" (``sarcos_inv_test.mat``), ``"train"`` otherwise; :func:`episode_splits`
+reads it back for the protocols that train on one file and score on another.
+
+Malformed input (wrong column count, a cell that is not a plain decimal number such
+as ``1_000`` or ``0x1p3``, NaN or infinity, no rows, a .mat matrix that is not
+floating point) is refused with the file and line and column (text) or row and
+column (.mat, 1-based) named; nothing is written before every file has been read
+and checked.
 """
 
 from __future__ import annotations
 
+import gzip
+import re
+import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from gpdyn.data.arm_schema import ARM_FIELD_NAMES, OFFLINE, ONLINE, arm_episode_keys, arm_fields
-from gpdyn.data.store import EpisodeStore
+from gpdyn.data.store import EpisodeStore, FieldSpec
 from gpdyn.errors import InputError
 
 N_JOINTS = 7  # both datasets record 7-DOF arms (KUKA LBR, SARCOS master arm)
 N_COLUMNS = 4 * N_JOINTS
-KUKA_TAU_SCALE = (40.0, 40.0, 20.0, 20.0, 4.0, 4.0, 2.0)
+KUKA_TAU_SCALE = (40.0, 40.0, 20.0, 20.0, 4.0, 4.0, 2.0)  # the real KUKA1/KUKA2 files
+TRAIN, TEST = "train", "test"  # the values of ``imported_files[i]["split"]``
+# What the input columns (q, qd, qdd) hold: the unit each field is labelled with.
+UNITS: dict[str, tuple[str, str, str]] = {
+    "physical": ("rad", "rad/s", "rad/s^2"),
+    "normalised": ("normalised (file units)",) * 3,
+}
+
+# A plain decimal number, or a NaN/infinity spelling (refused later as "not finite",
+# which names the problem better than "not a number"). Python's float() and numpy
+# also accept "1_000", non-ASCII digits and surrounding whitespace: none of those is
+# in the published files, and each is more likely a corrupted cell than data.
+_NUMBER = r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|(?i:nan|inf|infinity))"
+NUMBER = re.compile(_NUMBER)
+# A whole line of N_COLUMNS numbers: the fast path; lines it rejects are looked at cell by cell.
+_LINE = re.compile(rf"\s*{_NUMBER}(?:\s+{_NUMBER}){{{N_COLUMNS - 1}}}\s*")
 
 
 class ImportFormatError(InputError):
@@ -42,11 +72,12 @@ class ImportFormatError(InputError):
 
 @dataclass(frozen=True)
 class ImportedFile:
-    """One file's rows [N, 28] and the part it belongs to."""
+    """One file's rows [N, 28], the part it belongs to and its split."""
 
     path: Path
     rows: np.ndarray
     online: int
+    split: str = TRAIN
 
 
 def _check_rows(path: Path, rows: np.ndarray, where: str, line_numbers: np.ndarray | None = None) -> np.ndarray:
@@ -61,47 +92,59 @@ def _check_rows(path: Path, rows: np.ndarray, where: str, line_numbers: np.ndarr
     return rows
 
 
-def read_kuka_ilgr(path: str | Path) -> np.ndarray:
-    """The [N, 28] rows of one KUKA1/KUKA2 text file, checked line by line.
-
-    Blank lines are skipped (they hold no sample); every other line must hold
-    exactly 28 finite numbers.
-    """
-    path = Path(path)
+def _read_text(path: Path) -> str:
+    """The file's text, gunzipped when it starts with the gzip magic bytes (whatever its name)."""
     if not path.is_file():
         raise ImportFormatError(f"{path}: no such file")
+    data = path.read_bytes()
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as err:  # BadGzipFile is an OSError; a cut file is an EOFError
+            raise ImportFormatError(f"{path}: not a readable gzip file ({err or type(err).__name__})") from err
     try:
-        text = path.read_text()
+        return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ImportFormatError(f"{path}: not a text file ({err})") from err
-    tokens: list[list[str]] = []
+
+
+def read_kuka_ilgr(path: str | Path) -> np.ndarray:
+    """The [N, 28] rows of one KUKA1/KUKA2 text file (plain or gzip), checked line by line.
+
+    Blank lines are skipped (they hold no sample); every other line must hold
+    exactly 28 finite plain decimal numbers.
+    """
+    path = Path(path)
+    kept: list[str] = []
     numbers: list[int] = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        cells = line.split()
-        if not cells:
-            continue
-        if len(cells) != N_COLUMNS:
-            raise ImportFormatError(f"{path}: line {number}: expected {N_COLUMNS} columns, found {len(cells)}")
-        tokens.append(cells)
-        numbers.append(number)
-    try:
-        rows = np.array(tokens, dtype=np.float64).reshape(-1, N_COLUMNS)
-    except ValueError:
-        # only on failure: find the first bad cell to name it
-        for cells, number in zip(tokens, numbers):
+    for number, line in enumerate(_read_text(path).splitlines(), start=1):
+        if not _LINE.fullmatch(line):
+            cells = line.split()
+            if not cells:
+                continue
+            if len(cells) != N_COLUMNS:
+                raise ImportFormatError(f"{path}: line {number}: expected {N_COLUMNS} columns, found {len(cells)}")
             for col, cell in enumerate(cells):
-                try:
-                    float(cell)
-                except ValueError:
-                    raise ImportFormatError(
-                        f"{path}: line {number}, column {col + 1}: {cell!r} is not a number"
-                    ) from None
-        raise
+                if not NUMBER.fullmatch(cell):
+                    raise ImportFormatError(f"{path}: line {number}, column {col + 1}: {cell!r} is not a number")
+        kept.append(line)
+        numbers.append(number)
+    # every cell matched NUMBER, which float() parses the same way
+    rows = np.array(" ".join(kept).split(), dtype=np.float64).reshape(-1, N_COLUMNS)
     return _check_rows(path, rows, "line", np.asarray(numbers))
 
 
+def _first_bad_cell(matrix: np.ndarray) -> tuple[int, int, str] | None:
+    """Row, column (0-based) and description of the first cell of an object array that is not one real float."""
+    for (row, col), cell in np.ndenumerate(matrix):
+        value = np.asarray(cell)
+        if value.size != 1 or value.dtype.kind != "f":
+            return row, col, f"{value.dtype} array of shape {value.shape}"
+    return None
+
+
 def read_sarcos(path: str | Path) -> tuple[np.ndarray, str]:
-    """The [N, 28] matrix of one SARCOS .mat file and its variable name."""
+    """The [N, 28] floating-point matrix of one SARCOS .mat file and its variable name."""
     from scipy.io import loadmat
 
     path = Path(path)
@@ -115,19 +158,32 @@ def read_sarcos(path: str | Path) -> tuple[np.ndarray, str]:
         content = loadmat(str(path))
     except Exception as err:  # scipy raises several types for a non-.mat file
         raise ImportFormatError(f"{path}: not a MATLAB .mat file ({type(err).__name__}: {err})") from err
-    matrices = {k: v for k, v in content.items() if not k.startswith("__") and isinstance(v, np.ndarray) and v.ndim == 2}
-    preferred = [k for k in matrices if k.startswith("sarcos_inv")]
-    names = preferred or sorted(matrices)
+    variables = {k: v for k, v in content.items() if not k.startswith("__")}
+    preferred = [k for k in variables if k.startswith("sarcos_inv")]
+    matrices = [k for k, v in variables.items() if isinstance(v, np.ndarray) and v.ndim == 2 and v.shape[1] > 1]
+    names = preferred or matrices
     if len(names) != 1:
         raise ImportFormatError(
-            f"{path}: expected one [N, {N_COLUMNS}] matrix (e.g. 'sarcos_inv'), found {sorted(matrices) or 'none'}"
+            f"{path}: expected one [N, {N_COLUMNS}] matrix (e.g. 'sarcos_inv'), found {sorted(variables) or 'none'}"
         )
     name = names[0]
-    matrix = matrices[name]
+    matrix = variables[name]
+    if not isinstance(matrix, np.ndarray):  # a sparse matrix
+        raise ImportFormatError(f"{path}: variable '{name}' is a {type(matrix).__name__}, expected a dense matrix")
+    if matrix.ndim != 2:
+        raise ImportFormatError(f"{path}: variable '{name}' has shape {matrix.shape}, expected [N, {N_COLUMNS}]")
     if matrix.shape[1] != N_COLUMNS:
         raise ImportFormatError(f"{path}: variable '{name}' has {matrix.shape[1]} columns, expected {N_COLUMNS}")
-    if not np.issubdtype(matrix.dtype, np.number) or np.iscomplexobj(matrix):
-        raise ImportFormatError(f"{path}: variable '{name}' has dtype {matrix.dtype}, expected real numbers")
+    if matrix.dtype.kind == "O":  # a MATLAB cell array: name the first cell that is not a number
+        bad = _first_bad_cell(matrix)
+        if bad is not None:
+            row, col, what = bad
+            raise ImportFormatError(f"{path}: variable '{name}' row {row + 1}, column {col + 1}: a {what}, "
+                                    "expected a floating-point number")
+    elif matrix.dtype.kind != "f":
+        # integer, logical or character data: a quantised or mislabelled file, not the recorded torques
+        raise ImportFormatError(f"{path}: variable '{name}' holds {matrix.dtype} values, expected floating-point "
+                                "numbers (MATLAB double or single)")
     return _check_rows(path, matrix.astype(np.float64), "row"), name
 
 
@@ -136,70 +192,141 @@ def _episode(rows: np.ndarray) -> dict[str, np.ndarray]:
     return {name: rows[:, i * N_JOINTS : (i + 1) * N_JOINTS] for i, name in enumerate(ARM_FIELD_NAMES)}
 
 
+def _is_test(*names: str) -> bool:
+    return any("test" in n.lower() for n in names)
+
+
+def check_torque_scale(scale: Sequence[float]) -> tuple[float, ...]:
+    """One positive finite factor for every joint (a single value stands for all of them)."""
+    values = tuple(float(s) for s in scale)
+    if len(values) == 1:
+        values *= N_JOINTS
+    if len(values) != N_JOINTS or not all(np.isfinite(v) and v > 0 for v in values):
+        raise ImportFormatError(
+            f"torque scale {list(scale)}: expected 1 or {N_JOINTS} positive finite factors (torque in N m = "
+            "file value x factor)"
+        )
+    return values
+
+
+def _fields(units: str, tau_scale: tuple[float, ...]) -> dict[str, FieldSpec]:
+    """The arm fields labelled with the input ``units`` and the torque unit the scale implies."""
+    if units not in UNITS:
+        raise ImportFormatError(f"unknown units '{units}'; choose one of {', '.join(UNITS)}")
+    if all(s == 1.0 for s in tau_scale):
+        tau_unit = "N m"
+    else:
+        tau_unit = "N m / [" + "/".join(f"{s:g}" for s in tau_scale) + "] (file units)"
+    fields = arm_fields(N_JOINTS, tau_unit)
+    for name, unit in zip(ARM_FIELD_NAMES, UNITS[units]):
+        fields[name] = replace(fields[name], unit=unit)
+    return fields
+
+
 def _write(
-    store_path: Path, files: list[ImportedFile], *, source: str, env_id: str, tau_unit: str, tau_scale: Sequence[float]
+    store_path: Path, files: list[ImportedFile], *, source: str, env_id: str, units: str, scale: tuple[float, ...]
 ) -> EpisodeStore:
     if store_path.exists():
         raise ImportFormatError(f"{store_path}: already exists; an import writes a new store")
+    fields = _fields(units, scale)
     ordered = sorted(files, key=lambda f: f.online)  # stable: offline first, then online, command-line order
     store = EpisodeStore.create(
         store_path,
-        arm_fields(N_JOINTS, tau_unit),
+        fields,
         source=source,
         env_id=env_id,
         dt=0.0,
         seed=None,
-        episode_keys=arm_episode_keys(),
+        episode_keys=arm_episode_keys(file="int32"),
         extra_attrs={
             "dt_note": "unknown: the source files carry no time stamps (dt = 0)",
-            "tau_scale": [float(s) for s in tau_scale],
+            "tau_scale": list(scale),
             "tau_scale_note": "torque in N m = tau * tau_scale (per joint)",
-            "imported_files": [{"file": f.path.name, "rows": int(f.rows.shape[0]), "online": f.online} for f in ordered],
+            "input_units": units,
+            "imported_files": [
+                {"file": f.path.name, "rows": int(f.rows.shape[0]), "online": f.online, "split": f.split}
+                for f in ordered
+            ],
+            "imported_files_note": "per-episode key 'file' = index into imported_files; split 'test' marks a "
+                                   "dataset's test file",
         },
     )
-    store.append_episodes([_episode(f.rows) for f in ordered], [{"online": f.online} for f in ordered])
+    store.append_episodes([_episode(f.rows) for f in ordered],
+                          [{"online": f.online, "file": i} for i, f in enumerate(ordered)])
     return store
 
 
-def import_kuka_ilgr(files: Sequence[str | Path], store_path: str | Path) -> EpisodeStore:
-    """KUKA1/KUKA2 text files into a new store; "online" in a file name marks the online part."""
+def import_kuka_ilgr(
+    files: Sequence[str | Path],
+    store_path: str | Path,
+    *,
+    torque_scale: Sequence[float] = KUKA_TAU_SCALE,
+    units: str = "normalised",
+) -> EpisodeStore:
+    """KUKA1/KUKA2 text files (plain or gzip) into a new store; "online" in a file name marks the online part.
+
+    ``torque_scale``: the factors the file's torques were divided by (N m = value x factor);
+    ``units``: what the input columns hold, ``"normalised"`` (the published files) or ``"physical"``.
+    """
+    scale = check_torque_scale(torque_scale)
+    _fields(units, scale)  # options are checked before any file is read
     imported = []
     for f in files:
         path = Path(f)
         online = ONLINE if "online" in path.name.lower() and "offline" not in path.name.lower() else OFFLINE
-        imported.append(ImportedFile(path, read_kuka_ilgr(path), online))
-    scale = "/".join(f"{s:g}" for s in KUKA_TAU_SCALE)
-    return _write(
-        Path(store_path),
-        imported,
-        source="import kuka-ilgr (Meier et al. 2014)",
-        env_id="kuka-ilgr",
-        tau_unit=f"N m / [{scale}] (file units)",
-        tau_scale=KUKA_TAU_SCALE,
-    )
+        imported.append(ImportedFile(path, read_kuka_ilgr(path), online, TEST if _is_test(path.name) else TRAIN))
+    return _write(Path(store_path), imported, source="import kuka-ilgr (Meier et al. 2014)", env_id="kuka-ilgr",
+                  units=units, scale=scale)
 
 
-def import_sarcos(files: Sequence[str | Path], store_path: str | Path) -> EpisodeStore:
-    """SARCOS .mat files into a new store; a test file (name or variable) is the online part."""
+def import_sarcos(
+    files: Sequence[str | Path],
+    store_path: str | Path,
+    *,
+    torque_scale: Sequence[float] = (1.0,),
+    units: str = "physical",
+) -> EpisodeStore:
+    """SARCOS .mat files into a new store; a test file (name or variable) is the online part and split "test"."""
+    scale = check_torque_scale(torque_scale)
+    _fields(units, scale)  # options are checked before any file is read
     imported = []
     for f in files:
         path = Path(f)
         rows, name = read_sarcos(path)
-        online = ONLINE if "test" in name.lower() or "test" in path.name.lower() else OFFLINE
-        imported.append(ImportedFile(path, rows, online))
-    return _write(
-        Path(store_path),
-        imported,
-        source="import sarcos",
-        env_id="sarcos",
-        tau_unit="as in file",
-        tau_scale=[1.0] * N_JOINTS,
-    )
+        test = _is_test(name, path.name)
+        imported.append(ImportedFile(path, rows, ONLINE if test else OFFLINE, TEST if test else TRAIN))
+    return _write(Path(store_path), imported, source="import sarcos", env_id="sarcos", units=units, scale=scale)
+
+
+def episode_splits(store: EpisodeStore) -> np.ndarray:
+    """Per episode of an imported store, the split (``"train"`` or ``"test"``) of the file it came from.
+
+    Stores imported before the ``file`` key and ``split`` existed hold one episode per
+    file in ``imported_files`` order, and only SARCOS test files were online there.
+    """
+    entries = store.attrs.get("imported_files")
+    if not entries:
+        raise InputError(f"{store.path}: not an imported dataset (no 'imported_files' attribute)")
+    if "file" in store.episode_keys:
+        index = store.episode_values("file").astype(np.int64)
+    elif len(entries) == store.n_episodes:
+        index = np.arange(store.n_episodes)
+    else:
+        raise InputError(f"{store.path}: {store.n_episodes} episodes but {len(entries)} imported files and no "
+                         "per-episode 'file' key")
+    legacy_test = store.attrs.get("env_id") == "sarcos"
+    splits = np.array([e.get("split", TEST if legacy_test and e["online"] == ONLINE else TRAIN) for e in entries])
+    return splits[index]
 
 
 __all__ = [
     "ImportFormatError",
     "KUKA_TAU_SCALE",
+    "TEST",
+    "TRAIN",
+    "UNITS",
+    "check_torque_scale",
+    "episode_splits",
     "import_kuka_ilgr",
     "import_sarcos",
     "read_kuka_ilgr",
