@@ -62,14 +62,24 @@ def test_kuka_ilgr_round_trip_through_the_command(tmp_path: Path, capsys: pytest
 
 
 def test_sarcos_round_trip_train_and_test(tmp_path: Path) -> None:
-    train, test = _rows(50, 2), _rows(12, 3)
-    savemat(tmp_path / "sarcos_inv_test.mat", {"sarcos_inv_test": test})
+    train, test, more = _rows(50, 2), _rows(12, 3), _rows(7, 14)
+    # a test file is recognised by its name or by its variable
+    savemat(tmp_path / "sarcos_inv_test.mat", {"data": test})
+    savemat(tmp_path / "held_out.mat", {"sarcos_inv_test": more})
     savemat(tmp_path / "sarcos_inv.mat", {"sarcos_inv": train})
-    store = import_sarcos([tmp_path / "sarcos_inv_test.mat", tmp_path / "sarcos_inv.mat"], tmp_path / "s.zarr")
-    assert list(store.episode_values("online")) == [0, 1]
-    np.testing.assert_array_equal(store.read("tau"), np.concatenate([train, test])[:, 21:])
-    np.testing.assert_array_equal(store.read("q"), np.concatenate([train, test])[:, :7])
+    files = [tmp_path / "sarcos_inv_test.mat", tmp_path / "held_out.mat", tmp_path / "sarcos_inv.mat"]
+    store = import_sarcos(files, tmp_path / "s.zarr")
+    assert list(store.episode_values("online")) == [0, 1, 1]
+    assert list(store.episode_values("file")) == [0, 1, 2]
+    assert [(e["file"], e["split"]) for e in store.attrs["imported_files"]] == [
+        ("sarcos_inv.mat", "train"), ("sarcos_inv_test.mat", "test"), ("held_out.mat", "test")]
+    assert list(episode_splits(store)) == ["train", "test", "test"]
+    np.testing.assert_array_equal(store.read("tau"), np.concatenate([train, test, more])[:, 21:])
+    np.testing.assert_array_equal(store.read("q"), np.concatenate([train, test, more])[:, :7])
     assert store.attrs["tau_scale"] == [1.0] * 7 and store.attrs["env_id"] == "sarcos"
+    assert store.attrs["input_units"] == "physical" and store.fields["tau"].unit == "N m"
+    kuka = import_kuka_ilgr([_write_text(tmp_path / "k_offline.txt", train)], tmp_path / "k.zarr")
+    assert list(episode_splits(kuka)) == ["train"]
 
 
 def test_blank_lines_are_skipped_and_line_numbers_count_them(tmp_path: Path) -> None:
@@ -196,21 +206,6 @@ def test_gzip_text_files_are_read_and_broken_ones_refused(tmp_path: Path) -> Non
     (tmp_path / "flip.txt.gz").write_bytes(bytes(bad))
     with pytest.raises(ImportFormatError, match="flip.txt.gz: not a readable gzip file"):
         read_kuka_ilgr(tmp_path / "flip.txt.gz")
-
-
-def test_sarcos_test_file_is_marked_per_episode(tmp_path: Path) -> None:
-    train, test = _rows(20, 13), _rows(7, 14)
-    # the test file is recognised by its variable as well as by its name
-    savemat(tmp_path / "held_out.mat", {"sarcos_inv_test": test})
-    savemat(tmp_path / "sarcos_inv.mat", {"sarcos_inv": train})
-    store = import_sarcos([tmp_path / "held_out.mat", tmp_path / "sarcos_inv.mat"], tmp_path / "s.zarr")
-    assert list(store.episode_values("file")) == [0, 1]
-    assert [(e["file"], e["split"], e["online"]) for e in store.attrs["imported_files"]] == [
-        ("sarcos_inv.mat", "train", 0), ("held_out.mat", "test", 1)]
-    assert list(episode_splits(store)) == ["train", "test"]
-    assert store.attrs["input_units"] == "physical" and store.fields["tau"].unit == "N m"
-    kuka = import_kuka_ilgr([_write_text(tmp_path / "k_offline.txt", train)], tmp_path / "k.zarr")
-    assert list(episode_splits(kuka)) == ["train"]
 
 
 def test_episode_splits_of_a_store_without_the_file_key(tmp_path: Path) -> None:
