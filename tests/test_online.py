@@ -12,7 +12,7 @@ from gpdyn.cli import main
 from gpdyn.data.streams import IIDStream
 from gpdyn.errors import InputError
 from gpdyn.gp import make_learner
-from gpdyn.gp.online import load_learner, run_online, save_learner
+from gpdyn.gp.online import SCORES, evaluate, load_learner, run_online, save_learner
 
 # small bases that emulate the large-data regime of SVDGP Fig. 1; nMSE targets on the noise-free grid
 SINC = {
@@ -76,7 +76,8 @@ def test_run_online_records_and_errors():
     records = run_online(learner, IIDStream(x, y, 20), xt, yt, iterations=5, n_delta=8, eval_every=2, callback=seen.append, n_data=100, progress=False)
     assert [r["iteration"] for r in records] == [2, 4, 5] and seen == records
     assert learner.counts == {"alpha": 32, "beta": 4} and learner.n_data == 100
-    assert len(records[-1]["nmse"]) == len(records[-1]["vlb"]) == 1
+    for key in SCORES:
+        assert len(records[-1][key]) == 1 and f"{key}_mean" in records[-1] and f"{key}_std" in records[-1]
     with pytest.raises(InputError, match="iterations"):
         run_online(learner, IIDStream(x, y, 20), xt, yt, iterations=0)
     with pytest.raises(InputError, match="stream ended"):
@@ -94,6 +95,10 @@ def test_gpdyn_learn_writes_a_run_that_load_restores(walker_store, tmp_path, cap
     assert main(argv) == 0
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["iteration"] for m in metrics] == [2, 4] and len(metrics[-1]["nmse"]) == 9
+    assert len(metrics[-1]["nll"]) == len(metrics[-1]["coverage"]) == 9
+    report = (out / "report.md").read_text()
+    assert "| output | nMSE | bound | NLL | MSLL | 95% coverage |" in report and "| qvel8[t+1] |" in report
+    assert "NLL " in capsys.readouterr().out
     learner, normalizer = load(out)
     assert learner.t == 4 and normalizer.y_mean.shape == (9,)
     assert main(argv[:-2] + ["--size", "m_alpha=oops=1", "--out", str(tmp_path / "bad")]) == 2
@@ -131,3 +136,42 @@ def test_a_learner_with_a_point_limit_observes_what_fits_and_counts_the_rest():
     assert records[-1]["unobserved"] == 5 * 20 - 50
     assert "unobserved" not in run_online(make_learner("svi", 1, 1, m=8), IIDStream(x, y, 20), xt, yt, iterations=1,
                                           progress=False)[-1]
+
+
+@pytest.mark.parametrize("name", [*SINC, "wiski", "exact"])
+def test_every_learner_predicts_y_with_its_noise(name):
+    x, y, xt, _ = sinc_data(100)
+    learner = make_learner(name, 1, 1, seed=0, **(SINC[name][0] if name in SINC else {}))
+    learner.observe(x, y)
+    learner.step(x, y)
+    noise = learner.noise_variance()
+    assert noise.shape == (1,) and bool((noise > 0).all()) and not noise.requires_grad
+    (f_mean, f_var), (y_mean, y_var) = learner.predict(xt), learner.predict_y(xt)
+    assert torch.equal(f_mean, y_mean)
+    torch.testing.assert_close(y_var, f_var + noise, rtol=1e-12, atol=0)
+
+
+def test_evaluate_scores_the_predictive_distribution_of_y_noise_included():
+    x, y, _, _ = sinc_data(700, seed=1)  # noise sd 0.1
+    x_train, y_train, x_test, y_test = x[:500], y[:500], x[500:], y[500:]
+
+    def scored(noise: float) -> dict:
+        gp = make_learner("exact", 1, 1, max_points=500, learn_hyperparameters=False)
+        gp.set_hyperparameters(lengthscale=1.0, amplitude=0.3, noise=noise)
+        gp.observe(x_train, y_train)
+        scores = evaluate(gp, x_test, y_test)
+        mean, var = gp.predict(x_test)
+        normal = torch.distributions.Normal(mean, (var + noise).sqrt())
+        assert scores["nll"][0] == pytest.approx(-float(normal.log_prob(y_test).mean()), rel=1e-10)
+        trivial = -float(torch.distributions.Normal(0.0, 1.0).log_prob(y_test).mean())
+        assert scores["msll"][0] == pytest.approx(scores["nll"][0] - trivial, rel=1e-10)
+        inside = ((y_test - mean).abs() <= 1.959964 * (var + noise).sqrt()).double().mean()
+        assert scores["coverage"][0] == pytest.approx(float(inside), abs=1e-12)
+        return scores
+
+    right = scored(0.01)  # the data's own noise: the 95% intervals hold about 95% of the targets
+    assert 0.9 <= right["coverage_mean"] <= 0.99 and right["msll_mean"] < -1.0
+    # with a noise 100x too small the latent variance alone is near zero at the data:
+    # the intervals are far too narrow and the log likelihood says so
+    tight = scored(1e-4)
+    assert tight["coverage_mean"] < 0.5 and tight["nll_mean"] > right["nll_mean"] + 1.0

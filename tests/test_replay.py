@@ -31,7 +31,8 @@ def _run(cfg, out, **kw):
 def test_two_learners_complete_report(kuka_store, tmp_path):
     run, finals = _run(_config(kuka_store), tmp_path / "run")
     write_report(run.path)
-    for name in ("report.md", "curves.csv", "final.csv", "nmse.png", "vlb.png", "metrics.jsonl", "config.json"):
+    for name in ("report.md", "curves.csv", "final.csv", "nmse.png", "vlb.png", "nll.png", "coverage.png", "metrics.jsonl",
+                 "config.json"):
         assert (run.path / name).stat().st_size > 0, name
     rows = list(csv.DictReader(open(run.path / "curves.csv")))
     assert [r["learner"] for r in rows] == ["svdgp"] * 3 + ["svi"] * 3
@@ -44,8 +45,29 @@ def test_two_learners_complete_report(kuka_store, tmp_path):
         row = next(line for line in report.splitlines() if line.startswith(f"| {name} | 6 |"))
         table_nmse = float(row.split("|")[3].split("±")[0])
         assert table_nmse == pytest.approx(float(last["nmse_mean"]), rel=1e-3)
-        assert np.all(np.isfinite([float(last["vlb_mean"]), float(last["nmse_mean"])]))
+        assert np.all(np.isfinite([float(last[f"{m}_mean"]) for m in ("nmse", "vlb", "nll", "msll", "coverage")]))
+        # calibration beside nMSE: NLL and 95% coverage, mean ± std over outputs, as in the CSV
+        header = next(line for line in report.splitlines() if line.startswith("| learner | iterations |"))
+        cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
+        assert float(cells["NLL"].split("±")[0]) == pytest.approx(float(last["nll_mean"]), rel=1e-3)
+        assert float(cells["95% coverage"].split("±")[0]) == pytest.approx(float(last["coverage_mean"]), rel=1e-3)
+        assert 0 <= float(last["coverage_mean"]) <= 1 and len(finals[name]["coverage"]) == 7
     assert "tau0[t]" in report  # Appendix C per-output columns
+    assert "fraction of targets in the central 95% interval per output" in report
+    final_rows = list(csv.DictReader(open(run.path / "final.csv")))
+    assert {(r["learner"], r["metric"]) for r in final_rows} == {
+        (n, m) for n in ("svdgp", "svi") for m in ("nmse", "vlb", "nll", "msll", "coverage")}
+
+
+def test_a_run_recorded_without_calibration_scores_still_reports(kuka_store, tmp_path):
+    import json
+
+    run, _ = _run(_config(kuka_store, iterations=2, learners=["svi"], sizes={"svi": {"m": 16}}), tmp_path / "run")
+    old = [{k: v for k, v in r.items() if not k.startswith(("nll", "msll", "coverage"))} for r in run.metrics()]
+    (run.path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    report = write_report(run.path).read_text()
+    row = next(line for line in report.splitlines() if line.startswith("| svi | 2 |"))
+    assert row.count("| – |") >= 2 and not (run.path / "nll.png").exists()
 
 
 def test_interrupted_replay_resumes_to_the_same_numbers(kuka_store, tmp_path):

@@ -157,8 +157,9 @@ def run_learn(args: argparse.Namespace) -> int:
     run, final = learn(cfg, args.out)
     print(
         f"{cfg.learner} on {cfg.problem} after {final['iteration']} iterations: "
-        f"nMSE {final['nmse_mean']:.4f} ± {final['nmse_std']:.4f}, bound {final['vlb_mean']:.4f} ± {final['vlb_std']:.4f} "
-        f"({final['step_s'] * 1e3:.1f} ms/iteration)"
+        f"nMSE {final['nmse_mean']:.4f} ± {final['nmse_std']:.4f}, bound {final['vlb_mean']:.4f} ± {final['vlb_std']:.4f}, "
+        f"NLL {final['nll_mean']:.4f} ± {final['nll_std']:.4f}, 95% coverage {final['coverage_mean']:.3f} ± "
+        f"{final['coverage_std']:.3f} ({final['step_s'] * 1e3:.1f} ms/iteration)"
     )
     print(f"checkpoint: {run.path / CHECKPOINT}")
     return 0

@@ -109,15 +109,15 @@ def load(run_dir: str | Path, device: str | torch.device | None = None) -> tuple
 
 
 def _report(learner: str, problem: str, outputs: tuple[str, ...], final: dict[str, Any]) -> str:
+    """The final evaluation: every score per output, then mean ± std over outputs."""
+    from gpdyn.experiments.report import CALIBRATION_NOTE, COLUMNS, mean_std
+
     lines = [
         f"# {learner} on {problem}, iteration {final['iteration']}",
         "",
-        "| output | nMSE | bound per point |",
-        "|---|---|---|",
+        "| output | " + " | ".join(COLUMNS.values()) + " |",
+        "|---|" + "---|" * len(COLUMNS),
     ]
-    lines += [f"| {name} | {e:.4f} | {b:.4f} |" for name, e, b in zip(outputs, final["nmse"], final["vlb"])]
-    lines += [
-        f"| mean ± std | {final['nmse_mean']:.4f} ± {final['nmse_std']:.4f} | {final['vlb_mean']:.4f} ± {final['vlb_std']:.4f} |",
-        "",
-    ]
+    lines += [f"| {name} | " + " | ".join(f"{final[m][i]:.4f}" for m in COLUMNS) + " |" for i, name in enumerate(outputs)]
+    lines += ["| mean ± std | " + " | ".join(mean_std(final[m]) for m in COLUMNS) + " |", "", CALIBRATION_NOTE, ""]
     return "\n".join(lines)

@@ -304,9 +304,13 @@ def open_run(cfg: ReplayConfig, out: Path | None, problem: Problem | None = None
 
 
 def print_table(finals: dict[str, dict[str, Any]]) -> None:
-    print(f"\n{'learner':<10} {'iter':>6} {'nMSE (mean ± std)':>22} {'bound (mean ± std)':>24} {'s/it':>8}")
+    """The last evaluation of every learner: each score's mean ± std over outputs."""
+    from gpdyn.experiments.report import COLUMNS
+
+    def cell(r: dict[str, Any], metric: str) -> str:
+        return f"{r[metric + '_mean']:.4f} ± {r[metric + '_std']:.4f}" if metric + "_mean" in r else "–"
+
+    print(f"\n{'learner':<10} {'iter':>6} " + " ".join(f"{title:>19}" for title in COLUMNS.values()) + f" {'s/it':>8}")
     for name, r in finals.items():
-        print(
-            f"{name:<10} {r['iteration']:>6} {r['nmse_mean']:>12.4f} ± {r['nmse_std']:<7.4f} "
-            f"{r['vlb_mean']:>12.4f} ± {r['vlb_std']:<8.4f} {r['seconds'] / max(r['iteration'], 1):>8.4f}"
-        )
+        cells = " ".join(f"{cell(r, metric):>19}" for metric in COLUMNS)
+        print(f"{name:<10} {r['iteration']:>6} {cells} {r['seconds'] / max(r['iteration'], 1):>8.4f}")

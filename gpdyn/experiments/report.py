@@ -4,11 +4,12 @@ Input: the evaluation records a replay writes to ``metrics.jsonl``, one per lear
 and evaluation point::
 
     {"kind": "eval", "learner": "svdgp", "iteration": 200, "seconds": 12.3,
-     "nmse": [P floats], "vlb": [P floats]}
+     "nmse": [P floats], "vlb": [P floats], "nll": [P floats], "msll": [P floats], "coverage": [P floats]}
 
-``seconds`` is the learner's cumulative training wall-clock time (evaluation excluded).
-Output, in the run folder: ``report.md``, ``curves.csv``, ``final.csv`` and
-``nmse.png`` / ``vlb.png`` (against iterations and against time).
+(the scores of :func:`gpdyn.gp.online.evaluate`; a run written before a score existed
+shows "–" for it). ``seconds`` is the learner's cumulative training wall-clock time
+(evaluation excluded). Output, in the run folder: ``report.md``, ``curves.csv``,
+``final.csv`` and a plot per score of :data:`PLOTS` (against iterations and against time).
 """
 
 from __future__ import annotations
@@ -25,7 +26,26 @@ from gpdyn.errors import InputError
 from gpdyn.runs import RunDir, is_run_dir
 
 STEP_SIZE_FILE = "step_size.json"  # gamma_0 per learner, when replay chose it
-METRICS = {"nmse": "nMSE", "vlb": "variational lower bound (per point)"}
+#: the held-out scores (gpdyn.gp.online.SCORES) and their titles
+METRICS = {
+    "nmse": "nMSE",
+    "vlb": "variational lower bound (per point)",
+    "nll": "negative log predictive density of y (per point)",
+    "msll": "mean standardised log loss",
+    "coverage": "fraction of targets in the central 95% interval",
+}
+#: their short names, the column headers of the tables
+COLUMNS = {"nmse": "nMSE", "vlb": "bound", "nll": "NLL", "msll": "MSLL", "coverage": "95% coverage"}
+PLOTS = ("nmse", "vlb", "nll", "coverage")  # msll is nll less a constant per output: the same curves
+#: what the calibration columns mean, under the tables
+CALIBRATION_NOTE = (
+    "NLL: the mean negative log density of each held-out target under the predictive distribution of y "
+    "(latent variance plus noise), in the units of the outputs normalised by the training mean and standard "
+    "deviation (add log sd of an output for its physical units). MSLL: NLL minus that of N(0, 1), the "
+    "training mean and variance (Rasmussen & Williams 2006, Sec. 2.5; below 0 is better than that). "
+    "95% coverage: the fraction of held-out targets inside the central 95% predictive interval (0.95 when "
+    "the variance is right; lower is overconfident, higher underconfident)."
+)
 
 
 def eval_curves(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -37,8 +57,12 @@ def eval_curves(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]
     return {k: [v[i] for i in sorted(v)] for k, v in by_learner.items()}
 
 
-def _fmt(mean: float, std: float) -> str:
-    return f"{mean:.4g} ± {std:.2g}"
+def mean_std(values: list[float] | None) -> str:
+    """``mean ± std`` over outputs, "–" where the run has no such score."""
+    if values is None:
+        return "–"
+    v = np.asarray(values)
+    return f"{v.mean():.4g} ± {v.std():.2g}"
 
 
 def write_report(run_dir: str | Path) -> Path:
@@ -56,7 +80,7 @@ def write_report(run_dir: str | Path) -> Path:
     _write_curves_csv(run_dir / "curves.csv", curves, outputs)
     final = {name: rows[-1] for name, rows in curves.items()}
     _write_final_csv(run_dir / "final.csv", final, outputs)
-    plots = [_plot(run_dir, curves, metric) for metric in METRICS]
+    plots = [_plot(run_dir, curves, metric) for metric in PLOTS if any(metric in r for r in final.values())]
 
     lines = [
         f"# Replay: {config.get('problem', '?')} ({config.get('protocol', '?')} protocol)",
@@ -68,22 +92,21 @@ def write_report(run_dir: str | Path) -> Path:
         "",
         "## Table 2 layout: mean ± std over outputs, at the last evaluation",
         "",
-        "| learner | iterations | nMSE | bound | train time (s) | s / iteration |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| learner | iterations | " + " | ".join(COLUMNS.values()) + " | train time (s) | s / iteration |",
+        "| --- | ---: |" + " ---: |" * (len(COLUMNS) + 2),
     ]
     for name, r in final.items():
-        nmse, vlb = np.asarray(r["nmse"]), np.asarray(r["vlb"])
         per_it = r["seconds"] / max(int(r["iteration"]), 1)
-        lines.append(
-            f"| {name} | {r['iteration']} | {_fmt(nmse.mean(), nmse.std())} | {_fmt(vlb.mean(), vlb.std())} "
-            f"| {r['seconds']:.1f} | {per_it:.4f} |"
-        )
+        scores = " | ".join(mean_std(r.get(metric)) for metric in METRICS)
+        lines.append(f"| {name} | {r['iteration']} | {scores} | {r['seconds']:.1f} | {per_it:.4f} |")
+    lines += ["", CALIBRATION_NOTE]
     for metric, title in METRICS.items():
         lines += ["", f"## Appendix C layout: {title} per output", ""]
         lines.append("| learner | " + " | ".join(outputs) + " |")
         lines.append("| --- |" + " ---: |" * len(outputs))
         for name, r in final.items():
-            lines.append(f"| {name} | " + " | ".join(f"{v:.4g}" for v in r[metric]) + " |")
+            cells = [f"{v:.4g}" for v in r[metric]] if metric in r else ["–"] * len(outputs)
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += _step_size_section(run_dir)
     lines += ["", "## Curves", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     lines += ["", "Every curve point is in `curves.csv`; the table rows are the last rows per learner (`final.csv`).", ""]
@@ -117,23 +140,27 @@ def _step_size_section(run_dir: Path) -> list[str]:
     return lines
 
 
+def _score_cells(r: dict[str, Any]) -> list[str]:
+    """Mean and std of every score, then every score per output ("" where the run has none)."""
+    summary, per_output = [], []
+    for metric in METRICS:
+        v = np.asarray(r[metric]) if metric in r else None
+        summary += [f"{v.mean():.8g}", f"{v.std():.8g}"] if v is not None else ["", ""]
+        per_output += [f"{x:.8g}" for x in v] if v is not None else [""] * len(r["nmse"])
+    return summary + per_output
+
+
 def _write_curves_csv(path: Path, curves: dict[str, list[dict[str, Any]]], outputs: list[str]) -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(
-            ["learner", "iteration", "seconds", "nmse_mean", "nmse_std", "vlb_mean", "vlb_std"]
-            + [f"nmse[{o}]" for o in outputs]
-            + [f"vlb[{o}]" for o in outputs]
+            ["learner", "iteration", "seconds"]
+            + [f"{metric}_{stat}" for metric in METRICS for stat in ("mean", "std")]
+            + [f"{metric}[{o}]" for metric in METRICS for o in outputs]
         )
         for name, rows in curves.items():
             for r in rows:
-                nmse, vlb = np.asarray(r["nmse"]), np.asarray(r["vlb"])
-                w.writerow(
-                    [name, r["iteration"], f"{r['seconds']:.6g}", f"{nmse.mean():.8g}", f"{nmse.std():.8g}",
-                     f"{vlb.mean():.8g}", f"{vlb.std():.8g}"]
-                    + [f"{v:.8g}" for v in nmse]
-                    + [f"{v:.8g}" for v in vlb]
-                )
+                w.writerow([name, r["iteration"], f"{r['seconds']:.6g}"] + _score_cells(r))
 
 
 def _write_final_csv(path: Path, final: dict[str, dict[str, Any]], outputs: list[str]) -> None:
@@ -142,8 +169,9 @@ def _write_final_csv(path: Path, final: dict[str, dict[str, Any]], outputs: list
         w.writerow(["learner", "metric", "mean", "std"] + outputs)
         for name, r in final.items():
             for metric in METRICS:
-                v = np.asarray(r[metric])
-                w.writerow([name, metric, f"{v.mean():.8g}", f"{v.std():.8g}"] + [f"{x:.8g}" for x in v])
+                if metric in r:
+                    v = np.asarray(r[metric])
+                    w.writerow([name, metric, f"{v.mean():.8g}", f"{v.std():.8g}"] + [f"{x:.8g}" for x in v])
 
 
 def _plot(run_dir: Path, curves: dict[str, list[dict[str, Any]]], metric: str) -> Path:
@@ -154,6 +182,7 @@ def _plot(run_dir: Path, curves: dict[str, list[dict[str, Any]]], metric: str) -
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for name, rows in curves.items():
+        rows = [r for r in rows if metric in r]
         it = [r["iteration"] for r in rows]
         sec = [r["seconds"] for r in rows]
         mean = np.array([np.mean(r[metric]) for r in rows])
@@ -169,6 +198,9 @@ def _plot(run_dir: Path, curves: dict[str, list[dict[str, Any]]], metric: str) -
     if metric == "nmse":
         for ax in axes:
             ax.set_yscale("log")
+    if metric == "coverage":
+        for ax in axes:
+            ax.axhline(0.95, color="k", lw=0.8, ls="--")
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[1].legend()

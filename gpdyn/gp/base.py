@@ -361,6 +361,18 @@ class Learner(Stateful, abc.ABC):
     def vlb(self, x: Tensor, y: Tensor) -> Tensor:
         """Variational lower bound (or log marginal likelihood) per output, ``[P]``, per data point."""
 
+    @abc.abstractmethod
+    def noise_variance(self) -> Tensor:
+        """The observation noise variance sigma^2 of each output, ``[P]``, detached: the model is
+        ``y = f(x) + eps`` with ``eps ~ N(0, sigma^2)``, and :meth:`predict` gives ``f``."""
+
+    def predict_y(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Predictive mean and variance of an observation ``y`` at ``x [..., D]``, ``[..., P]`` each:
+        :meth:`predict`'s latent variance plus :meth:`noise_variance` (what held-out targets are
+        scored against: log likelihood and interval coverage)."""
+        mean, var = self.predict(x)
+        return mean, var + self.noise_variance()
+
     def diagnostics(self) -> dict[str, float]:
         """Counters worth logging beside the metrics (e.g. WISKI's points clamped onto its
         grid); empty by default. Reading device counters syncs a GPU, so callers ask at

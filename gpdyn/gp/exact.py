@@ -287,6 +287,9 @@ class ExactOnlineGP(Learner):
         logp = -0.5 * (z2 * z2).sum(-1) - l22.diagonal(dim1=-2, dim2=-1).log().sum(-1) - 0.5 * x.shape[0] * LOG_2PI
         return logp / x.shape[0]
 
+    def noise_variance(self) -> Tensor:
+        return self.hp.noise.detach()
+
     def set_hyperparameters(self, **values: Any) -> None:
         """Set lengthscale / amplitude / noise and refactor the observed data."""
         self.hp.set(**values)

@@ -3,8 +3,9 @@
 Each iteration draws a minibatch from the stream, lets the learner add basis functions
 from it (``observe``: the first call also starts the hyperparameters by the median
 trick) and takes one update (``step``). Every ``eval_every`` iterations, and after the
-last, the learner is scored on the held-out split: nMSE and the variational lower
-bound per output, then mean and std over outputs (SVDGP Table 2).
+last, the learner is scored on the held-out split (:func:`evaluate`): nMSE and the
+variational lower bound (SVDGP Table 2), and the calibration of its predictive
+distribution of y, per output, then mean and std over outputs.
 """
 
 from __future__ import annotations
@@ -22,11 +23,15 @@ from tqdm import tqdm
 from gpdyn.device import dtype_name, resolve_dtype, sync
 from gpdyn.errors import InputError
 from gpdyn.gp import make_learner
-from gpdyn.gp.base import Learner, LearnerError, check_plain
+from gpdyn.gp.base import LOG_2PI, Learner, LearnerError, check_plain
 
 #: the layout of a checkpoint: learner name, config, dtype, the learner's declared state
 #: (gpdyn.gp.base.Stateful) and the caller's extras, all plain data
 CHECKPOINT_FORMAT = 2
+#: the two-sided 95% point of the standard normal: the central 95% interval is mean ± Z95 sd
+Z95 = 1.959963984540054
+#: the scores of :func:`evaluate`, each per output with ``_mean`` and ``_std`` over outputs
+SCORES = ("nmse", "vlb", "nll", "msll", "coverage")
 
 
 def nmse(mean: Tensor, y: Tensor) -> Tensor:
@@ -35,15 +40,40 @@ def nmse(mean: Tensor, y: Tensor) -> Tensor:
     return ((mean - y) ** 2).mean(0) / var
 
 
+def predictive_scores(mean: Tensor, var: Tensor, y: Tensor) -> dict[str, Tensor]:
+    """Calibration of Gaussian predictions ``N(mean, var)`` of the targets ``y``, each ``[N, P]``;
+    per output ``[P]``:
+
+    - ``nll``: the mean negative log predictive density, ``½ (r²/v + log v + log 2π)``;
+    - ``msll``: ``nll`` minus that of ``N(0, 1)``, the mean standardised log loss of
+      Rasmussen & Williams (2006, Sec. 2.5): with ``y`` normalised by the training mean and
+      standard deviation, ``N(0, 1)`` is their trivial model (negative: better than it);
+    - ``coverage``: the fraction of targets inside the central 95% interval ``mean ± Z95 sqrt(v)``
+      (0.95 when the variance is right; below it, overconfident).
+    """
+    r2 = (y - mean).pow(2)
+    nll = 0.5 * (r2 / var + var.log() + LOG_2PI)
+    trivial = 0.5 * (y.pow(2) + LOG_2PI)
+    return {
+        "nll": nll.mean(0),
+        "msll": (nll - trivial).mean(0),
+        "coverage": (r2 <= Z95**2 * var).to(mean.dtype).mean(0),
+    }
+
+
 @torch.no_grad()
 def evaluate(learner: Learner, x: Tensor, y: Tensor, chunk: int = 4096) -> dict[str, list[float] | float]:
-    """nMSE and the bound on ``(x, y)`` per output, with their mean and std over outputs."""
-    means = [learner.predict(x[i : i + chunk])[0] for i in range(0, x.shape[0], chunk)]
-    err = nmse(torch.cat(means), y)
-    bound = learner.vlb(x, y)
+    """The held-out :data:`SCORES` of ``learner`` on ``(x, y)`` (normalised with the training
+    statistics) per output, with their mean and std over outputs: nMSE of the predictive
+    mean, the bound per point (:meth:`~gpdyn.gp.base.Learner.vlb`), and the calibration
+    of the predictive distribution of y, noise included (:func:`predictive_scores` of
+    :meth:`~gpdyn.gp.base.Learner.predict_y`)."""
+    means, variances = zip(*(learner.predict_y(x[i : i + chunk]) for i in range(0, x.shape[0], chunk)))
+    mean, var = torch.cat(means), torch.cat(variances)
+    scores = {"nmse": nmse(mean, y), "vlb": learner.vlb(x, y), **predictive_scores(mean, var, y)}
     out: dict[str, list[float] | float] = {}
-    for key, val in (("nmse", err), ("vlb", bound)):
-        v = val.double().cpu()
+    for key in SCORES:
+        v = scores[key].double().cpu()
         out[key] = v.tolist()
         out[f"{key}_mean"] = float(v.mean())
         out[f"{key}_std"] = float(v.std(unbiased=False))
@@ -61,6 +91,7 @@ def run_online(
     callback: Callable[[dict[str, Any]], None] | None = None,
     n_data: int | None = None,
     progress: bool = True,
+    bar: tqdm | None = None,
 ) -> list[dict[str, Any]]:
     """Run SVDGP Algorithm 1 for ``iterations`` minibatches; return the evaluation records.
 
@@ -73,7 +104,9 @@ def run_online(
         eval_every: iterations between evaluations (one more after the last iteration).
         callback: called with each record, e.g. ``run.log(**record)``.
         n_data: the training-set size N of the bound, for learners with the ``"n_data"`` capability.
-        progress: show a tqdm bar.
+        progress: show a tqdm bar (ticks every iteration, with the time left).
+        bar: an open tqdm bar to tick every iteration instead of a bar of its own (a replay
+            keeps one bar over all its learners).
 
     Each record has ``iteration``, ``loss`` (of the last step), ``step_s`` (mean wall time
     per iteration since the last record, synchronised with the device only here),
@@ -98,38 +131,47 @@ def run_online(
     last_time, last_it = start, 0
     loss: Tensor | float = float("nan")
     unobserved = 0
-    bar = tqdm(range(1, iterations + 1), desc=f"learn {learner.name}", disable=not progress, unit="it")
-    for it in bar:
-        try:
-            xb, yb = next(batches)
-        except StopIteration:
-            raise InputError(f"run_online: the stream ended after {it - 1} of {iterations} iterations") from None
-        room = learner.room()
-        if room is not None and room < xb.shape[0]:
-            unobserved += xb.shape[0] - room
-            learner.observe(xb[:room], yb[:room])
-        else:
-            learner.observe(xb, yb)
-        metrics = learner.step(xb, yb)
-        loss = metrics.get("loss", loss)
-        if it % eval_every == 0 or it == iterations:
-            sync(learner.device)
-            now = time.perf_counter()
-            record: dict[str, Any] = {
-                "iteration": it,
-                "loss": float(loss),
-                "step_s": (now - last_time) / (it - last_it),
-                "elapsed_s": now - start,
-            }
-            record.update(evaluate(learner, x_test, y_test))
-            record.update(learner.diagnostics())
-            if learner.can("point_limit"):
-                record["unobserved"] = unobserved
-            records.append(record)
-            bar.set_postfix(nmse=f"{record['nmse_mean']:.4f}", vlb=f"{record['vlb_mean']:.3f}")
-            if callback is not None:
-                callback(record)
-            last_time, last_it = time.perf_counter(), it
+    own_bar = bar is None
+    if bar is None:
+        bar = tqdm(total=iterations, desc=f"learn {learner.name}", disable=not progress, unit="it")
+    try:
+        for it in range(1, iterations + 1):
+            try:
+                xb, yb = next(batches)
+            except StopIteration:
+                raise InputError(f"run_online: the stream ended after {it - 1} of {iterations} iterations") from None
+            room = learner.room()
+            if room is not None and room < xb.shape[0]:
+                unobserved += xb.shape[0] - room
+                learner.observe(xb[:room], yb[:room])
+            else:
+                learner.observe(xb, yb)
+            metrics = learner.step(xb, yb)
+            loss = metrics.get("loss", loss)
+            bar.update()
+            if it % eval_every == 0 or it == iterations:
+                sync(learner.device)
+                now = time.perf_counter()
+                record: dict[str, Any] = {
+                    "iteration": it,
+                    "loss": float(loss),
+                    "step_s": (now - last_time) / (it - last_it),
+                    "elapsed_s": now - start,
+                }
+                bar.set_postfix_str("evaluating")
+                record.update(evaluate(learner, x_test, y_test))
+                record.update(learner.diagnostics())
+                if learner.can("point_limit"):
+                    record["unobserved"] = unobserved
+                records.append(record)
+                bar.set_postfix(nmse=f"{record['nmse_mean']:.4f}", nll=f"{record['nll_mean']:.3f}",
+                                cover=f"{record['coverage_mean']:.3f}")
+                if callback is not None:
+                    callback(record)
+                last_time, last_it = time.perf_counter(), it
+    finally:
+        if own_bar:
+            bar.close()
     return records
 
 
@@ -189,4 +231,5 @@ def load_learner(
     return learner, dict(ckpt.get("extra", {}))
 
 
-__all__ = ["CHECKPOINT_FORMAT", "evaluate", "load_learner", "nmse", "run_online", "save_learner"]
+__all__ = ["CHECKPOINT_FORMAT", "SCORES", "Z95", "evaluate", "load_learner", "nmse", "predictive_scores", "run_online",
+           "save_learner"]

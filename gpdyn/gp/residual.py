@@ -134,6 +134,9 @@ class ZeroMean(Learner):
     def vlb(self, x: Tensor, y: Tensor) -> Tensor:
         raise LearnerError("ZeroMean.vlb: the zero prior has no likelihood of its own (ResidualGP.vlb scores the residual)")
 
+    def noise_variance(self) -> Tensor:
+        raise LearnerError("ZeroMean.noise_variance: the zero prior has no noise model (ResidualGP's is the residual's)")
+
 
 class ResidualGP(Learner):
     """A frozen ``prior`` learner plus a GP on its residuals over the last ``window`` samples.
@@ -358,6 +361,12 @@ class ResidualGP(Learner):
         """Held-out log likelihood per point of the residual GP on ``y - prior(x)``."""
         self.check_xy(x, y, "vlb")
         return self.residual.vlb(x, y - self._prior_mean(x))
+
+    def noise_variance(self) -> Tensor:
+        """The residual model's noise: an observation is prior mean + residual + noise."""
+        if isinstance(self.residual, LinearKernelGP):
+            return torch.full((self.output_dim,), self.residual.noise, device=self.device, dtype=self.dtype)
+        return self.residual.noise_variance()
 
 
 __all__ = ["RESIDUAL_KERNELS", "LinearKernelGP", "ResidualGP", "ZeroMean"]

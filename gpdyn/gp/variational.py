@@ -172,6 +172,9 @@ class VariationalLearner(Learner):
     def noise(self) -> Tensor:
         return torch.exp(self.params["log_noise"]) + 1e-6
 
+    def noise_variance(self) -> Tensor:
+        return self.noise.detach()
+
     def basis(self, name: str) -> tuple[Tensor, Tensor | None]:
         """Active inducing points ``[P, m, D]`` and factors ``[P, m, K]`` (None for c = 1)."""
         m = self.counts[name]

@@ -435,6 +435,9 @@ class WISKI(Learner):
         before = self.mll() if self.n > 0 else torch.zeros_like(after)
         return (after - before) / x.shape[0]
 
+    def noise_variance(self) -> Tensor:
+        return self.hp.noise.detach()
+
     # -- the paper's protocol ------------------------------------------------------------------
     def pretrain(self, x: Tensor, y: Tensor, iterations: int | None = None, progress: bool = True) -> dict[str, float]:
         """Batch phase of WISKI Sec. 5.1 / App. C: fit on ``x, y`` (the first 5% of the stream).
