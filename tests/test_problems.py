@@ -205,3 +205,89 @@ def test_change_targets_are_the_next_value_minus_the_input(walker_store):
     assert c.name == "walker-1/change" and c.output_names[0] == "qvel0[t+1] - qvel0[t]"
     with pytest.raises(InputError, match="input columns"):
         p.as_change_of(slice(0, 5))
+
+
+
+def _walker1_samples(store: EpisodeStore) -> tuple[np.ndarray, np.ndarray]:
+    """Every walker-1 input in store order, and the episode of each."""
+    xs, episodes = [], []
+    for i in range(store.n_episodes):
+        ep = store.episode(i)
+        x = np.concatenate([ep["qpos"][:-1, 1:], ep["qvel"][:-1], ep["action"][:-1].astype(np.float64)], axis=1)
+        xs.append(x)
+        episodes.append(np.full(len(x), i))
+    return np.concatenate(xs), np.concatenate(episodes)
+
+
+def test_iid_holds_out_the_seeded_choice_over_samples_in_store_order(walker_store):
+    x_all, _ = _walker1_samples(walker_store)
+    chosen = np.zeros(len(x_all), dtype=bool)
+    chosen[np.random.default_rng(7).choice(len(x_all), size=round(0.1 * len(x_all)), replace=False)] = True
+    p = load_problem(walker_store, "walker-1", seed=7)
+    np.testing.assert_array_equal(p.x_test, x_all[chosen])
+    np.testing.assert_array_equal(p.x_train, x_all[~chosen])
+    assert p.held_out == "a seeded 10% of the samples" and p.describe()["held_out"] == p.held_out
+
+
+def test_block_protocol_holds_out_one_contiguous_block_per_episode(walker_store):
+    x_all, episode = _walker1_samples(walker_store)
+    p = load_problem(walker_store, "walker-1", protocol="block", seed=3)
+    position = {row.tobytes(): i for i, row in enumerate(x_all)}
+    test_at = np.array([position[r.tobytes()] for r in p.x_test])
+    train_at = np.array([position[r.tobytes()] for r in p.x_train])
+    assert np.all(np.diff(test_at) > 0) and np.all(np.diff(train_at) > 0)  # time order kept
+    assert sorted(np.concatenate([test_at, train_at]).tolist()) == list(range(len(x_all)))
+    for i, length in enumerate(WALKER_LENGTHS):
+        block = test_at[episode[test_at] == i]
+        assert len(block) == round(0.1 * (length - 1))
+        assert len(block) == 0 or block[-1] - block[0] == len(block) - 1  # contiguous
+    # the block's place is seeded
+    again = load_problem(walker_store, "walker-1", protocol="block", seed=3)
+    other = load_problem(walker_store, "walker-1", protocol="block", seed=4)
+    np.testing.assert_array_equal(p.x_test, again.x_test)
+    assert not np.array_equal(p.x_test, other.x_test)
+    assert "contiguous block" in p.held_out
+
+
+def _sarcos_files(tmp_path, rows: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
+    """Tiny SARCOS-format .mat files (28 columns), name -> matrix."""
+    from scipy.io import savemat
+
+    rng = np.random.default_rng(seed)
+    matrices = {}
+    for name, n in rows.items():
+        matrices[name] = rng.normal(size=(n, 28))
+        savemat(tmp_path / f"{name}.mat", {name: matrices[name]})
+    return matrices
+
+
+def test_split_protocol_trains_on_the_training_file_and_scores_on_the_test_file(tmp_path):
+    from gpdyn.data.importers import import_sarcos
+
+    m = _sarcos_files(tmp_path, {"sarcos_inv": 60, "sarcos_inv_test": 15})
+    # the test file named first: the split follows the files, not the order given
+    store = import_sarcos([tmp_path / "sarcos_inv_test.mat", tmp_path / "sarcos_inv.mat"], tmp_path / "s.zarr")
+    p = load_problem(store, "kuka", protocol="split", seed=0)
+    np.testing.assert_array_equal(p.x_train, m["sarcos_inv"][:, :21])
+    np.testing.assert_array_equal(p.y_train, m["sarcos_inv"][:, 21:])
+    np.testing.assert_array_equal(p.x_test, m["sarcos_inv_test"][:, :21])
+    np.testing.assert_array_equal(p.y_test, m["sarcos_inv_test"][:, 21:])
+    assert len(p.x_init) == 0 and "sarcos_inv_test.mat" in p.held_out
+    np.testing.assert_allclose(p.normalizer.x_mean, m["sarcos_inv"][:, :21].mean(0), rtol=1e-12)  # training file only
+    # the iid protocol mixes both files; block holds out a block of each
+    assert len(load_problem(store, "kuka", protocol="iid").x_test) == round(0.1 * 75)
+    assert len(load_problem(store, "kuka", protocol="block").x_test) == 6 + 2
+
+
+def test_split_protocol_needs_an_imported_store_with_both_files(tmp_path, walker_store):
+    from gpdyn.data.importers import import_sarcos
+
+    _sarcos_files(tmp_path, {"sarcos_inv": 30, "sarcos_inv_test": 12})
+    train_only = import_sarcos([tmp_path / "sarcos_inv.mat"], tmp_path / "train.zarr")
+    with pytest.raises(InputError, match="needs a test file.*sarcos_inv.mat"):
+        load_problem(train_only, "kuka", protocol="split")
+    test_only = import_sarcos([tmp_path / "sarcos_inv_test.mat"], tmp_path / "test.zarr")
+    with pytest.raises(InputError, match="needs a training file"):
+        load_problem(test_only, "kuka", protocol="split")
+    with pytest.raises(InputError, match="protocol split.*not an imported dataset"):
+        load_problem(walker_store, "walker-1", protocol="split")

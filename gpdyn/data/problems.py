@@ -9,16 +9,28 @@ kuka       [q, qd, qdd] at t                                    (21)   tau at t 
 arm        [q, qd, qdd] at t of any n-joint arm store             (3n)   tau at t (n)
 =========  ==========================================================  =======
 
-Samples never cross an episode boundary. Two protocols share one split rule:
+Samples never cross an episode boundary. The protocols (:data:`PROTOCOLS`) differ in
+which samples are held out for testing:
 
 - ``iid``: every sample is in the pool; a seeded 10% of the pool is held out as the
   test split, the other 90% is the training split (SVDGP's protocol, Appendix B).
 - ``ordered``: episodes marked offline (per-episode key ``online == 0``, KUKA) form
   the ``init`` split used to initialise a learner; the rest is the pool, streamed in
   time order. A seeded 10% of the pool is held out for testing (the ILGR protocol).
+- ``block``: every episode holds out one contiguous block of 10% of its samples, at a
+  seeded place. An iid holdout of a densely sampled trajectory (a robot log at hundreds
+  of Hz or more) scores rows whose neighbours, a few milliseconds away, are training
+  rows, and so measures interpolation between near-copies; a block's rows are that
+  close to training rows only at its two ends.
+- ``split``: a dataset's own split into files: the episodes of its test files are the
+  test split, the others the training split (the store must be imported, its files
+  marked by :func:`gpdyn.data.importers.episode_splits`; SARCOS: train on
+  ``sarcos_inv.mat``, score on ``sarcos_inv_test.mat``, the protocol of Rasmussen &
+  Williams 2006, Table 8.1).
 
-Every split keeps time order; iid minibatches come from :mod:`gpdyn.data.streams`.
-Normalisation statistics come from the training (and init) rows only.
+Every split keeps time order; minibatches come from :mod:`gpdyn.data.streams` (iid
+ones for every protocol but ``ordered``). Normalisation statistics come from the
+training (and init) rows only.
 
 The store is read in chunks of whole episodes straight into the preallocated split
 arrays, so building a problem needs little beyond the arrays it returns.
@@ -39,7 +51,7 @@ from gpdyn.errors import InputError
 
 TEST_FRACTION = 0.1
 CHUNK_ROWS = 65536  # rows per read and per statistics block
-PROTOCOLS = ("iid", "ordered")
+PROTOCOLS = ("iid", "ordered", "block", "split")
 
 
 @dataclass(frozen=True)
@@ -141,6 +153,7 @@ class Problem:
     x_init: np.ndarray
     y_init: np.ndarray
     normalizer: Normalizer
+    held_out: str = ""  # which samples the test split holds, in words (the protocol's rule)
 
     @property
     def input_dim(self) -> int:
@@ -204,6 +217,7 @@ class Problem:
             "train": len(self.x_train),
             "test": len(self.x_test),
             "init": len(self.x_init),
+            "held_out": self.held_out,
             "inputs": list(self.input_names),
             "outputs": list(self.output_names),
         }
@@ -216,7 +230,7 @@ def load_problem(
     seed: int = 0,
     chunk_rows: int = CHUNK_ROWS,
 ) -> Problem:
-    """Build problem ``name`` from ``store`` with a seeded 90/10 split under ``protocol``."""
+    """Build problem ``name`` from ``store``, its test split held out under ``protocol`` (seeded)."""
     if name not in PROBLEMS:
         raise InputError(f"unknown problem '{name}'; choose one of {', '.join(PROBLEMS)}")
     if protocol not in PROTOCOLS:
@@ -236,17 +250,14 @@ def load_problem(
     else:
         is_init_episode = np.zeros(store.n_episodes, dtype=bool)
     n_init = int(counts[is_init_episode].sum())
-    n_pool = int(counts[~is_init_episode].sum())
-    n_test = int(round(TEST_FRACTION * n_pool))
+    pool_is_test, held_out = _held_out(store, name, protocol, counts[~is_init_episode], ~is_init_episode, seed)
+    n_pool, n_test = len(pool_is_test), int(pool_is_test.sum())
     if n_pool - n_test < 1 or n_test < 1:
+        lengths_text = f"lengths {lengths.min() if lengths.size else 0}..{lengths.max() if lengths.size else 0}"
         raise InputError(
-            f"{store.path}: problem {name} has {n_pool} samples to split; it needs at least 10 "
-            f"({store.n_episodes} episodes, lengths {lengths.min() if lengths.size else 0}..{lengths.max() if lengths.size else 0})"
+            f"{store.path}: problem {name} under protocol {protocol} has {n_pool} samples to split, {n_test} of them "
+            f"held out; it needs at least 10 (block: an episode of at least 10) ({store.n_episodes} episodes, {lengths_text})"
         )
-    # Which pool samples are held out: a seeded choice over pool positions, in time order.
-    rng = np.random.default_rng(seed)
-    pool_is_test = np.zeros(n_pool, dtype=bool)
-    pool_is_test[rng.choice(n_pool, size=n_test, replace=False)] = True
 
     in_width = sum(store.fields[f].width - first for f, first in spec.fields_in)
     x_width = in_width * spec.history
@@ -290,7 +301,45 @@ def load_problem(
         x_init=x_init,
         y_init=y_init,
         normalizer=normalizer,
+        held_out=held_out,
     )
+
+
+def _held_out(
+    store: EpisodeStore, name: str, protocol: str, counts: np.ndarray, in_pool: np.ndarray, seed: int
+) -> tuple[np.ndarray, str]:
+    """Which pool samples (those of the episodes ``in_pool``, ``counts`` samples each, in
+    store order) are test samples under ``protocol``, and the rule in words."""
+    n_pool = int(counts.sum())
+    rng = np.random.default_rng(seed)
+    is_test = np.zeros(n_pool, dtype=bool)
+    if protocol in ("iid", "ordered"):
+        n_test = int(round(TEST_FRACTION * n_pool))
+        if 0 < n_test < n_pool:
+            is_test[rng.choice(n_pool, size=n_test, replace=False)] = True
+        return is_test, f"a seeded {TEST_FRACTION:.0%} of the samples"
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    if protocol == "block":
+        for start, n in zip(starts, counts):
+            k = int(round(TEST_FRACTION * int(n)))
+            first = int(rng.integers(0, int(n) - k + 1))
+            is_test[start + first : start + first + k] = True
+        return is_test, f"one contiguous block of {TEST_FRACTION:.0%} of each episode's samples, at a seeded place"
+    from gpdyn.data.importers import TEST, episode_splits
+
+    try:
+        splits = episode_splits(store)[in_pool]
+    except InputError as err:
+        raise InputError(f"protocol split (a dataset's own train and test files): {err}") from err
+    for start, n, split in zip(starts, counts, splits):
+        is_test[start : start + int(n)] = split == TEST
+    files = [e["file"] for e in store.attrs["imported_files"]]
+    if not (splits == TEST).any() or (splits == TEST).all():
+        missing = "test" if not (splits == TEST).any() else "training"
+        raise InputError(f"{store.path}: protocol split for problem {name} needs a {missing} file; the store was "
+                         f"imported from {', '.join(files)}")
+    test_files = [e["file"] for e in store.attrs["imported_files"] if e.get("split") == TEST]
+    return is_test, f"the dataset's test file(s) {', '.join(test_files) or '(marked online)'}"
 
 
 def _check_fields(store: EpisodeStore, spec: ProblemSpec) -> None:
