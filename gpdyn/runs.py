@@ -1,9 +1,19 @@
-"""Run folders: ``logs/<job>-<time>/`` with ``config.json`` and ``metrics.jsonl``."""
+"""Run folders: ``logs/<job>-<time>/`` with ``config.json`` and ``metrics.jsonl``.
+
+One process writes a run folder at a time: a :class:`RunDir` takes the folder's
+:class:`gpdyn.lock.WriterLock` (``.gpdyn-writer.lock`` inside it) when it is created,
+resumed or first written to. Reading (``config``, ``metrics``, ``summary``) needs no lock.
+``metrics.jsonl`` is appended one line per record; a run killed mid-write leaves a torn
+last line, which readers skip with a warning and the next writer removes.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import time
+import warnings
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -11,6 +21,10 @@ from typing import Any
 import numpy as np
 
 from gpdyn.errors import InputError
+from gpdyn.lock import WriterLock
+
+LOCK_FILE = ".gpdyn-writer.lock"
+METRICS_FILE = "metrics.jsonl"
 
 
 def _jsonable(value: Any) -> Any:
@@ -29,50 +43,162 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def read_json(path: Path) -> Any:
+    """The JSON document in ``path``; unreadable or malformed is an InputError naming the file and line."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"{path}: unreadable ({err})") from err
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputError(f"{path}: line {err.lineno}, column {err.colno}: not valid JSON ({err.msg})") from None
+
+
+def read_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """``(line number, record)`` for each JSON object line of ``path`` (blank lines skipped).
+
+    An unterminated last line that does not parse is a record cut by a crash: skipped
+    with a warning. Any other line that is not a JSON object is an InputError naming it.
+    """
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    except OSError as err:
+        raise InputError(f"{path}: unreadable ({err})") from err
+    lines = data.split(b"\n")
+    records = []
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        torn = number == len(lines)  # no newline after it: the write may have been cut
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            if torn:
+                warnings.warn(f"{path}: line {number} is incomplete (the run stopped while writing it); skipped",
+                              stacklevel=2)
+                continue
+            raise InputError(f"{path}: line {number}: not valid JSON ({err})") from None
+        if not isinstance(record, dict):
+            raise InputError(f"{path}: line {number}: expected a JSON object, found {type(record).__name__}")
+        records.append((number, record))
+    return records
+
+
 class RunDir:
     """One run's folder. ``metrics.jsonl`` gets one JSON object per :meth:`log` call."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lock: WriterLock | None = None
 
     @classmethod
     def create(cls, job: str, config: Mapping[str, Any], out: str | Path | None = None, logs: str | Path = "logs") -> RunDir:
-        """Make the folder (``out`` or ``logs/<job>-<time>``) and write ``config.json``."""
+        """Make the folder (``out`` or ``logs/<job>-<time>``), take its writer lock and write ``config.json``."""
         if out is None:
             stamp = time.strftime("%Y%m%d-%H%M%S")
-            path = Path(logs) / f"{job}-{stamp}"
+            Path(logs).mkdir(parents=True, exist_ok=True)
             suffix = 1
-            while path.exists():  # two runs in one second
-                suffix += 1
-                path = Path(logs) / f"{job}-{stamp}-{suffix}"
+            while True:  # two runs in one second: mkdir decides which gets the name
+                path = Path(logs) / (f"{job}-{stamp}" + (f"-{suffix}" if suffix > 1 else ""))
+                try:
+                    path.mkdir()
+                    break
+                except FileExistsError:
+                    suffix += 1
         else:
             path = Path(out)
-            if path.exists() and (not path.is_dir() or any(path.iterdir())):
-                # appending to another run's metrics.jsonl would mix two runs under one config
-                raise InputError(f"{path}: already exists and is not empty; choose another --out")
-        path.mkdir(parents=True, exist_ok=True)
+            _check_empty(path)
+            path.mkdir(parents=True, exist_ok=True)
         run = cls(path)
-        run.write_json("config.json", {"job": job, **config})
+        run._hold()
+        try:
+            _check_empty(path)  # again, under the lock: another run may have filled it meanwhile
+            run.write_json("config.json", {"job": job, **config})
+        except BaseException:
+            run.close()
+            raise
         return run
 
+    @classmethod
+    def resume(cls, path: str | Path) -> RunDir:
+        """An existing run folder, opened to write more: takes its writer lock (refused while another run holds it)."""
+        run = cls(path)
+        if not is_run_dir(run.path):
+            raise InputError(f"{run.path}: not a run folder (no config.json)")
+        run._hold()
+        return run
+
+    def close(self) -> None:
+        """Release the writer lock, if this object holds it."""
+        if self._lock is not None:
+            self._lock.release()
+
+    def _hold(self) -> None:
+        """Take the folder's writer lock (once); after a crash, drop the torn last line of metrics.jsonl."""
+        if self._lock is not None and self._lock.held:
+            return
+        self._lock = WriterLock(self.path / LOCK_FILE, f"run folder {self.path}")
+        self._lock.acquire()
+        weakref.finalize(self, self._lock.release)
+        self._repair_metrics()
+
+    def _repair_metrics(self) -> None:
+        """Make ``metrics.jsonl`` end with a newline, so that the next record starts its own line.
+
+        A last line without one was cut by a crash: it is completed when it parses
+        (only the newline was lost), and removed otherwise.
+        """
+        file = self.path / METRICS_FILE
+        try:
+            data = file.read_bytes()
+        except FileNotFoundError:
+            return
+        if not data or data.endswith(b"\n"):
+            return
+        head, _, tail = data.rpartition(b"\n")
+        try:
+            json.loads(tail.decode("utf-8"))
+            with open(file, "ab") as f:
+                f.write(b"\n")
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            line = head.count(b"\n") + (2 if head else 1)
+            warnings.warn(f"{file}: removing the incomplete line {line} a stopped run left", stacklevel=3)
+            os.truncate(file, len(head) + 1 if head else 0)
+
     def write_json(self, name: str, obj: Any) -> Path:
+        self._hold()
         target = self.path / name
-        target.write_text(json.dumps(_jsonable(obj), indent=2, sort_keys=False) + "\n")
+        tmp = target.with_name(target.name + ".tmp")
+        # written whole, then renamed: a crash never leaves a half-written JSON file
+        tmp.write_text(json.dumps(_jsonable(obj), indent=2, sort_keys=False) + "\n")
+        tmp.replace(target)
         return target
 
     def log(self, **metrics: Any) -> None:
-        """Append one record to ``metrics.jsonl`` (flushed at once, so a crash keeps it)."""
-        with open(self.path / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(_jsonable({"time": time.time(), **metrics})) + "\n")
+        """Append one record to ``metrics.jsonl`` (one write, flushed at once, so a crash keeps it)."""
+        self._hold()
+        line = json.dumps(_jsonable({"time": time.time(), **metrics})) + "\n"
+        with open(self.path / METRICS_FILE, "a") as f:
+            f.write(line)
+
+    def numbered_metrics(self) -> list[tuple[int, dict[str, Any]]]:
+        """``(line number, record)`` of every record in ``metrics.jsonl``, for messages that name the line."""
+        return read_jsonl(self.path / METRICS_FILE)
 
     def metrics(self) -> list[dict[str, Any]]:
-        file = self.path / "metrics.jsonl"
-        if not file.exists():
-            return []
-        return [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+        return [record for _, record in self.numbered_metrics()]
 
     def config(self) -> dict[str, Any]:
-        return json.loads((self.path / "config.json").read_text())
+        file = self.path / "config.json"
+        config = read_json(file)
+        if not isinstance(config, dict):
+            raise InputError(f"{file}: expected a JSON object, found {type(config).__name__}")
+        return config
 
     def summary(self) -> dict[str, Any]:
         """What ``gpdyn inspect`` shows: the config, the number of metric records, the last one, the files."""
@@ -82,8 +208,14 @@ class RunDir:
             "config": self.config(),
             "metric_records": len(metrics),
             "last_metrics": metrics[-1] if metrics else None,
-            "files": sorted(p.name for p in self.path.iterdir()),
+            "files": sorted(p.name for p in self.path.iterdir() if p.name != LOCK_FILE),
         }
+
+
+def _check_empty(path: Path) -> None:
+    """Refuse a folder that holds anything but a lock file (appending would mix two runs under one config)."""
+    if path.exists() and (not path.is_dir() or any(p.name != LOCK_FILE for p in path.iterdir())):
+        raise InputError(f"{path}: already exists and is not empty; choose another --out")
 
 
 def is_run_dir(path: str | Path) -> bool:

@@ -46,28 +46,34 @@ def test_round_trip_values_dtypes_attributes_and_boundaries(tmp_path):
     assert summary["episodes"] == 3 and summary["episode_length"]["max"] == 11
 
 
-def test_crash_between_rows_and_episode_ends_keeps_committed_episodes(tmp_path, monkeypatch):
+class Crash(RuntimeError):
+    """Stands for the process dying at that point."""
+
+
+@pytest.mark.parametrize("point", ["meta/seed", "meta/episode_ends", "commit"])
+def test_crash_before_the_commit_point_keeps_committed_episodes(tmp_path, monkeypatch, point):
     store = make_walker_store(tmp_path / "s.zarr", [5, 6])
     before = {k: v.copy() for k, v in store.episode(1).items()}
     rng = np.random.default_rng(3)
 
-    # Simulate a crash: rows (and per-episode values) land, then the process dies
-    # before episode_ends is written.
-    group = zarr.open_group(str(tmp_path / "s.zarr"), mode="r+")
-    real_getitem = type(group).__getitem__
+    # the rows of every field land, then the process dies at `point`
+    real_write = EpisodeStore._write
 
-    class Crash(RuntimeError):
-        pass
+    def dying_write(self, key, *args):
+        if key == point:
+            raise Crash(f"killed before writing {key}")
+        return real_write(self, key, *args)
 
-    def dying_getitem(self, key):
-        if key == "meta/episode_ends":
-            raise Crash("killed before the commit point")
-        return real_getitem(self, key)
+    def dying_update(self, *args, **kwargs):
+        raise Crash("killed before the commit record")
 
-    monkeypatch.setattr(type(group), "__getitem__", dying_getitem)
+    monkeypatch.setattr(EpisodeStore, "_write", dying_write)
+    monkeypatch.setattr(zarr.core.attributes.Attributes, "update", dying_update if point == "commit" else
+                        zarr.core.attributes.Attributes.update)
     with pytest.raises(Crash):
         store.append_episode(random_walker_episode(rng, 9), seed=99)
     monkeypatch.undo()
+    store.close()  # the kernel frees a dead writer's lock
 
     raw = zarr.open_group(str(tmp_path / "s.zarr"), mode="r")
     assert raw["data/qpos"].shape[0] == 20  # the uncommitted rows are on disk
@@ -78,19 +84,30 @@ def test_crash_between_rows_and_episode_ends_keeps_committed_episodes(tmp_path, 
     for k, v in before.items():
         np.testing.assert_array_equal(reader.episode(1)[k], v)
 
-    appender = EpisodeStore.open(tmp_path / "s.zarr", mode="a")  # trims the torn rows
-    assert zarr.open_group(str(tmp_path / "s.zarr"), mode="r")["data/qpos"].shape[0] == 11
-    nxt = random_walker_episode(rng, 4)
-    appender.append_episode(nxt, seed=7)
+    with EpisodeStore.open(tmp_path / "s.zarr", mode="a") as appender:  # trims the torn rows
+        raw = zarr.open_group(str(tmp_path / "s.zarr"), mode="r")
+        assert raw["data/qpos"].shape[0] == 11 and raw["meta/episode_ends"].shape[0] == 2
+        nxt = random_walker_episode(rng, 4)
+        appender.append_episode(nxt, seed=7)
     final = EpisodeStore.open(tmp_path / "s.zarr")
     np.testing.assert_array_equal(final.episode_ends, [5, 11, 15])
     np.testing.assert_array_equal(final.episode_values("seed"), [0, 1, 7])
     np.testing.assert_array_equal(final.episode(2)["qvel"], nxt["qvel"])
 
 
-def test_crash_inside_the_commit_of_episode_ends(tmp_path):
-    """Killed after episode_ends was resized but before its new values were written."""
-    make_walker_store(tmp_path / "s.zarr", [5, 6])
+def _as_legacy(path: Path) -> None:
+    """Make a store look written by an older gpdyn: no commit record, all-fill chunks not written."""
+    meta = path / "zarr.json"
+    doc = json.loads(meta.read_text())
+    del doc["attributes"]["commit"], doc["attributes"]["all_chunks_written"]
+    meta.write_text(json.dumps(doc))
+
+
+def test_legacy_store_torn_commit_of_episode_ends(tmp_path):
+    """A store without a commit record, killed after episode_ends was resized but before its new values
+    were written: the trailing zeros are uncommitted."""
+    make_walker_store(tmp_path / "s.zarr", [5, 6]).close()
+    _as_legacy(tmp_path / "s.zarr")
     rng = np.random.default_rng(4)
     group = zarr.open_group(str(tmp_path / "s.zarr"), mode="r+")
     for name, spec in WALKER_FIELDS.items():  # the rows of a third episode landed
@@ -101,15 +118,27 @@ def test_crash_inside_the_commit_of_episode_ends(tmp_path):
 
     reader = EpisodeStore.open(tmp_path / "s.zarr")
     assert reader.n_episodes == 2 and reader.n_rows == 11
-    appender = EpisodeStore.open(tmp_path / "s.zarr", mode="a")
-    appender.append_episode(random_walker_episode(rng, 4), seed=9)
+    with EpisodeStore.open(tmp_path / "s.zarr", mode="a") as appender:
+        appender.append_episode(random_walker_episode(rng, 4), seed=9)
     final = EpisodeStore.open(tmp_path / "s.zarr")
     np.testing.assert_array_equal(final.episode_ends, [5, 11, 15])
     np.testing.assert_array_equal(final.episode_values("seed"), [0, 1, 9])
+    assert final.attrs["commit"] == {"episodes": 3, "rows": 15}  # an append adds the commit record
     # a break that is not a torn commit is still corruption
     zarr.open_group(str(tmp_path / "s.zarr"), mode="r+")["meta/episode_ends"][1] = 3
     with pytest.raises(StoreError, match="entry 1"):
         EpisodeStore.open(tmp_path / "s.zarr")
+
+
+def test_legacy_store_missing_episode_ends_chunk_is_damage(tmp_path):
+    path = tmp_path / "s.zarr"
+    make_walker_store(path, [5, 6]).close()
+    _as_legacy(path)
+    (path / "meta" / "episode_ends" / "c" / "0").unlink()
+    for mode in ("r", "a"):
+        with pytest.raises(StoreError, match="'meta/episode_ends' entries 0:2 have no chunk file"):
+            EpisodeStore.open(path, mode)
+    assert zarr.open_group(str(path), mode="r")["data/qpos"].shape[0] == 11  # nothing trimmed
 
 
 @pytest.mark.parametrize(
@@ -143,7 +172,7 @@ def test_missing_path_and_non_store(tmp_path):
 @pytest.mark.parametrize(
     "corrupt, message",
     [
-        (lambda ep: ep["qvel"].__setitem__((3, 2), np.nan), "non-finite value at step 3, column 'qvel2'"),
+        (lambda ep: ep["qvel"].__setitem__((3, 2), np.nan), "has nan at step 3, column 'qvel2'"),
         (lambda ep: ep.__setitem__("qpos", np.zeros((len(ep["qpos"]), 8))), "field 'qpos' has shape"),
         (lambda ep: ep.__setitem__("action", ep["action"][:-1]), "field 'action' has 5 rows"),
         (lambda ep: ep.pop("done"), "fields missing ['done']"),
