@@ -107,6 +107,11 @@ class IIDStream(_Stream):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if len(state["perm"]) != self.n:
             raise InputError(f"IIDStream: saved state is for {len(state['perm'])} rows, this stream has {self.n}")
+        perm = state["perm"]
+        if perm.dtype != torch.int64 or not torch.equal(perm.sort().values, torch.arange(self.n)):
+            raise InputError(f"IIDStream: saved 'perm' is not a permutation of the {self.n} rows")
+        if not 0 <= int(state["pos"]) <= self.n:
+            raise InputError(f"IIDStream: saved 'pos' {state['pos']} is outside 0..{self.n}")
         self.seed = int(state["seed"])
         self._generator.set_state(state["generator"])
         self._perm = state["perm"].to(self.device)

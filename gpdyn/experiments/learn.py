@@ -7,10 +7,12 @@ held-out bound per output), ``checkpoint.pt`` (restored by :func:`load`) and
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from gpdyn.data.problems import Normalizer, load_problem
@@ -103,9 +105,19 @@ def learn(cfg: LearnConfig, out: str | Path | None = None, *, progress: bool = T
 
 
 def load(run_dir: str | Path, device: str | torch.device | None = None) -> tuple[Learner, Normalizer]:
-    """The learner of a ``gpdyn learn`` run folder, exactly as saved, and its normaliser."""
-    learner, extra = load_learner(Path(run_dir) / CHECKPOINT, device=device)
-    return learner, Normalizer.from_json(extra["normalizer"])
+    """The learner of a ``gpdyn learn`` run folder, exactly as saved, and its normaliser
+    (InputError naming the file and the statistic when it is damaged)."""
+    path = Path(run_dir) / CHECKPOINT
+    learner, extra = load_learner(path, device=device, extra_keys={"normalizer": dict})
+    widths = {"x_mean": learner.input_dim, "x_std": learner.input_dim, "y_mean": learner.output_dim,
+              "y_std": learner.output_dim}
+    stats = extra["normalizer"]
+    for key, n in widths.items():
+        value = np.asarray(stats.get(key), dtype=object)
+        ok = value.shape == (n,) and all(isinstance(v, (int, float)) and math.isfinite(v) for v in value)
+        if not ok or key.endswith("std") and not (value.astype(float) > 0).all():
+            raise InputError(f"{path}: extra normalizer.{key} must be {n} finite numbers{' > 0' * key.endswith('std')}")
+    return learner, Normalizer.from_json({key: stats[key] for key in widths})
 
 
 def _report(learner: str, problem: str, outputs: tuple[str, ...], final: dict[str, Any]) -> str:

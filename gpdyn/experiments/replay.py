@@ -126,15 +126,22 @@ def _phases(cfg: ReplayConfig, problem: Problem, dtype: torch.dtype) -> list[_Ph
     return phases
 
 
+#: the extras of a replay checkpoint that resuming reads (gpdyn.gp.online.load_learner checks them)
+RESUME_KEYS = {"segments": int, "iteration": int, "seconds": (int, float), "record": dict}
+
+
 def _stream_state(stream: IIDStream | OrderedStream) -> dict[str, Any]:
     return stream.state_dict() if isinstance(stream, IIDStream) else {"position": stream.position}
 
 
-def _load_stream_state(stream: IIDStream | OrderedStream, state: dict[str, Any]) -> None:
-    if isinstance(stream, IIDStream):
-        stream.load_state_dict(state)
-    else:
-        stream.position = int(state["position"])
+def _load_stream_state(stream: IIDStream | OrderedStream, state: dict[str, Any], checkpoint: Path) -> None:
+    try:
+        if isinstance(stream, IIDStream):
+            stream.load_state_dict(state)
+        else:
+            stream.position = int(state["position"])
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as err:  # a damaged checkpoint: say where
+        raise InputError(f"{checkpoint}: extra 'stream' is damaged ({type(err).__name__}: {err})") from err
 
 
 def _segments(phases: list[_Phase], eval_every: int) -> Iterator[tuple[int, _Phase, int]]:
@@ -179,7 +186,7 @@ def replay(
     for name in cfg.learners:
         ckpt = run.path / CHECKPOINTS / f"{name}.pt"
         if ckpt.exists():
-            learner, extra = load_learner(ckpt, device=cfg.device, dtype=dtype)
+            learner, extra = load_learner(ckpt, device=cfg.device, dtype=dtype, extra_keys=RESUME_KEYS)
             done_segments, iteration, seconds = extra["segments"], extra["iteration"], extra["seconds"]
             finals[name] = extra["record"]
         else:
@@ -197,7 +204,7 @@ def replay(
             if phase_index != stream_phase:
                 stream, stream_phase = phase.make_stream(), phase_index
                 if extra.get("phase") == phase_index:
-                    _load_stream_state(stream, extra["stream"])
+                    _load_stream_state(stream, extra.get("stream"), ckpt)
             bar.set_description(f"replay {name} ({phase.name})")
             # N_Delta and N are the learner's own, from _make or its checkpoint's config
             record = run_online(learner, stream, x_test, y_test, iterations=n, eval_every=n, progress=False)[-1]

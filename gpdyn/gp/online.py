@@ -10,6 +10,7 @@ distribution of y, per output, then mean and std over outputs.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -198,37 +199,95 @@ def save_learner(learner: Learner, path: str | Path, **extra: Any) -> Path:
     return path
 
 
+#: checkpoints being loaded now (resolved paths): a config that names a checkpoint (a
+#: ResidualGP's prior) must not lead back to one of them
+_LOADING: set[Path] = set()
+
+
+def _first_nonfinite(value: Any, where: str) -> str | None:
+    """The key path of the first NaN or inf in ``value`` (tensors, floats, dicts, lists), or None."""
+    if isinstance(value, Tensor):
+        return where if value.is_floating_point() and not bool(torch.isfinite(value).all()) else None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else where
+    items = value.items() if isinstance(value, Mapping) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        found = _first_nonfinite(item, f"{where}.{key}" if isinstance(value, Mapping) else f"{where}[{key}]")
+        if found is not None:
+            return found
+    return None
+
+
 def load_learner(
-    path: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None
+    path: str | Path,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    *,
+    extra_keys: Mapping[str, type | tuple[type, ...]] | None = None,
 ) -> tuple[Learner, dict[str, Any]]:
-    """Rebuild the learner saved by :func:`save_learner` (on ``device``, default CPU) and its extras."""
+    """Rebuild the learner saved by :func:`save_learner` (on ``device``, default CPU) and its extras.
+
+    The file is read with ``torch.load(weights_only=True)``: no pickled code runs. Anything
+    damaged is an InputError naming the file and the key: a truncated or foreign file, a
+    missing or malformed ``learner``/``config``/``dtype``/``state`` entry, a NaN or inf
+    anywhere in the config or the state (a learner never saves one), a state that does not
+    fit the learner its config builds, and an extra of ``extra_keys`` (``{key: type}``, the
+    ones the caller reads) that is missing or of another type.
+    """
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such checkpoint")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # a truncated or foreign file: say which
-        raise InputError(f"{path}: not a gpdyn checkpoint ({err})") from err
+        raise InputError(f"{path}: not a gpdyn checkpoint ({type(err).__name__}: {err})") from err
     if not isinstance(ckpt, Mapping) or not {"learner", "config", "state", "dtype"} <= set(ckpt):
         raise InputError(f"{path}: not a gpdyn learner checkpoint (missing learner/config/state/dtype)")
     if ckpt.get("format") != CHECKPOINT_FORMAT:
-        raise InputError(f"{path}: checkpoint format {ckpt.get('format', 1)}, this gpdyn reads format {CHECKPOINT_FORMAT} "
+        raise InputError(f"{path}: checkpoint format {ckpt.get('format', 1)!r}, this gpdyn reads format {CHECKPOINT_FORMAT} "
                          "(written by another version: run the job again to write a new one)")
-    config = dict(ckpt["config"])
+    name, config, extra = ckpt["learner"], ckpt["config"], ckpt.get("extra", {})
+    for key in ("learner", "dtype"):
+        if not isinstance(ckpt[key], str):
+            raise InputError(f"{path}: '{key}' must be a name, got {type(ckpt[key]).__name__}")
+    for key, value in (("config", config), ("state", ckpt["state"]), ("extra", extra)):
+        if not isinstance(value, Mapping):
+            raise InputError(f"{path}: '{key}' must be a dict, got {type(value).__name__}")
+    config = dict(config)
+    for key in ("input_dim", "output_dim"):
+        if type(config.get(key)) is not int:
+            raise InputError(f"{path}: config.{key} must be an integer, got {config.get(key)!r}")
+    for key, kind in (extra_keys or {}).items():
+        if key not in extra:
+            raise InputError(f"{path}: extra '{key}' missing (a damaged or foreign checkpoint)")
+        if not isinstance(extra[key], kind) or isinstance(extra[key], bool) and kind is not bool:
+            names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+            raise InputError(f"{path}: extra '{key}' is a {type(extra[key]).__name__}, expected {names}")
+    bad = _first_nonfinite(config, "config") or _first_nonfinite(ckpt["state"], "state")
+    if bad is not None:
+        raise InputError(f"{path}: {bad} holds NaN or inf (a learner never saves one: the checkpoint is damaged)")
     input_dim, output_dim = config.pop("input_dim"), config.pop("output_dim")
+    resolved = path.resolve()
+    if resolved in _LOADING:
+        raise InputError(f"{path}: the checkpoint's config leads back to itself")
+    _LOADING.add(resolved)
     try:
         learner = make_learner(
-            ckpt["learner"],
+            name,
             input_dim,
             output_dim,
             device=device or "cpu",
-            dtype=dtype or resolve_dtype(ckpt["dtype"], option=f"{path}: dtype"),
+            dtype=dtype or resolve_dtype(ckpt["dtype"], option="dtype"),
             **config,
         )
         learner.load_state_dict(ckpt["state"])
-    except LearnerError as err:
+    except InputError as err:  # LearnerError included
         raise InputError(f"{path}: {err}") from err
-    return learner, dict(ckpt.get("extra", {}))
+    except (TypeError, ValueError, RuntimeError) as err:  # a config value of the wrong kind for its constructor
+        raise InputError(f"{path}: the config does not build a '{name}' learner ({type(err).__name__}: {err})") from err
+    finally:
+        _LOADING.discard(resolved)
+    return learner, dict(extra)
 
 
 __all__ = ["CHECKPOINT_FORMAT", "SCORES", "Z95", "evaluate", "load_learner", "nmse", "predictive_scores", "run_online",

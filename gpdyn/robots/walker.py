@@ -52,10 +52,17 @@ QVEL_INPUTS = LAYOUT.velocity_inputs  # qvel's columns in the walker-1 input
 ACTION_INPUTS = LAYOUT.action_inputs  # the action's columns in the walker-1 input
 
 
-def make_env(env_id: str = ENV_ID, **kwargs: Any):
-    """A gymnasium Walker2d environment (with its TimeLimit)."""
+def make_env(env_id: str = ENV_ID, *, where: str = "env_id", **kwargs: Any):
+    """A gymnasium Walker2d environment (with its TimeLimit).
+
+    ``env_id`` must be :data:`ENV_ID`: ids reach here from files (a store's attributes, a
+    policy file), and ``gymnasium.make("module:Name")`` imports ``module`` first, which
+    would run code named by the file. ``where`` names the id's origin in the error.
+    """
     import gymnasium as gym
 
+    if env_id != ENV_ID:
+        raise InputError(f"{where} {env_id!r}: not a Walker2d environment gpdyn makes (only {ENV_ID!r})")
     return gym.make(env_id, **kwargs)
 
 

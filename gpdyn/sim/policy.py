@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from gpdyn.errors import InputError
-from gpdyn.robots.walker import ENV_ID
+from gpdyn.robots.walker import ENV_ID, make_env
 
 POLICY_FORMAT = "gpdyn.policy"
 POLICY_VERSION = 1
@@ -89,6 +89,9 @@ class WalkerPolicy:
             x = x @ w + b
             if i < len(self._layers) - 1:
                 x = self._hidden_act(x)
+        if not np.isfinite(x).all():  # never sent to the simulator: clip keeps NaN
+            bad = "observation" if not np.isfinite(obs).all() else "weights"
+            raise PolicyError(f"policy {self.path or self.name}: the action is NaN or inf (from the {bad})")
         return np.clip(x, self.act_low, self.act_high)
 
     def value(self, obs: np.ndarray) -> np.ndarray:
@@ -182,12 +185,67 @@ def save_policy(
     return path
 
 
+def _vector(payload: Mapping[str, Any], key: str, path: Path) -> np.ndarray:
+    """``payload[key]`` as a finite 1-D float64 array."""
+    value = payload[key]
+    if not isinstance(value, torch.Tensor) or value.ndim != 1 or not value.is_floating_point():
+        raise PolicyError(f"{path}: '{key}' must be a 1-D floating tensor, got {_describe(value)}")
+    array = value.numpy().astype(np.float64)
+    if not np.isfinite(array).all():
+        raise PolicyError(f"{path}: '{key}' holds NaN or inf")
+    return array
+
+
+def _number(payload: Mapping[str, Any], key: str, path: Path, low: float, default: float | None = None) -> float:
+    """``payload[key]`` (or ``default`` when absent) as a finite float >= ``low``."""
+    value = payload.get(key, default) if default is not None else payload[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= low):
+        raise PolicyError(f"{path}: '{key}' must be a finite number >= {low:g}, got {value!r}")
+    return float(value)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    return f"{type(value).__name__} {value!r}"[:80]
+
+
+def _check_layers(state: Any, sizes: Sequence[int], key: str, path: Path) -> None:
+    """Raise PolicyError unless ``state`` holds the finite weights of the MLP ``sizes[0] -> ... -> sizes[-1]``.
+
+    Checked before any layer is built, so that the sizes a file claims cannot make the
+    loader allocate more than the file itself holds.
+    """
+    if not isinstance(state, Mapping):
+        raise PolicyError(f"{path}: '{key}' must be a dict of tensors, got {_describe(state)}")
+    expected = {}
+    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        expected[f"{2 * i}.weight"], expected[f"{2 * i}.bias"] = (n_out, n_in), (n_out,)
+    if set(state) != set(expected):
+        raise PolicyError(f"{path}: '{key}' holds {sorted(map(str, state))}, the layers {list(sizes)} need "
+                          f"{sorted(expected)}")
+    for name, shape in expected.items():
+        tensor = state[name]
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() or tuple(tensor.shape) != shape:
+            raise PolicyError(f"{path}: '{key}.{name}' must be a floating tensor of shape {shape}, got {_describe(tensor)}")
+        if not bool(torch.isfinite(tensor).all()):
+            raise PolicyError(f"{path}: '{key}.{name}' holds NaN or inf")
+
+
+#: observations the loader feeds a policy to check that its actions are finite: the
+#: normalised observation ranges over [-clip_obs, clip_obs]; these are its centre, its
+#: corners and seeded points between
+_PROBES = 16
+
+
 def load_policy(path: str | Path | None = None, env: Any | None = None) -> WalkerPolicy:
     """Load a policy file (default: the shipped policy), never unpickling objects.
 
-    Raises :class:`PolicyError` naming the file for a missing, foreign or malformed
-    file, and, when ``env`` is given, for observation or action spaces that differ
-    from the environment's (:meth:`WalkerPolicy.check_env`).
+    Raises :class:`PolicyError` naming the file for a missing, foreign or malformed file
+    (every tensor is checked for its shape and for NaN or inf, the environment id must be
+    :data:`~gpdyn.robots.walker.ENV_ID`, and the actor must give finite actions on probe
+    observations), and, when ``env`` is given, for observation or action spaces that
+    differ from the environment's (:meth:`WalkerPolicy.check_env`).
     """
     path = Path(path) if path is not None else SHIPPED_POLICY
     if not path.is_file():
@@ -204,37 +262,61 @@ def load_policy(path: str | Path | None = None, env: Any | None = None) -> Walke
     if payload.get("version") != POLICY_VERSION:
         raise PolicyError(f"{path}: policy format version {payload.get('version')!r}, this gpdyn reads {POLICY_VERSION}")
     try:
-        obs_mean = payload["obs_mean"].numpy().astype(np.float64)
-        act_low = payload["act_low"].numpy().astype(np.float64)
-        activation = str(payload["activation"])
+        meta = payload.get("meta", {})
+        if not isinstance(meta, Mapping):
+            raise PolicyError(f"{path}: 'meta' must be a dict, got {_describe(meta)}")
+        meta = {"env_id": payload.get("env_id"), **dict(meta)}
+        if meta["env_id"] not in (None, ENV_ID):  # gymnasium would import the module an id names
+            raise PolicyError(f"{path}: env_id {meta['env_id']!r}: a Walker2d policy is for {ENV_ID!r}")
+        obs_mean, obs_var = _vector(payload, "obs_mean", path), _vector(payload, "obs_var", path)
+        act_low, act_high = _vector(payload, "act_low", path), _vector(payload, "act_high", path)
+        if obs_var.shape != obs_mean.shape or (obs_var < 0).any():
+            raise PolicyError(f"{path}: 'obs_var' must be {obs_mean.shape[0]} values >= 0 like 'obs_mean'")
+        if act_high.shape != act_low.shape or not (act_low <= act_high).all():
+            raise PolicyError(f"{path}: 'act_low' and 'act_high' must be bounds of the same length, low <= high")
+        clip_obs, epsilon = _number(payload, "clip_obs", path, 0.0), _number(payload, "epsilon", path, 0.0)
+        value_scale = _number(payload, "value_scale", path, 0.0, default=1.0)
+        activation, hidden = payload["activation"], payload["hidden"]
         if activation not in _ACTIVATIONS:
-            raise PolicyError(f"{path}: unknown activation {activation!r}")
-        net = _mlp(obs_mean.shape[0], payload["hidden"], act_low.shape[0], activation)
+            raise PolicyError(f"{path}: unknown activation {activation!r}; gpdyn reads {', '.join(_ACTIVATIONS)}")
+        if not isinstance(hidden, (list, tuple)) or not all(type(h) is int and h >= 1 for h in hidden):
+            raise PolicyError(f"{path}: 'hidden' must be a list of layer widths >= 1, got {_describe(hidden)}")
+        _check_layers(payload["state_dict"], [obs_mean.shape[0], *hidden, act_low.shape[0]], "state_dict", path)
+        net = _mlp(obs_mean.shape[0], hidden, act_low.shape[0], activation)
         net.load_state_dict(payload["state_dict"])
         value_net = None
         if "value_state_dict" in payload:
-            value_net = _mlp(obs_mean.shape[0], payload["hidden"], 1, activation)
+            _check_layers(payload["value_state_dict"], [obs_mean.shape[0], *hidden, 1], "value_state_dict", path)
+            value_net = _mlp(obs_mean.shape[0], hidden, 1, activation)
             value_net.load_state_dict(payload["value_state_dict"])
             value_net.eval()
-    except (KeyError, RuntimeError, AttributeError) as err:
-        raise PolicyError(f"{path}: malformed policy file ({type(err).__name__}: {err})") from err
+    except KeyError as err:
+        raise PolicyError(f"{path}: malformed policy file (no {err})") from err
     net.eval()
     policy = WalkerPolicy(
-        net=net,
-        obs_mean=obs_mean,
-        obs_var=payload["obs_var"].numpy().astype(np.float64),
-        clip_obs=float(payload["clip_obs"]),
-        epsilon=float(payload["epsilon"]),
-        act_low=act_low,
-        act_high=payload["act_high"].numpy().astype(np.float64),
-        meta={"env_id": payload.get("env_id"), **dict(payload.get("meta", {}))},
-        path=path,
-        value_net=value_net,
-        value_scale=float(payload.get("value_scale", 1.0)),
+        net=net, obs_mean=obs_mean, obs_var=obs_var, clip_obs=clip_obs, epsilon=epsilon, act_low=act_low,
+        act_high=act_high, meta=meta, path=path, value_net=value_net, value_scale=value_scale,
     )
+    _probe(policy)
     if env is not None:
         policy.check_env(env)
     return policy
+
+
+def _probe(policy: WalkerPolicy) -> None:
+    """Refuse a policy whose actor (or critic) gives NaN or inf on the probe observations.
+
+    Finite weights can still overflow (float32 weights near 1e38) or subtract infinities;
+    such a policy is refused here rather than when its first action reaches MuJoCo.
+    """
+    scale = np.sqrt(policy.obs_var + policy.epsilon)
+    rng = np.random.default_rng(0)
+    unit = np.concatenate([np.zeros((1, policy.obs_dim)), np.ones((1, policy.obs_dim)), -np.ones((1, policy.obs_dim)),
+                           rng.uniform(-1, 1, size=(_PROBES - 3, policy.obs_dim))])
+    obs = policy.obs_mean + policy.clip_obs * unit * scale
+    policy.act(obs)  # raises PolicyError on a non-finite action
+    if policy.value_net is not None and not np.isfinite(policy.value(obs)).all():
+        raise PolicyError(f"{policy.path}: the critic gives NaN or inf on probe observations")
 
 
 def shipped_checkpoints() -> list[Path]:
@@ -286,9 +368,7 @@ def export_sb3(model: Any, vecnormalize: Any, path: str | Path, meta: Mapping[st
 
 def evaluate_policy(policy: WalkerPolicy, episodes: int = 10, seed: int = 0) -> np.ndarray:
     """Undiscounted returns of ``episodes`` deterministic Walker2d episodes (reset seeds ``seed + i``)."""
-    import gymnasium as gym
-
-    env = gym.make(policy.meta.get("env_id") or ENV_ID)
+    env = make_env(policy.meta.get("env_id") or ENV_ID, where=f"{policy.path}: env_id")
     policy.check_env(env)
     returns = np.zeros(episodes)
     try:

@@ -97,7 +97,7 @@ def render_episode(
     qpos, qvel = episode_states(store, index)
     fps = 1.0 / (float(store.attrs["dt"]) * every)
     out.parent.mkdir(parents=True, exist_ok=True)
-    env = make_env(store.attrs["env_id"])
+    env = make_env(store.attrs.get("env_id"), where=f"{store.path}: attribute env_id")
     sim = env.unwrapped
     vis = sim.model.vis.global_
     if width > vis.offwidth or height > vis.offheight:

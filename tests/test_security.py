@@ -1,0 +1,155 @@
+"""No code runs from a data file: stores, checkpoints and policy files are read as data only.
+
+Each test plants a payload that would write a marker file if anything imported or
+unpickled it, and checks both that the file is refused with a message naming it and that
+the marker was never written.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pickle
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gpdyn.cli import main
+from gpdyn.data.store import EpisodeStore
+from gpdyn.errors import InputError
+from gpdyn.gp import make_learner
+from gpdyn.gp.online import load_learner, save_learner
+from gpdyn.sim.policy import PolicyError, load_policy, save_policy
+from gpdyn.sim.walker import walker_fields
+
+PACKAGE = Path(__file__).resolve().parents[1] / "gpdyn"
+
+
+class _Trap:
+    """Unpickling it writes ``_Trap.target``."""
+
+    target: Path
+
+    def __reduce__(self):
+        return (Path.write_text, (_Trap.target, "executed"))
+
+
+def _evil_module(folder: Path, marker: Path, name: str = "evilmod") -> None:
+    """A module that writes ``marker`` when imported, importable from ``folder``."""
+    (folder / f"{name}.py").write_text(f"open({str(marker)!r}, 'w').write('imported')\n")
+
+
+def _walker_store(path: Path, env_id: str) -> EpisodeStore:
+    fields = walker_fields()
+    store = EpisodeStore.create(path, fields, source="test", env_id=env_id, dt=0.008, seed=0)
+    rng = np.random.default_rng(0)
+    store.append_episode({k: rng.normal(size=(4, f.width)).astype(f.dtype) for k, f in fields.items()})
+    return store
+
+
+def test_render_refuses_an_env_id_that_names_a_module(tmp_path, monkeypatch, capsys):
+    marker = tmp_path / "marker"
+    _evil_module(tmp_path, marker)
+    monkeypatch.syspath_prepend(str(tmp_path))  # as `python -m` from this folder would have it
+    assert importlib.util.find_spec("evilmod") is not None  # gymnasium could import it
+    store = _walker_store(tmp_path / "evil.zarr", "evilmod:Walker2d-v5")
+    code = main(["render", "--store", str(store.path), "--episode", "0", "--out", str(tmp_path / "v.mp4")])
+    err = capsys.readouterr().err
+    assert code == 2 and "env_id" in err and "evil.zarr" in err and "evilmod:Walker2d-v5" in err
+    assert "Traceback" not in err
+    assert not marker.exists() and "evilmod" not in sys.modules
+    assert not (tmp_path / "v.mp4").exists()
+
+
+@pytest.mark.parametrize("env_id", ["Hopper-v5", "evilmod:Walker2d-v5", "gymnasium.envs:Walker2d-v5", ""])
+def test_only_the_walker_id_makes_an_environment(env_id):
+    from gpdyn.robots.walker import make_env
+
+    with pytest.raises(InputError, match="only 'Walker2d-v5'"):
+        make_env(env_id, where="test: env_id")
+
+
+def test_a_policy_file_naming_another_environment_is_refused(tmp_path, monkeypatch):
+    marker = tmp_path / "marker"
+    _evil_module(tmp_path, marker)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    net = torch.nn.Sequential(torch.nn.Linear(17, 4), torch.nn.Tanh(), torch.nn.Linear(4, 6))
+    path = save_policy(tmp_path / "p.pt", net.state_dict(), hidden=[4], activation="tanh", obs_mean=np.zeros(17),
+                       obs_var=np.ones(17), clip_obs=10.0, epsilon=1e-8, act_low=-np.ones(6), act_high=np.ones(6),
+                       env_id="evilmod:Walker2d-v5")
+    with pytest.raises(PolicyError, match=r"p\.pt: env_id 'evilmod:Walker2d-v5'"):
+        load_policy(path)
+    assert not marker.exists()
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_a_checkpoint_with_a_pickled_object_runs_nothing(tmp_path):
+    _Trap.target = tmp_path / "marker"
+    learner = make_learner("exact", 2, 1)
+    good = save_learner(learner, tmp_path / "good.pt")
+    ckpt = torch.load(good, weights_only=True)
+    for where in ("extra", "config", "state"):
+        bad = {**ckpt, where: {**ckpt[where], "trap": _Trap()}}
+        torch.save(bad, tmp_path / f"{where}.pt")
+        with pytest.raises(InputError, match=rf"{where}\.pt: not a gpdyn checkpoint"):
+            load_learner(tmp_path / f"{where}.pt")
+    with open(tmp_path / "plain.pkl", "wb") as f:
+        pickle.dump(_Trap(), f)
+    with pytest.raises(InputError, match="plain.pkl: not a gpdyn checkpoint"):
+        load_learner(tmp_path / "plain.pkl")
+    assert not _Trap.target.exists()
+
+
+def test_a_zarr_v2_store_with_a_pickle_codec_runs_nothing(tmp_path):
+    _Trap.target = tmp_path / "marker"
+    root = tmp_path / "v2.zarr"
+    for group in ("", "data", "meta"):
+        (root / group).mkdir(parents=True, exist_ok=True)
+        (root / group / ".zgroup").write_text(json.dumps({"zarr_format": 2}))
+    (root / ".zattrs").write_text(json.dumps({
+        "format": "gpdyn.episodes", "format_version": 1, "source": "t", "env_id": "Walker2d-v5", "dt": 0.008,
+        "seed": 0, "fields": {"qpos": {"columns": ["a"], "dtype": "float64", "unit": ""}}, "episode_keys": {}}))
+    for name, shape, dtype, chunk in (("data/qpos", [1, 1], "<f8", "0.0"), ("meta/episode_ends", [1], "<i8", "0")):
+        (root / name).mkdir()
+        meta = {"zarr_format": 2, "shape": shape, "chunks": shape, "dtype": dtype, "compressor": {"id": "pickle"},
+                "fill_value": 0, "order": "C", "filters": None, "dimension_separator": "."}
+        (root / name / ".zarray").write_text(json.dumps(meta))
+        (root / name / chunk).write_bytes(pickle.dumps(_Trap()))
+    with pytest.raises((InputError, ValueError)):
+        EpisodeStore.open(root).read("qpos")
+    assert not _Trap.target.exists()
+
+
+def _calls(pattern: str) -> list[str]:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#")[0]  # comments and docstrings (``...``) may name these calls
+            if re.search(pattern, code) and "``" not in code:
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{n}: {line.strip()}")
+    return found
+
+
+def test_the_package_has_no_unsafe_loader():
+    """Every torch.load reads weights only; nothing calls pickle, np.load with pickles, or eval/exec."""
+    loads = _calls(r"torch\.load\(")
+    assert loads and all("weights_only=True" in line for line in loads), loads
+    assert not _calls(r"weights_only\s*=\s*False|allow_pickle\s*=\s*True|\bpickle\.loads?\(|\bmarshal\.|"
+                      r"(?<![\w.])(eval|exec)\(|yaml\.load\(|joblib\.load|dill\.|cloudpickle")
+    # gymnasium.make imports the module an id names: only the walker's make_env calls it, with its check
+    makes = _calls(r"\bgym(nasium)?\.make\(")
+    assert all(line.startswith(("gpdyn/robots/walker.py", "gpdyn/doctor.py")) for line in makes), makes
+
+
+def test_the_shipped_policy_and_checkpoints_still_load():
+    from gpdyn.sim.policy import shipped_checkpoints
+
+    for path in [None, *shipped_checkpoints()]:
+        policy = load_policy(path)
+        assert np.isfinite(policy.act(policy.obs_mean)).all()
+    assert os.path.basename(str(load_policy().path)) == "walker2d_trpo.pt"
