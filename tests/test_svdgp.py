@@ -1,13 +1,15 @@
-"""SVDGP (Cheng & Boots 2017): bound identities, KRR limit, gradients, kernels, bad input."""
+"""SVDGP (Cheng & Boots 2017): bound identities, KRR limit, gradients, a covariance that learns,
+starting length scales on an ordered stream, kernels, bad input."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from learner_data import F64, random_data
+from learner_data import F64, random_data, sinc_data
 
 from gpdyn.errors import InputError
-from gpdyn.gp.kernels import gen_se_ard, se_ard
+from gpdyn.gp.hyperparams import InitWindow
+from gpdyn.gp.kernels import gen_se_ard, median_lengthscale, se_ard
 from gpdyn.gp.orthdgp import ORTH
 from gpdyn.gp.svdgp import SVDGP
 
@@ -132,6 +134,95 @@ def test_column_sampled_kl_is_unbiased():
     assert (draws.std(0) > 0).all()  # it really samples
 
 
+def test_covariance_starts_off_the_saddle_at_l_zero():
+    model, x, y = _fitted_svdgp(16, 6, n_columns=None)
+    _, lo = model.coefficients()
+    # each new beta direction starts at B = L L^T = I / sigma^2 (with or without Jacobi)
+    eye = torch.eye(6, dtype=F64)
+    torch.testing.assert_close(lo @ lo.transpose(-1, -2), eye / model.noise.detach()[:, None, None])
+    model.loss(x, y).sum().backward()
+    assert (model.params["L"].grad[:, :6, :6].diagonal(dim1=-2, dim2=-1).abs() > 1e-8).all()
+    # L = 0 is a saddle: grad_L = 2 grad_B L (Appendix A.1.2) vanishes there, so it never moves
+    with torch.no_grad():
+        model.params["L"].zero_()
+    model.params["L"].grad = None
+    model.loss(x, y).sum().backward()
+    assert torch.count_nonzero(model.params["L"].grad) == 0
+
+
+def test_variance_learns_small_at_the_data_and_stays_the_prior_far_away():
+    x, y, _, _ = sinc_data(200, noise=0.1)
+    model = SVDGP(1, 1, m_alpha=64, m_beta=16, n_delta=8, n_columns=None, lr=0.1)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(150):
+        idx = torch.randint(200, (64,), generator=g)
+        model.observe(x[idx], y[idx])
+        model.step(x[idx], y[idx])
+    assert model.params["L"].abs().max() > 0
+    with torch.no_grad():
+        _, var_data = model.predict(x)
+        _, var_far = model.predict(torch.tensor([[-40.0], [40.0]], dtype=F64))  # ~30 length scales out
+    torch.testing.assert_close(var_far, model.amplitude.detach().expand(2, 1))
+    assert var_data.max() < 0.25 * var_far.min(), (var_data.max(), var_far)
+    # the variance no longer drags the amplitude down to the noise level (sin(x)/x has variance ~0.05)
+    assert model.amplitude.item() > model.noise.item()
+
+
+def _smooth_stream(n: int, d: int, rate: float = 1000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` consecutive rows of a smooth ``d``-dimensional trajectory sampled at ``rate`` Hz."""
+    t = torch.arange(n, dtype=F64)[:, None] / rate
+    x = torch.sin(2 * torch.pi * (0.2 + 0.1 * torch.arange(d, dtype=F64)) * t + torch.arange(d, dtype=F64))
+    y = torch.stack([torch.sin(x @ torch.linspace(-1, 1, d, dtype=F64)), torch.cos(x[:, :2].sum(-1))], -1)
+    return x, y
+
+
+def test_ordered_stream_from_scratch_learns_with_the_init_window():
+    x, y = _smooth_stream(2048, 8)
+    # 16 consecutive rows span 16 ms: their median trick is ~100x below the data's
+    assert (median_lengthscale(x[:16]) < 0.05 * median_lengthscale(x)).all()
+    test = torch.randperm(len(x), generator=torch.Generator().manual_seed(1))[:300]
+    errors = {}
+    for window in (0, 1024):
+        model = SVDGP(8, 2, m_alpha=128, m_beta=16, n_delta=1, n_columns=None, lr=0.1, init_window=window, n_data=len(x))
+        g = torch.Generator().manual_seed(2)
+        for i in range(0, len(x), 16):  # observe in time order; steps on rows seen so far
+            model.observe(x[i : i + 16], y[i : i + 16])
+            idx = torch.randint(i + 16, (64,), generator=g)
+            model.step(x[idx], y[idx])
+        with torch.no_grad():
+            mean, _ = model.predict(x[test])
+        errors[window] = ((mean - y[test]) ** 2).mean(0) / y[test].var(0)
+        if window:  # never below the median trick on the first 1024 rows
+            assert (model.lengthscale >= median_lengthscale(x[:1024]) * (1 - 1e-12)).all()
+    assert (errors[1024] < 0.1).all(), errors
+    assert (errors[0] > 1).all(), errors  # from the first batch alone it is stuck
+
+
+def test_init_window_estimates_at_each_doubling_and_when_full():
+    x, _ = _smooth_stream(300, 3)
+    window = InitWindow(100, 3, device=torch.device("cpu"), dtype=F64)
+    torch.testing.assert_close(window.start(x[:10]), median_lengthscale(x[:10]))
+    assert window.add(x[10:19]) is None  # 19 rows < 2 x 10
+    torch.testing.assert_close(window.add(x[19:25]), median_lengthscale(x[:25]))
+    assert window.add(x[25:49]) is None
+    torch.testing.assert_close(window.add(x[49:150]), median_lengthscale(x[:100]))  # full: the first 100 rows
+    assert window.full and window.add(x[150:]) is None
+    big = InitWindow(100, 3, device=torch.device("cpu"), dtype=F64)
+    torch.testing.assert_close(big.start(x[:200]), median_lengthscale(x[:200]))  # a first batch wider than it
+    assert big.full and big.add(x[200:]) is None
+    with pytest.raises(InputError, match="start"):
+        InitWindow(10, 3, device=torch.device("cpu"), dtype=F64).add(x[:5])
+    # a learner widens, never narrows: a length scale its optimiser made wider is kept
+    model = SVDGP(3, 1, m_alpha=8, m_beta=2, n_delta=1, init_window=100)
+    model.observe(x[:10], torch.zeros(10, 1, dtype=F64))
+    with torch.no_grad():
+        model.params["log_ls"][0, 0] = 5.0
+    model.observe(x[10:25], torch.zeros(15, 1, dtype=F64))
+    ls = model.lengthscale.detach()[0]
+    assert ls[0] == torch.exp(torch.tensor(5.0, dtype=F64))
+    torch.testing.assert_close(ls[1:], median_lengthscale(x[:25])[1:])
+
+
 def test_predict_batch_shapes_dtype_and_no_grad():
     model, x, y = _fitted_svdgp(16, 4)
     model.step(x, y)
@@ -165,6 +256,8 @@ def test_bad_input_is_reported():
         SVDGP(2, 2, m_alpha=0)
     with pytest.raises(InputError, match="scales"):
         SVDGP(2, 2, scales="per-point")
+    with pytest.raises(InputError, match="init_window"):
+        SVDGP(2, 2, init_window=-1)
     with pytest.raises(InputError, match="observe"):
         SVDGP(2, 2, m_alpha=4).step(x, y)
 

@@ -18,6 +18,16 @@ In a step, ``a^T K_alpha a`` is estimated from ``n_columns`` sampled columns of 
 (Section 3.4), so a step costs O(N_m M_alpha D + N_m M_beta^2 + M_beta^3) and never
 O(M_alpha^2). The optional Jacobi preconditioner (Appendix A.1, note 2) parametrises
 ``a = diag(K_alpha)^{-1} a_0`` and ``L = diag(K_beta)^{-1} L_0``.
+
+Initialisation. ``a`` starts at zero (the prior mean). ``L`` must not: with ``B = L L^T``
+(footnote 8) the gradient is ``grad_L = 2 grad_B L`` (Appendix A.1.2), zero at ``L = 0``
+whatever ``grad_B`` is, so a zero ``L`` is a saddle and q's covariance stays at the prior
+for good: the same variance at every input, and a bound whose variance term can only be
+lowered by shrinking the amplitude. Each basis function added to beta (Algorithm 1,
+``addBasis``) starts its own direction at ``B_mm = 1 / sigma^2`` (current noise), i.e. q's
+covariance starts as the GPR posterior covariance after one noisy observation at each beta
+point (the form eq. (7) is chosen to agree with: Section 3.3); the steps then move ``B``
+from there.
 """
 
 from __future__ import annotations
@@ -41,6 +51,10 @@ class SVDGP(VariationalLearner):
             and, with a Gaussian likelihood, kernel ridge regression for the mean.
         n_columns: sampled columns of K_alpha per step (paper: N_m = 1024); ``None`` exact.
         jacobi: use the Jacobi preconditioner of Appendix A.1.
+        init_window: the starting hyperparameters (Appendix B) are estimated again as the
+            first this many rows arrive (:class:`~gpdyn.gp.hyperparams.InitWindow`), so that
+            a time-ordered stream, whose first batch spans a fraction of a second, still
+            starts from length scales of the data's spread; 0: from the first batch only.
         **kwargs: see :class:`~gpdyn.gp.variational.VariationalLearner`.
     """
 
@@ -64,9 +78,10 @@ class SVDGP(VariationalLearner):
         m_beta: int = 128,
         n_columns: int | None = 1024,
         jacobi: bool = True,
+        init_window: int = 1024,
         **kwargs,
     ) -> None:
-        super().__init__(input_dim, output_dim, **kwargs)
+        super().__init__(input_dim, output_dim, init_window=init_window, **kwargs)
         if n_columns is not None and n_columns < 1:
             raise LearnerError(f"SVDGP: n_columns must be >= 1 or None, got {n_columns}")
         if m_alpha < 1:
@@ -78,8 +93,19 @@ class SVDGP(VariationalLearner):
         self.add_basis_set("beta", m_beta)
         p = self.output_dim
         self.params["a"] = self._zeros(p, m_alpha)
-        self.params["L"] = self._zeros(p, m_beta, m_beta)  # zero: q starts at the prior covariance
+        self.params["L"] = self._zeros(p, m_beta, m_beta)  # unused slots; observe() starts each new one
         self._finish_init()
+
+    def _on_basis_added(self, name: str, start: int, n: int, x: Tensor, y: Tensor) -> None:
+        """Start new covariance directions at ``B = I / sigma^2`` (see the module docs): never at
+        ``L = 0``, where the gradient of the bound in ``L`` vanishes."""
+        if name != "beta":
+            return
+        diag = torch.rsqrt(self.noise)  # B = L L^T = I / sigma^2
+        if self.jacobi:
+            diag = diag * self.amplitude  # L = diag(K_beta)^{-1} L_0 with diag(K_beta) = rho^2
+        sl = slice(start, start + n)
+        self.params["L"][:, sl, sl] = torch.diag_embed(diag[:, None].expand(-1, n))
 
     # -- parameters in the paper's terms ------------------------------------------
     def coefficients(self) -> tuple[Tensor, Tensor]:

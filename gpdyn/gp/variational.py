@@ -4,7 +4,10 @@ One :class:`VariationalLearner` holds, batched over the P outputs:
 
 - the hyperparameters: log length scales ``[P, D]``, log amplitude rho^2 ``[P]`` and log
   noise variance sigma^2 ``[P]``, started by SVDGP Appendix B (median trick, output
-  variance, rho = 1) from the first data passed to :meth:`observe`;
+  variance, rho = 1) from the first data passed to :meth:`observe`; with an
+  ``init_window`` the length scales are widened to the median trick on the first
+  ``init_window`` rows as they arrive (:class:`~gpdyn.gp.hyperparams.InitWindow`: a
+  time-ordered stream's first batch is too narrow a sample);
 - named bases of inducing functions, preallocated to their full size ``[P, M, D]`` and
   filled ``n_delta`` points per :meth:`observe` call (SVDGP Algorithm 1, ``addBasis``),
   each with log length-scale factors ``c`` of the generalized SE-ARD kernel (SVDGP
@@ -32,7 +35,7 @@ import torch
 from torch import Tensor
 
 from gpdyn.gp.base import LOG_2PI, Learner, LearnerError, cholesky
-from gpdyn.gp.hyperparams import initial_noise_variance
+from gpdyn.gp.hyperparams import InitWindow, initial_noise_variance
 from gpdyn.gp.kernels import gen_se_ard, kernel_matvec, kernel_quadratic, median_lengthscale
 
 SCALES = ("basis", "dim", "none")
@@ -74,6 +77,8 @@ class VariationalLearner(Learner):
         scales: basis length-scale factors of SVDGP eq. (15): "basis", "dim" or "none".
         jitter: relative diagonal jitter of the Cholesky factorisations.
         eval_chunk: rows per chunk in :meth:`vlb` and large kernel products.
+        init_window: rows of the stream that the starting length scales are estimated from
+            (:class:`~gpdyn.gp.hyperparams.InitWindow`); 0: the first batch only.
     """
 
     default_lr: float = 1e-2
@@ -92,6 +97,7 @@ class VariationalLearner(Learner):
         scales: str = "basis",
         jitter: float = 1e-6,
         eval_chunk: int = 1024,
+        init_window: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(input_dim, output_dim, **kwargs)  # device, dtype, seed
@@ -109,6 +115,8 @@ class VariationalLearner(Learner):
         self.scales = scales
         self.jitter = float(jitter)
         self.eval_chunk = int(eval_chunk)
+        if init_window < 0:
+            raise LearnerError(f"{type(self).__name__}: init_window must be >= 0, got {init_window}")
         self.config: dict[str, Any] = {
             "input_dim": self.input_dim,
             "output_dim": self.output_dim,
@@ -119,6 +127,7 @@ class VariationalLearner(Learner):
             "scales": scales,
             "jitter": self.jitter,
             "eval_chunk": self.eval_chunk,
+            "init_window": int(init_window),
         }
         p, d = self.output_dim, self.input_dim
         self.params: dict[str, Tensor] = {
@@ -135,6 +144,12 @@ class VariationalLearner(Learner):
         self.n_seen = 0
         self._cache: dict[str, Tensor] | None = None
         self.optimizer: torch.optim.Adam | None = None
+        self.init_window = (
+            InitWindow(init_window, d, device=self.device, dtype=self.dtype) if init_window else None
+        )
+
+    def state_names(self) -> tuple[str, ...]:
+        return self.state_fields + (("init_window",) if self.init_window is not None else ())
 
     # -- construction helpers -----------------------------------------------------
     def _zeros(self, *shape: int, grad: bool = True) -> Tensor:
@@ -231,6 +246,11 @@ class VariationalLearner(Learner):
             return False
         if not self.initialized:
             self.initialize_hyperparameters(x, y)
+        elif self.init_window is not None:
+            wider = self.init_window.add(x, self.generator)
+            if wider is not None:  # the estimate from more rows: widen to it, keep what is wider already
+                with torch.no_grad():
+                    self.params["log_ls"].clamp_(min=torch.log(wider))
         self.n_seen += int(x.shape[0])
         return True
 
@@ -260,7 +280,10 @@ class VariationalLearner(Learner):
     def initialize_hyperparameters(self, x: Tensor, y: Tensor) -> None:
         """SVDGP Appendix B: median-trick length scales, output variance as noise, rho = 1."""
         with torch.no_grad():
-            ls = median_lengthscale(x, generator=self.generator)
+            if self.init_window is not None:
+                ls = self.init_window.start(x, self.generator)
+            else:
+                ls = median_lengthscale(x, generator=self.generator)
             self.params["log_ls"].copy_(torch.log(ls).expand(self.output_dim, -1))
             self.params["log_amp"].zero_()
             self.params["log_noise"].copy_(torch.log(initial_noise_variance(y)))
