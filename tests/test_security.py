@@ -153,3 +153,89 @@ def test_the_shipped_policy_and_checkpoints_still_load():
         policy = load_policy(path)
         assert np.isfinite(policy.act(policy.obs_mean)).all()
     assert os.path.basename(str(load_policy().path)) == "walker2d_trpo.pt"
+
+
+# -- a model that predicts NaN: the online controllers skip the update and keep controlling -----------------
+def _nan_prior(learner, key: str):
+    """``learner`` with the state tensor at ``key`` (a dotted path) set to NaN: the mean weights,
+    so that it predicts a NaN mean everywhere (a diverged model; no checkpoint holds one)."""
+    state = learner.state_dict()
+    tensor = state
+    for part in key.split("."):
+        tensor = tensor[part]
+    tensor.fill_(float("nan"))
+    learner.load_state_dict(state)
+    return learner
+
+
+def test_the_online_updater_skips_what_it_cannot_learn_and_learns_the_rest():
+    from gpdyn.gp.residual import ResidualGP
+    from gpdyn.gp.training import OnlineUpdater
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(60, 3, generator=gen, dtype=torch.float64)
+    y = torch.stack([x.sin().sum(-1), x.cos().sum(-1)], -1)
+    prior = make_learner("exact", 3, 2, max_points=100)
+    prior.observe(x, y)
+    residual = ResidualGP(prior, x, window=20, amplitude=1.0, gated=True)
+    updater = OnlineUpdater(residual, batch=4)
+    bad_x = x[:1].clone()
+    bad_x[0, 1] = float("nan")
+    assert updater(bad_x, y[:1]) == {"skipped": 1.0}  # a non-finite transition
+    assert updater(x[:1], y[:1] + 1.0)["skipped"] == 0.0 and residual.observed == 1
+    _nan_prior(prior, "whitened")  # now the residual target y - prior(x) would be NaN
+    gate = residual.gate_sums.clone()
+    for i in range(1, 4):
+        assert updater(x[i : i + 1], y[i : i + 1])["skipped"] == 1.0
+    assert updater.nonfinite == 4 and residual.observed == 1
+    torch.testing.assert_close(residual.gate_sums, gate)  # the gate's statistics are untouched
+
+
+def test_the_online_walker_controller_keeps_controlling_while_its_model_predicts_nan(tmp_path):
+    from synthetic import make_walker_store
+
+    from gpdyn.experiments.control_walker import (WalkerRunConfig, online_walker_model, pretrained_walker_model,
+                                                  run_walker_episode, walker_controller, walker_train_inputs)
+    from gpdyn.runs import RunDir
+
+    store = make_walker_store(tmp_path / "walker.zarr", [40, 35, 50]).path
+    cfg = WalkerRunConfig(learner="svdgp", steps=4, conditions=("nominal",), controllers=("online",), samples=8,
+                          horizon=3, pretrain_iterations=3, pretrain_batch=32, progress=False)
+    learner, frozen, _ = pretrained_walker_model(cfg, store)
+    model, updater = online_walker_model(_nan_prior(learner, "params.a"), frozen, cfg, walker_train_inputs(cfg, store))
+    policy = load_policy()
+    run = RunDir.create("t", {}, out=tmp_path / "run")
+    out = run_walker_episode(run, cfg, walker_controller("online", cfg, policy, model, updater), "nominal", reset_seed=3)
+    steps = [r for r in run.metrics() if r.get("kind") == "step"]
+    assert out.record["length"] == len(steps) == 4 and out.record["updates_skipped"] == 4
+    assert all(s["update_skipped"] == 1.0 and s["fallback"] for s in steps)
+    assert np.isfinite(out.rows["action"]).all()
+    np.testing.assert_allclose(out.rows["action"], policy.act(out.rows["obs"]), atol=1e-9)  # the policy's fallback
+
+
+def test_the_online_arm_controller_keeps_tracking_while_its_model_predicts_nan(tmp_path):
+    from synthetic import make_kuka_store
+
+    from gpdyn.control.dynamics import LearnedModel
+    from gpdyn.control.loop import run_episode
+    from gpdyn.experiments.control_arm import ArmRunConfig, _controller, _pretrained
+    from gpdyn.robots.arm import pd_gains
+    from gpdyn.robots.arm_env import ArmEnv
+    from gpdyn.runs import RunDir
+    from gpdyn.sim.arm import get_family
+
+    store = make_kuka_store(tmp_path / "kuka.zarr", offline=[60], online=[40]).path
+    cfg = ArmRunConfig(learner="svdgp", steps=5, change_at=2, pretrain_iterations=3, pretrain_batch=32, progress=False)
+    run = RunDir.create("t", {}, out=tmp_path / "run")
+    arm = cfg.arm()
+    frozen, x_train = _pretrained(run, cfg, arm, store)
+    frozen = LearnedModel(_nan_prior(frozen.learner, "params.a"), frozen.normalizer)
+    poses = get_family(cfg.family).pattern(cfg.seed, arm.limits).evaluate(np.arange(0.0, 0.3, 0.05), cfg.speed)[0]
+    controller = _controller("online", cfg, arm.n, pd_gains(arm.torque_model(), poses, cfg.omega), frozen, x_train)
+    env = ArmEnv(arm, frame_skip=arm.steps_per_sample(cfg.rate_hz), family=cfg.family, pattern_seed=cfg.seed)
+    episode = run_episode(env, controller, steps=cfg.steps, reset_seed=cfg.seed, log=run.log)
+    env.close()
+    steps = [r for r in run.metrics() if r.get("kind") == "step"]
+    assert episode.record["length"] == 5 and episode.record["updates_skipped"] == 5
+    assert episode.record["fallbacks"] == 5 and all(s["update_skipped"] == 1.0 for s in steps)
+    assert np.isfinite(episode.rows["action"]).all()

@@ -73,6 +73,7 @@ class ComputedTorqueController(Controller):
         self.model, self.updater = model, updater
         self.env: Any = None
         self._fallbacks = 0
+        self._skipped = 0  # transitions the updater could not learn from (NaN/inf), see OnlineUpdater.usable
 
     def reset(self, env: Any) -> None:
         self.env = env.unwrapped
@@ -80,7 +81,7 @@ class ComputedTorqueController(Controller):
             raise InputError(f"computed torque: gains for {self.n} joints, the arm has {self.env.arm.n}")
         self.scratch = mujoco.MjData(self.env.model)
         self.low, self.high = self.env.arm.limits.torque.T
-        self._fallbacks = 0
+        self._fallbacks = self._skipped = 0
 
     def _plant_torque(self, q: np.ndarray, qd: np.ndarray, qdd: np.ndarray) -> np.ndarray:
         """The plant's own inverse dynamics (its current model: a payload change included)."""
@@ -117,10 +118,13 @@ class ComputedTorqueController(Controller):
             t0 = time.perf_counter()
             metrics = self.updater(*self.model.training_pair(x, action))
             record.update(update_seconds=time.perf_counter() - t0, **{f"update_{k}": v for k, v in metrics.items()})
+            self._skipped += bool(metrics.get("skipped"))
         return record
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"fallbacks": self._fallbacks}
+        if self.updater is not None:
+            out["updates_skipped"] = self._skipped
         if self.model is not None:
             out.update(self.model.diagnostics())
         return out

@@ -7,6 +7,10 @@
   it measures the model's one-step error on every transition, and with an ``updater``
   (:class:`gpdyn.gp.training.OnlineUpdater`; its learner may be a :class:`gpdyn.gp.residual.ResidualGP`
   on a frozen model) it learns from it: the online loop plan -> act -> observe -> update -> replan.
+  A transition the updater cannot learn from (NaN or inf in it or in the model's prediction
+  there) is skipped and counted (``update_skipped`` per step, ``updates_skipped`` per
+  episode); the episode goes on, and the planner's own checks keep a non-finite
+  prediction away from the actuators.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ class MPCController(Controller):
         self.env = env
         self.planner = self.make_planner(env)
         self.planner.reset()
-        self._stats = {"seconds": [], "effective": [], "spreads": [], "fallbacks": []}
+        self._stats = {"seconds": [], "effective": [], "spreads": [], "fallbacks": [], "skipped": []}
 
     def _tensor(self, a: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(a, device=self.device, dtype=self.dtype)
@@ -97,6 +101,7 @@ class MPCController(Controller):
             t0 = time.perf_counter()
             metrics = self.updater(*self.model.training_pair(state, act, next_state))
             record.update(update_seconds=time.perf_counter() - t0, **{f"update_{k}": v for k, v in metrics.items()})
+            self._stats["skipped"].append(bool(metrics.get("skipped")))
         return record
 
     def summary(self) -> dict[str, Any]:
@@ -109,6 +114,8 @@ class MPCController(Controller):
         if s["spreads"]:
             out.update(cost_spread_mean=float(np.mean([c for c, _ in s["spreads"]])),
                        control_spread_mean=float(np.mean([c for _, c in s["spreads"]])))
+        if self.updater is not None:  # transitions the updater could not learn from (NaN/inf), run kept going
+            out["updates_skipped"] = int(sum(s["skipped"]))
         if self.model is not None:  # the learner's counters, read once per episode (a device sync)
             out.update(self.model.model.diagnostics())
         return out

@@ -100,9 +100,29 @@ class OnlineUpdater:
         self.recent_x: deque[Tensor] = deque(maxlen=self.batch)
         self.recent_y: deque[Tensor] = deque(maxlen=self.batch)
         self.skipped = 0  # transitions not observed because the learner is full
+        self.nonfinite = 0  # transitions not learnt from: NaN or inf in them or in the model's prediction there
+
+    def usable(self, x: Tensor, y: Tensor) -> bool:
+        """Whether ``x``, ``y`` and the learner's prediction at ``x`` are finite. A model that
+        predicts NaN there (a diverged prior under a ResidualGP) would make a NaN target,
+        which every learner refuses; one check here keeps the run going instead."""
+        if not (bool(torch.isfinite(x).all()) and bool(torch.isfinite(y).all())):
+            return False
+        if not self.learner.initialized:
+            return True
+        with torch.no_grad():
+            mean, var = self.learner.predict(x)
+        return bool(torch.isfinite(mean).all()) and bool(torch.isfinite(var).all())
 
     def __call__(self, x: Tensor, y: Tensor) -> dict[str, float]:
-        """One transition (or a few) ``x [n, D]``, ``y [n, P]``, normalised."""
+        """One transition (or a few) ``x [n, D]``, ``y [n, P]``, normalised.
+
+        A transition that is not :meth:`usable` is skipped, the model stays as it was and
+        the metrics say ``skipped: 1`` (counted in ``nonfinite``): the control run goes on.
+        """
+        if not self.usable(x, y):
+            self.nonfinite += x.shape[0]
+            return {"skipped": 1.0}
         room = self.learner.room()
         if room is not None and x.shape[0] > room:
             self.skipped += x.shape[0]
@@ -117,7 +137,7 @@ class OnlineUpdater:
             else:
                 out = self.learner.step(torch.stack(tuple(self.recent_x)), torch.stack(tuple(self.recent_y)))
             metrics = {k: float(v) for k, v in out.items()}
-        return metrics
+        return {**metrics, "skipped": 0.0}
 
 
 __all__ = ["SCALES", "OnlineUpdater", "build_learner", "pretrain_learner"]
