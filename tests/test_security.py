@@ -239,3 +239,25 @@ def test_the_online_arm_controller_keeps_tracking_while_its_model_predicts_nan(t
     assert episode.record["length"] == 5 and episode.record["updates_skipped"] == 5
     assert episode.record["fallbacks"] == 5 and all(s["update_skipped"] == 1.0 for s in steps)
     assert np.isfinite(episode.rows["action"]).all()
+
+
+def test_a_model_whose_cholesky_fails_makes_the_controller_fall_back(tmp_path):
+    """On the CPU a failed Cholesky factor raises where a GPU gives NaN: the learned model predicts NaN on both."""
+    from synthetic import make_walker_store
+
+    from gpdyn.experiments.control_walker import WalkerRunConfig, pretrained_walker_model, run_walker_episode, walker_controller
+    from gpdyn.runs import RunDir
+
+    store = make_walker_store(tmp_path / "walker.zarr", [40, 35, 50]).path
+    cfg = WalkerRunConfig(learner="svdgp", steps=3, conditions=("nominal",), controllers=("frozen",), samples=8,
+                          horizon=3, pretrain_iterations=3, pretrain_batch=32, progress=False)
+    learner, model, _ = pretrained_walker_model(cfg, store)
+    _nan_prior(learner, "params.log_ls")  # every kernel matrix is NaN: its Cholesky factor fails
+    with pytest.raises(torch.linalg.LinAlgError):
+        learner.predict(torch.zeros(1, learner.input_dim, dtype=learner.dtype))
+    policy = load_policy()
+    run = RunDir.create("t", {}, out=tmp_path / "run")
+    out = run_walker_episode(run, cfg, walker_controller("frozen", cfg, policy, model), "nominal", reset_seed=3)
+    steps = [r for r in run.metrics() if r.get("kind") == "step"]
+    assert out.record["fallbacks"] == len(steps) == 3 and all(s["fallback"] for s in steps)
+    np.testing.assert_allclose(out.rows["action"], policy.act(out.rows["obs"]), atol=1e-9)

@@ -23,6 +23,7 @@ simulator) or to ``(mean, variance)`` of it (learned), as :mod:`gpdyn.control.mp
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -102,10 +103,16 @@ class LearnedModel:
         return t
 
     def predict(self, x_raw: Tensor | np.ndarray) -> tuple[Tensor, Tensor]:
-        """Mean and variance of ``y`` in physical units, ``[..., P]`` each, from raw inputs ``[..., D]``."""
+        """Mean and variance of ``y`` in physical units, ``[..., P]`` each, from raw inputs ``[..., D]``.
+
+        A learner whose Cholesky factor fails predicts NaN here on every device, which the
+        controllers' checks turn into a fallback, never into an action."""
         x = self._tensor(x_raw, "x", self.input_dim)
         flat = x.reshape(-1, self.input_dim)
-        mean, var = self.learner.predict((flat - self._x_mean) / self._x_std)
+        try:
+            mean, var = self.learner.predict((flat - self._x_mean) / self._x_std)
+        except torch.linalg.LinAlgError:  # raised on the CPU where a GPU gives NaN (gpdyn.gp.base.cholesky)
+            mean = var = flat.new_full((flat.shape[0], self.output_dim), math.nan)
         mean = (mean * self._y_std + self._y_mean).reshape(*x.shape[:-1], self.output_dim)
         var = (var * self._y_std**2).reshape(*x.shape[:-1], self.output_dim)
         if self.delta_columns is not None:  # the known input is exact: it adds to the mean only

@@ -110,8 +110,11 @@ class OnlineUpdater:
             return False
         if not self.learner.initialized:
             return True
-        with torch.no_grad():
-            mean, var = self.learner.predict(x)
+        try:
+            with torch.no_grad():
+                mean, var = self.learner.predict(x)
+        except torch.linalg.LinAlgError:  # a failed Cholesky factor: NaN on a GPU, raised on the CPU
+            return False
         return bool(torch.isfinite(mean).all()) and bool(torch.isfinite(var).all())
 
     def __call__(self, x: Tensor, y: Tensor) -> dict[str, float]:
