@@ -24,10 +24,10 @@ Initialisation. ``a`` starts at zero (the prior mean). ``L`` must not: with ``B 
 whatever ``grad_B`` is, so a zero ``L`` is a saddle and q's covariance stays at the prior
 for good: the same variance at every input, and a bound whose variance term can only be
 lowered by shrinking the amplitude. Each basis function added to beta (Algorithm 1,
-``addBasis``) starts its own direction at ``B_mm = 1 / sigma^2`` (current noise), i.e. q's
-covariance starts as the GPR posterior covariance after one noisy observation at each beta
-point (the form eq. (7) is chosen to agree with: Section 3.3); the steps then move ``B``
-from there.
+``addBasis``) starts its own direction at ``B_mm = 1 / sigma^2`` (the current noise), so
+q's covariance starts as the GPR posterior covariance after one noisy observation at each
+beta point (the posterior that eq. (7) is built to agree with, Section 3.3); the steps
+move ``B`` from there.
 """
 
 from __future__ import annotations
@@ -51,10 +51,11 @@ class SVDGP(VariationalLearner):
             and, with a Gaussian likelihood, kernel ridge regression for the mean.
         n_columns: sampled columns of K_alpha per step (paper: N_m = 1024); ``None`` exact.
         jacobi: use the Jacobi preconditioner of Appendix A.1.
-        init_window: the starting hyperparameters (Appendix B) are estimated again as the
-            first this many rows arrive (:class:`~gpdyn.gp.hyperparams.InitWindow`), so that
-            a time-ordered stream, whose first batch spans a fraction of a second, still
-            starts from length scales of the data's spread; 0: from the first batch only.
+        init_window: the starting length scales (Appendix B, median trick) are widened to
+            the median trick on the first this many rows as they arrive
+            (:class:`~gpdyn.gp.hyperparams.InitWindow`), so that a time-ordered stream, whose
+            first batch spans a fraction of a second, still starts from length scales of the
+            data's spread; 0: from the first batch only.
         **kwargs: see :class:`~gpdyn.gp.variational.VariationalLearner`.
     """
 
