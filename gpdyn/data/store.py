@@ -657,7 +657,7 @@ def _cast(a: np.ndarray, dtype: str, where: str, columns: Sequence[str]) -> np.n
             r, c = np.argwhere(bad)[0]
             raise StoreError(
                 f"{where} has {a[r, c]} at step {r}, column '{columns[c]}': "
-                f"not a finite number within ±{MAX_ABS:g}" + (f" as {dtype}" if np.isfinite(a[r, c]) else "")
+                f"not a finite number within ±{MAX_ABS:g}" + (f" as {dtype}" if np.isfinite(a[r, c]) and not np.isfinite(out[r, c]) else "")
             )
     return out
 
