@@ -150,6 +150,7 @@ def test_step_size_selection_picks_the_best_probe_and_does_not_disturb_the_run(k
     write_report(run.path)
     assert "Step size gamma_0, chosen per learner" in (run.path / "report.md").read_text()
     # a resumed run reuses the choice: no second probe
+    run.close()  # the first run's process has ended: it no longer holds the folder
     _run(cfg, run.path)
     assert sum(r.get("kind") == "step_size" for r in run.metrics()) == len(candidates)
 

@@ -293,7 +293,7 @@ def open_run(cfg: ReplayConfig, out: Path | None, problem: Problem | None = None
     ``problem`` (loaded from ``cfg`` if not given) names the outputs in the config.
     """
     if out is not None and is_run_dir(out):
-        run = RunDir(out)
+        run = RunDir.resume(out)  # its writer lock: a second replay on one --out is refused here
         mine = json.loads(json.dumps(asdict(cfg)))
         defaults = json.loads(json.dumps(asdict(ReplayConfig(store="", problem="", learners=[]))))
         # a setting added after the run was made reads as its default

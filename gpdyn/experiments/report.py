@@ -15,7 +15,6 @@ shows "–" for it). ``seconds`` is the learner's cumulative training wall-clock
 from __future__ import annotations
 
 import csv
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from gpdyn.errors import InputError
-from gpdyn.runs import RunDir, is_run_dir
+from gpdyn.runs import RunDir, is_run_dir, read_json
 
 STEP_SIZE_FILE = "step_size.json"  # gamma_0 per learner, when replay chose it
 #: the held-out scores (gpdyn.gp.online.SCORES) and their titles
@@ -48,13 +47,43 @@ CALIBRATION_NOTE = (
 )
 
 
-def eval_curves(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Evaluation records grouped by learner, in iteration order (later duplicates win)."""
+def eval_curves(records: list[tuple[int, dict[str, Any]]], file: Path | str = "metrics.jsonl") -> dict[str, list[dict[str, Any]]]:
+    """Evaluation records grouped by learner, in iteration order (later duplicates win).
+
+    ``records`` are ``(line number, record)`` pairs of ``file`` (:meth:`RunDir.numbered_metrics`);
+    a malformed evaluation record is an InputError naming the file and line.
+    """
     by_learner: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
-    for r in records:
+    width: int | None = None
+    for line, r in records:
         if r.get("kind") == "eval":
-            by_learner[r["learner"]][int(r["iteration"])] = r
+            width = _check_eval(f"{file}: line {line}: evaluation record", r, width)
+            by_learner[r["learner"]][r["iteration"]] = r
     return {k: [v[i] for i in sorted(v)] for k, v in by_learner.items()}
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_eval(where: str, r: dict[str, Any], width: int | None) -> int:
+    """Check one evaluation record's fields; return its number of outputs (equal across records)."""
+    if not isinstance(r.get("learner"), str):
+        raise InputError(f"{where}: 'learner' must be a name, is {r.get('learner')!r:.80}")
+    if not (isinstance(r.get("iteration"), int) and not isinstance(r["iteration"], bool) and r["iteration"] >= 0):
+        raise InputError(f"{where}: 'iteration' must be an integer >= 0, is {r.get('iteration')!r:.80}")
+    if not (_is_number(r.get("seconds")) and r["seconds"] >= 0):
+        raise InputError(f"{where}: 'seconds' must be a number >= 0, is {r.get('seconds')!r:.80}")
+    for metric in METRICS:
+        if metric not in r and metric not in ("nmse", "vlb"):
+            continue  # a score added after the run was written
+        v = r.get(metric)
+        if not (isinstance(v, list) and v and all(_is_number(x) for x in v)):
+            raise InputError(f"{where}: '{metric}' must be a list of numbers, one per output, is {v!r:.80}")
+        if width is not None and len(v) != width:
+            raise InputError(f"{where}: '{metric}' has {len(v)} outputs, other records have {width}")
+        width = len(v)
+    return width
 
 
 def mean_std(values: list[float] | None) -> str:
@@ -72,10 +101,14 @@ def write_report(run_dir: str | Path) -> Path:
         raise InputError(f"{run_dir}: not a run folder (no config.json)")
     run = RunDir(run_dir)
     config = run.config()
-    curves = eval_curves(run.metrics())
+    curves = eval_curves(run.numbered_metrics(), run_dir / "metrics.jsonl")
     if not curves:
         raise InputError(f"{run_dir}/metrics.jsonl: no evaluation records to report")
-    outputs = list(config.get("outputs") or [f"y{i}" for i in range(len(next(iter(curves.values()))[-1]["nmse"]))])
+    width = len(next(iter(curves.values()))[-1]["nmse"])
+    outputs = config.get("outputs") or [f"y{i}" for i in range(width)]
+    if not (isinstance(outputs, list) and len(outputs) == width and all(isinstance(o, str) for o in outputs)):
+        raise InputError(f"{run_dir / 'config.json'}: 'outputs' must list {width} output names, is {outputs!r:.80}")
+    step_sizes = _step_size_section(run_dir)  # every input is read and checked before any output is written
 
     _write_curves_csv(run_dir / "curves.csv", curves, outputs)
     final = {name: rows[-1] for name, rows in curves.items()}
@@ -107,7 +140,7 @@ def write_report(run_dir: str | Path) -> Path:
         for name, r in final.items():
             cells = [f"{v:.4g}" for v in r[metric]] if metric in r else ["–"] * len(outputs)
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += _step_size_section(run_dir)
+    lines += step_sizes
     lines += ["", "## Curves", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     lines += ["", "Every curve point is in `curves.csv`; the table rows are the last rows per learner (`final.csv`).", ""]
     report = run_dir / "report.md"
@@ -120,7 +153,8 @@ def _step_size_section(run_dir: Path) -> list[str]:
     path = run_dir / STEP_SIZE_FILE
     if not path.exists():
         return []
-    chosen = json.loads(path.read_text())
+    chosen = read_json(path)
+    _check_step_sizes(path, chosen)
     candidates = sorted({lr for entry in chosen.values() for lr in entry["objective"]}, key=float, reverse=True)
     iterations = {entry["iterations"] for entry in chosen.values()}
     lines = [
@@ -138,6 +172,27 @@ def _step_size_section(run_dir: Path) -> list[str]:
             cells.append("diverged" if value is None else value if isinstance(value, str) else f"{value:.4f}")
         lines.append(f"| {name} | {entry['lr']:g} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _check_step_sizes(path: Path, chosen: Any) -> None:
+    """``{learner: {"lr": gamma_0, "objective": {candidate: value or null}, "iterations": n}}``, or an InputError."""
+    if not isinstance(chosen, dict):
+        raise InputError(f"{path}: expected an object of learners, found {type(chosen).__name__}")
+    for name, entry in chosen.items():
+        if not (
+            isinstance(entry, dict) and _is_number(entry.get("lr")) and isinstance(entry.get("iterations"), int)
+            and isinstance(entry.get("objective"), dict)
+            and all(_is_number(v) or v is None or isinstance(v, str) for v in entry["objective"].values())
+        ):
+            raise InputError(
+                f"{path}: learner '{name}': expected {{'lr': number, 'objective': {{candidate: number or null}}, "
+                f"'iterations': integer}}, is {entry!r:.120}"
+            )
+        for lr in entry["objective"]:
+            try:
+                float(lr)
+            except ValueError:
+                raise InputError(f"{path}: learner '{name}': candidate step size {lr!r:.40} is not a number") from None
 
 
 def _score_cells(r: dict[str, Any]) -> list[str]:
