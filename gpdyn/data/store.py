@@ -537,7 +537,7 @@ class EpisodeStore:
         if block.dtype.kind != "f":
             return
         bad = _bad_values(block)
-        if not bad.any():
+        if bad is None:
             return
         r, c = (int(i) for i in np.argwhere(bad)[0])
         row = start + r
@@ -653,7 +653,7 @@ def _cast(a: np.ndarray, dtype: str, where: str, columns: Sequence[str]) -> np.n
         out = a.astype(target, copy=False)
     if target.kind == "f":
         bad = _bad_values(out)
-        if bad.any():
+        if bad is not None:
             r, c = np.argwhere(bad)[0]
             raise StoreError(
                 f"{where} has {a[r, c]} at step {r}, column '{columns[c]}': "
@@ -662,11 +662,18 @@ def _cast(a: np.ndarray, dtype: str, where: str, columns: Sequence[str]) -> np.n
     return out
 
 
-def _bad_values(block: np.ndarray) -> np.ndarray:
-    """Mask of the non-finite values of a float block and of those beyond ``MAX_ABS``."""
+def _bad_values(block: np.ndarray) -> np.ndarray | None:
+    """Mask of the non-finite values of a float block and of those beyond ``MAX_ABS``; None when there are none."""
+    if block.size == 0:
+        return None
+    # float32 and smaller cannot hold 1e100: for them the bound is being finite
+    limit = block.dtype.type(MAX_ABS if block.dtype.itemsize > 4 else np.finfo(block.dtype).max)
+    # the common case in two reductions and no temporary array: NaN propagates into min and max
+    low, high = block.min(), block.max()
+    if -limit <= low and high <= limit:
+        return None
     bad = ~np.isfinite(block)
-    if block.dtype.itemsize > 4:  # float32 and smaller cannot hold 1e100: finite is enough
-        np.logical_or(bad, np.abs(block, where=~bad, out=np.zeros_like(block)) > MAX_ABS, out=bad)
+    bad |= np.abs(np.where(bad, 0, block)) > limit
     return bad
 
 
