@@ -232,8 +232,8 @@ def test_cli_collect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert "60 samples" in out and "320" in out
     store = EpisodeStore.open(path)
     assert store.attrs["derivatives"] == "fd" and store.attrs["torque_noise"] == 0.1
-    assert main(args) == 2  # the store exists
-    assert "already exists" in capsys.readouterr().err
+    assert main(args) == 2  # the store exists, collected with other settings
+    assert "collected with different torque_noise, derivatives" in capsys.readouterr().err
     damped = tmp_path / "damped.zarr"
     assert main(["collect", "kuka", "--store", str(damped), "--offline", "10", "--online", "10", "--damping", "0.2",
                  "--friction", "0,0,0,0,0,0,0.05"]) == 0

@@ -8,11 +8,15 @@ importers); the stages are imported only when a command runs, so ``--help`` stay
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpdyn.cli.common import RegistryNames, add_out
+
+if TYPE_CHECKING:
+    from gpdyn.sim.stopping import CollectionStopped
 
 FAMILY_NAMES = RegistryNames("gpdyn.sim.arm", "FAMILIES")  # trajectory families of the arm streams
 IMPORT_UNITS = RegistryNames("gpdyn.data.importers", "UNITS")  # what imported input columns hold
@@ -126,15 +130,25 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 # ---------------------------------------------------------------------------- handlers
+def _report_stop(args: argparse.Namespace, stopped: CollectionStopped) -> int:
+    """A collection that stopped early (:class:`~gpdyn.sim.stopping.CollectionStopped`): say why and what is kept."""
+    print(f"gpdyn collect {args.source}: {stopped}", file=sys.stderr)
+    return stopped.exit_status
+
+
 def collect_walker(args: argparse.Namespace) -> int:
     """``gpdyn collect walker``: fill a store, print a summary, optionally render a video."""
     from gpdyn.data.store import EpisodeStore
     from gpdyn.errors import InputError
     from gpdyn.cli.common import run_for_args
+    from gpdyn.sim.stopping import CollectionStopped
     from gpdyn.sim.walker import collect_walker as collect
 
-    result = collect(args.store, args.episodes, policies=args.policy, mix=args.mix, noise=args.noise, envs=args.envs,
-                     seed=args.seed)
+    try:
+        result = collect(args.store, args.episodes, policies=args.policy, mix=args.mix, noise=args.noise,
+                         envs=args.envs, seed=args.seed)
+    except CollectionStopped as stopped:
+        return _report_stop(args, stopped)
     run_for_args("collect-walker", args).log(**result)
     print(
         f"{result['store']}: {result['episodes']} episodes, {result['rows']} transitions "
@@ -157,13 +171,17 @@ def collect_arm(args: argparse.Namespace) -> int:
     """``gpdyn collect kuka|arm``: collect, then print time and torque ranges beside the limits."""
     from gpdyn.cli.common import run_for_args
     from gpdyn.sim.arm import SensorConfig, collect_arm as collect, torque_ranges
+    from gpdyn.sim.stopping import CollectionStopped
 
     arm = arm_from_args(args)
     sensors = SensorConfig(torque_noise=args.torque_noise, position_noise=args.position_noise,
                            derivatives=args.derivatives)
     start = time.perf_counter()
-    store = collect(args.store, offline=args.offline, online=args.online, payload=args.payload, family=args.family,
-                    seed=args.seed, arm=arm, rate_hz=args.rate, sensors=sensors)
+    try:
+        store = collect(args.store, offline=args.offline, online=args.online, payload=args.payload,
+                        family=args.family, seed=args.seed, arm=arm, rate_hz=args.rate, sensors=sensors)
+    except CollectionStopped as stopped:
+        return _report_stop(args, stopped)
     elapsed = time.perf_counter() - start
     ranges = torque_ranges(store)
     run_for_args(f"collect-{args.source}", args).log(

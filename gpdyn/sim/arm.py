@@ -19,6 +19,7 @@ noise and finite-difference derivatives as options) -> :func:`collect_arm`
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,11 +30,13 @@ import numpy as np
 from tqdm import tqdm
 
 from gpdyn.data.arm_schema import OFFLINE, ONLINE, arm_episode_keys, arm_fields
-from gpdyn.data.store import EpisodeStore
+from gpdyn.data.store import EpisodeStore, StoreError
 from gpdyn.errors import InputError
 from gpdyn.robots.arm import DEFAULT_PAYLOAD_OFFSET, ArmLimits, ArmModel, inverse_dynamics
 from gpdyn.robots.kuka import kuka_arm
+from gpdyn.sim.stopping import StopSignals
 
+SOURCE = "gpdyn.sim.arm"  # the store attribute 'source' of a simulated arm collection
 DEFAULT_RATE_HZ = 100.0
 # Fractions of each limit that trajectories may use: a margin as a real controller keeps.
 POSITION_MARGIN = 0.9
@@ -257,14 +260,19 @@ class ArmStream:
         self._pos = 0
         self.n_segments += 1
 
+    def _torque_noise(self, rows: int) -> np.ndarray | float:
+        """Noise for ``rows`` torque samples; it draws from the stream's generator only when there is noise."""
+        if not self.sensors.torque_noise:
+            return 0.0
+        return self.sensors.torque_noise * self._rng.standard_normal((rows, self.arm.n))
+
     def _take(self, n: int) -> dict[str, np.ndarray]:
         seg = self._segment
         if seg is None:
             raise RuntimeError("no segment started")  # internal: callers start one first
         sl = slice(self._pos, self._pos + n)
         tau = inverse_dynamics(self.model, self._data, seg["q_true"][sl], seg["qd_true"][sl], seg["qdd_true"][sl])
-        if self.sensors.torque_noise:
-            tau += self.sensors.torque_noise * self._rng.standard_normal(tau.shape)
+        tau += self._torque_noise(tau.shape[0])
         self._pos += n
         rows = tau.shape[0]
         return {
@@ -284,6 +292,16 @@ class ArmStream:
             raise ArmConfigError(f"a segment needs at least 1 sample, got {length}")
         self._start_segment(length)
         return self._take(length)
+
+    def skip_segment(self, length: int) -> None:
+        """Move past a segment of ``length`` samples as :meth:`next_segment` would, without its torques.
+
+        The same random draws in the same order, so the segments after it are the ones
+        an uninterrupted stream gives: how a stopped collection resumes.
+        """
+        self._start_segment(int(length))
+        self._torque_noise(int(length))
+        self._pos = int(length)
 
     def next_chunk(self, n: int) -> dict[str, np.ndarray]:
         """The next ``n`` samples, crossing into new segments (speeds) as needed."""
@@ -331,17 +349,23 @@ def collect_arm(
     sensors: SensorConfig | None = None,
     progress: bool = True,
 ) -> EpisodeStore:
-    """Collect a KUKA1/KUKA2-like dataset of ``arm`` (default the iiwa 14) into a new store at ``store_path``.
+    """Collect a KUKA1/KUKA2-like dataset of ``arm`` (default the iiwa 14) into the store at ``store_path``.
 
     The offline part (``offline`` samples) comes first, then the online part, each
     split evenly into one episode per speed of the family, in time order; the
     per-episode key ``online`` marks the part and ``speed`` the speed factor. The
     settings and the arm (file name, sha256, joints, limits, joint terms) go to the
-    store attributes. Returns the store (open for appending).
+    store attributes, and ``planned_rows`` says how many samples the finished store holds.
+
+    Each episode is committed as it is made. A store that exists is continued where it
+    stopped, if it was collected with the same settings (a crash, SIGTERM or Ctrl-C): the
+    streams move past the committed episodes with the same random draws, so the finished
+    store equals an uninterrupted collection. A finished store is returned unchanged.
+    SIGTERM or SIGINT stops the collection after the episode being made is committed
+    and raises :class:`~gpdyn.sim.stopping.CollectionStopped`. Returns the store,
+    closed (readable; its writer lock released).
     """
     store_path = Path(store_path)
-    if store_path.exists():
-        raise ArmConfigError(f"{store_path}: already exists; an arm collection writes a new store")
     if offline < 0 or online < 0 or offline + online < 1:
         raise ArmConfigError(f"need offline >= 0, online >= 0 and at least one sample, got {offline} and {online}")
     arm = arm if arm is not None else kuka_arm()
@@ -352,37 +376,86 @@ def collect_arm(
                         rate_hz=rate_hz, sensors=sensors)
         for part, name in ((OFFLINE, "offline"), (ONLINE, "online"))
     }
-    store = EpisodeStore.create(
-        store_path,
-        arm_fields(arm.n),
-        source="gpdyn.sim.arm",
-        env_id=arm.env_id,
-        dt=1.0 / rate_hz,
-        seed=seed,
-        episode_keys=arm_episode_keys(speed="float64"),
-        extra_attrs={
-            **arm.describe(),
-            "family": fam.name,
-            "family_config": asdict(fam),
-            "rate_hz": float(rate_hz),
-            "payload_kg": float(payload),
-            "payload_offset": [float(v) for v in payload_offset],
-            **asdict(sensors),
-            "offline_samples": int(offline),
-            "online_samples": int(online),
-            "torque_source": "mujoco.mj_inverse on the true state",
-            "tau_scale": [1.0] * arm.n,
-        },
-    )
-    with tqdm(total=offline + online, desc=f"{arm.path.stem} {fam.name}", unit="sample", disable=not progress) as bar:
-        for part, total in ((OFFLINE, offline), (ONLINE, online)):
-            stream = streams[part]
-            for length in split_evenly(total, len(stream.speeds)):
+    plan = [(part, length) for part, total in ((OFFLINE, offline), (ONLINE, online))
+            for length in split_evenly(total, len(streams[part].speeds))]
+    settings = {
+        "source": SOURCE,
+        "env_id": arm.env_id,
+        "dt": 1.0 / rate_hz,
+        "seed": seed,
+        **arm.describe(),
+        "family": fam.name,
+        "family_config": asdict(fam),
+        "rate_hz": float(rate_hz),
+        "payload_kg": float(payload),
+        "payload_offset": [float(v) for v in payload_offset],
+        **asdict(sensors),
+        "offline_samples": int(offline),
+        "online_samples": int(online),
+        "planned_rows": int(offline + online),
+        "torque_source": "mujoco.mj_inverse on the true state",
+        "tau_scale": [1.0] * arm.n,
+    }
+    store = _open_or_create(store_path, arm.n, settings)
+    try:
+        done = _committed_plan(store, plan)
+        with StopSignals() as stop, tqdm(total=offline + online, initial=store.n_rows, unit="sample",
+                                         desc=f"{arm.path.stem} {fam.name}", disable=not progress) as bar:
+            for i, (part, length) in enumerate(plan):
+                stream = streams[part]
+                if i < done:
+                    stream.skip_segment(length)
+                    continue
+                stop.check(f"{store.path} holds {store.n_episodes} of {len(plan)} episodes ({store.n_rows} of "
+                           f"{offline + online} samples)")
                 seg = stream.next_segment(length)
                 episode = {k: seg[k] for k in ("q", "qd", "qdd", "tau")}
                 store.append_episode(episode, online=part, speed=float(seg["speed"][0]))
                 bar.update(length)
+    finally:
+        store.close()
     return store
+
+
+def _open_or_create(path: Path, n_joints: int, settings: dict[str, Any]) -> EpisodeStore:
+    """A new store with ``settings`` as attributes, or the store at ``path`` if it was made with the same ones."""
+    # JSON round trip: the stored attributes come back as lists and plain numbers
+    want = json.loads(json.dumps(settings))
+    if not path.exists():
+        core = ("source", "env_id", "dt", "seed")
+        try:
+            return EpisodeStore.create(
+                path, arm_fields(n_joints), **{k: settings[k] for k in core},
+                episode_keys=arm_episode_keys(speed="float64"),
+                extra_attrs={k: v for k, v in settings.items() if k not in core},
+            )
+        except StoreError:
+            if not path.exists():
+                raise
+            # another collector created it meanwhile: continue it, or be refused by its lock
+    store = EpisodeStore.open(path, mode="a")
+    mismatched = [k for k, v in want.items() if store.attrs.get(k) != v]
+    if mismatched:
+        store.close()
+        raise ArmConfigError(
+            f"{path}: exists and was collected with different {', '.join(mismatched)}; continuing it would mix "
+            "settings (use the same options to finish it, or a new --store)"
+        )
+    return store
+
+
+def _committed_plan(store: EpisodeStore, plan: list[tuple[int, int]]) -> int:
+    """How many episodes of ``plan`` the store holds; anything but a prefix of the plan is refused."""
+    lengths, parts = store.episode_lengths, store.episode_values("online")
+    expected = np.array([length for _, length in plan[: len(lengths)]], dtype=np.int64)
+    if len(lengths) > len(plan) or not np.array_equal(lengths, expected) or not np.array_equal(
+        parts, [part for part, _ in plan[: len(parts)]]
+    ):
+        raise ArmConfigError(
+            f"{store.path}: its {len(lengths)} episodes (lengths {lengths.tolist()[:12]}) are not the start of this "
+            f"collection's {len(plan)} (lengths {[n for _, n in plan][:12]}); use a new --store"
+        )
+    return len(lengths)
 
 
 def torque_ranges(store: EpisodeStore) -> np.ndarray:

@@ -20,6 +20,7 @@ import multiprocessing as mp
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,14 @@ from gpdyn.data.store import DEFAULT_CHUNK_ROWS, EpisodeStore, FieldSpec, StoreE
 from gpdyn.errors import InputError
 from gpdyn.robots.walker import ENV_ID, FRAME_SKIP, NOBS, NQ, NU, OBS_CLIP, QPOS_NAMES, make_env
 from gpdyn.sim.policy import SHIPPED_POLICY, PolicyError, WalkerPolicy, load_policy, shipped_checkpoints
+from gpdyn.sim.stopping import CollectionStopped, StopSignals, signal_name
 
 SOURCE = "walker-trpo"
+# Finished episodes wait at most this long before they are committed. A commit costs
+# tens of milliseconds whatever its size (a write per field and the commit record), so
+# committing every episode as it comes would take that from the workers' cores.
+COMMIT_SECONDS = 1.0
+POLL_SECONDS = 0.2  # how often the parent looks at the stop flag while it waits for workers
 
 
 def walker_fields() -> dict[str, FieldSpec]:
@@ -126,8 +133,8 @@ def _init_worker(config: CollectConfig) -> None:
 
     import torch
 
-    # Ctrl-C is the parent's to handle (it keeps the finished episodes and terminates
-    # the pool); a worker killed by it while holding the task queue lock would hang the pool
+    # Ctrl-C reaches the whole process group: it is the parent's to handle (it commits the
+    # finished episodes and ends the workers)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)  # one process per core; more threads only contend
     _WORKER["env"] = make_env(config.env_id)
@@ -142,6 +149,71 @@ def _run_episode(index: int) -> tuple[int, dict[str, np.ndarray]]:
     policy_index = index % len(policies)
     episode = rollout(_WORKER["env"], policies[policy_index], reset_seed, config.noise, rng)
     return index, episode
+
+
+def _worker_main(config: CollectConfig, conn: Connection) -> None:
+    """A worker: receive an episode index, send ``(index, episode, None)`` back; ``None`` ends it.
+
+    A failure is sent as ``(index, None, exception)`` for the parent to raise. When the
+    parent is gone (its end of the pipe closed, however it ended) the worker ends too.
+    """
+    index = None
+    try:
+        _init_worker(config)
+        while (index := conn.recv()) is not None:
+            conn.send((*_run_episode(index), None))
+    except (EOFError, BrokenPipeError):
+        return
+    except BaseException as err:  # handed to the parent, which raises it with the episode named
+        try:
+            conn.send((index, None, err))
+        except Exception:  # an exception that does not pickle: its text is enough
+            conn.send((index, None, RuntimeError(f"{type(err).__name__}: {err}")))
+
+
+class _Worker:
+    """One worker process and the parent's end of its own pipe.
+
+    The pipe is the worker's alone (the parent closes the worker's end once it has
+    started), so the worker's death, however it dies, reads as end-of-file here: a shared
+    result queue would wait forever for a message a killed worker never finished.
+    """
+
+    def __init__(self, ctx: Any, config: CollectConfig, number: int) -> None:
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_worker_main, args=(config, child), name=f"collect-walker-{number}",
+                                   daemon=True)
+        self.process.start()
+        child.close()
+        self.index: int | None = None  # the episode it is running
+
+    def give(self, index: int) -> None:
+        self.index = index
+        self.conn.send(index)
+
+    def death(self) -> str:
+        """How the worker ended, after its pipe closed: exit status or signal."""
+        self.process.join(timeout=5)
+        code = self.process.exitcode
+        if code is None:
+            return "closed its pipe"
+        return f"was killed by {signal_name(-code)}" if code < 0 else f"exited with status {code}"
+
+    def stop(self, wait: bool) -> None:
+        """End the worker: politely between episodes (``wait``), else at once."""
+        if wait and self.process.is_alive():
+            try:
+                self.conn.send(None)
+            except OSError:
+                pass
+            self.process.join(timeout=5)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(timeout=5)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self.conn.close()
 
 
 # ---------------------------------------------------------------- collection
@@ -167,12 +239,34 @@ def _open_or_create(path: Path, config: CollectConfig) -> EpisodeStore:
             dt = float(env.unwrapped.dt)
         finally:
             env.close()
-        return EpisodeStore.create(
-            path, walker_fields(), source=SOURCE, env_id=config.env_id, dt=dt, seed=config.seed,
-            episode_keys=EPISODE_KEYS, extra_attrs=attrs,
-        )
+        try:
+            return EpisodeStore.create(
+                path, walker_fields(), source=SOURCE, env_id=config.env_id, dt=dt, seed=config.seed,
+                episode_keys=EPISODE_KEYS, extra_attrs=attrs,
+            )
+        except StoreError:
+            if not path.exists():
+                raise
+            # another collector created it meanwhile: continue it, or be refused by its lock
     store = EpisodeStore.open(path, mode="a")
-    old = store.attrs
+    try:
+        _check_settings(store, config, attrs)
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def _hashes(policies: Any) -> Any:
+    """The sha256 of each policy entry of the attribute ``policies`` (a damaged attribute as it is)."""
+    if isinstance(policies, list) and all(isinstance(p, dict) for p in policies):
+        return [p.get("sha256") for p in policies]
+    return policies
+
+
+def _check_settings(store: EpisodeStore, config: CollectConfig, attrs: dict[str, Any]) -> None:
+    """Refuse to continue a store collected with other settings."""
+    path, old = store.path, store.attrs
     if old.get("source") != SOURCE or old.get("env_id") != config.env_id:
         raise StoreError(f"{path}: holds {old.get('source')}/{old.get('env_id')} data, not {SOURCE}/{config.env_id}")
     mismatched = [
@@ -180,7 +274,7 @@ def _open_or_create(path: Path, config: CollectConfig) -> EpisodeStore:
         for name, have, want in (
             ("seed", old.get("seed"), config.seed),
             ("noise", old.get("noise"), attrs["noise"]),
-            ("policies (sha256)", [p["sha256"] for p in old.get("policies", [])], [p["sha256"] for p in attrs["policies"]]),
+            ("policies (sha256)", _hashes(old.get("policies")), _hashes(attrs["policies"])),
         )
         if have != want
     ]
@@ -189,7 +283,6 @@ def _open_or_create(path: Path, config: CollectConfig) -> EpisodeStore:
             f"{path}: was collected with different {', '.join(mismatched)}; continuing it would mix settings "
             "(use the same --seed/--noise/--policy, or a new --store)"
         )
-    return store
 
 
 def resolve_policies(policy: Sequence[Path] | None = None, mix: bool = False) -> tuple[Path, ...]:
@@ -210,6 +303,96 @@ def resolve_policies(policy: Sequence[Path] | None = None, mix: bool = False) ->
     return tuple(p.resolve() for p in paths)
 
 
+class _Committer:
+    """Finished episodes into the store, in episode order, in whole-episode batches.
+
+    Workers finish episodes out of order; an episode is committed once every episode
+    before it has been. A batch is written when ``every`` seconds have passed since the
+    last commit (or it fills a zarr chunk), and on :meth:`commit` with ``force``.
+    """
+
+    def __init__(self, store: EpisodeStore, config: CollectConfig, every: float) -> None:
+        self.store = store
+        self.config = config
+        self.every = every
+        self.ready: dict[int, dict[str, np.ndarray]] = {}
+        self.next = store.n_episodes  # the index of the next episode to commit
+        self.last = time.monotonic()
+
+    def commit(self, force: bool = False) -> None:
+        batch = []
+        while self.next + len(batch) in self.ready:
+            batch.append(self.next + len(batch))
+        rows = sum(self.ready[i]["reward"].shape[0] for i in batch)
+        if not batch or not (force or rows >= DEFAULT_CHUNK_ROWS or time.monotonic() - self.last >= self.every):
+            return
+        episodes = [self.ready.pop(i) for i in batch]
+        values = [
+            {"reset_seed": episode_rng(self.config.seed, i)[0], "policy": i % len(self.config.policies),
+             "return": float(ep["reward"].sum())}
+            for i, ep in zip(batch, episodes)
+        ]
+        self.store.append_episodes(episodes, values)
+        self.next += len(batch)
+        self.last = time.monotonic()
+
+    def kept(self) -> str:
+        return f"{self.store.path} holds {self.store.n_episodes} committed episodes ({self.store.n_rows} transitions)"
+
+
+def _collect(store: EpisodeStore, config: CollectConfig, episodes: int, envs: int, stop: StopSignals, bar: Any,
+             commit_seconds: float) -> None:
+    """Run episodes ``store.n_episodes .. episodes - 1`` in ``envs`` workers and commit them.
+
+    On a stop signal, a worker that dies or an error, the finished episodes that can be
+    committed in order are committed first; then :class:`CollectionStopped` (or the
+    error) is raised.
+    """
+    committer = _Committer(store, config, commit_seconds)
+    todo = iter(range(store.n_episodes, episodes))
+    ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+    workers: list[_Worker] = []
+    dead: tuple[_Worker, int] | None = None
+    finished = False
+    try:
+        for number in range(min(envs, episodes - store.n_episodes)):
+            workers.append(_Worker(ctx, config, number))
+            workers[-1].give(next(todo))
+        while committer.next < episodes and stop.signum is None and dead is None:
+            busy = {w.conn: w for w in workers if w.index is not None}
+            for conn in wait(list(busy), timeout=POLL_SECONDS):
+                worker = busy[conn]
+                try:
+                    index, episode, error = conn.recv()
+                except (EOFError, OSError):  # the worker died: its pipe closed, maybe mid-message
+                    dead = worker, worker.index
+                    break
+                if error is not None:
+                    raise error
+                worker.index = None
+                committer.ready[index] = episode
+                following = next(todo, None)
+                if following is not None:
+                    worker.give(following)
+                bar.update(1)
+            committer.commit()
+        finished = committer.next == episodes
+    finally:
+        try:
+            committer.commit(force=True)
+        finally:
+            for worker in workers:
+                worker.stop(wait=finished)
+    if dead is not None:
+        worker, index = dead
+        raise CollectionStopped(
+            f"worker process {worker.process.pid} {worker.death()} while running episode {index}; "
+            f"{committer.kept()}. Rerun the same command to continue.",
+            1,
+        )
+    stop.check(committer.kept())
+
+
 def collect_walker(
     store_path: str | Path,
     episodes: int,
@@ -220,13 +403,16 @@ def collect_walker(
     envs: int = 2,
     seed: int = 0,
     progress: bool = True,
+    commit_seconds: float = COMMIT_SECONDS,
 ) -> dict[str, Any]:
     """Fill ``store_path`` up to ``episodes`` episodes with Walker2d rollouts.
 
     A store that exists is continued (same seed, noise and policies required).
-    Episodes run in ``envs`` worker processes and are written in order, in buffered
-    batches of about one zarr chunk, so memory does not grow with ``episodes``.
-    Returns counts and timing.
+    Episodes run in ``envs`` worker processes and are committed in order, whole
+    episodes at a time, at most ``commit_seconds`` after they finish, so that a crash
+    loses only those and the ones still running, and memory does not grow with
+    ``episodes``. SIGTERM or SIGINT, or a worker that dies, commits what has finished
+    and raises :class:`~gpdyn.sim.stopping.CollectionStopped`. Returns counts and timing.
     """
     from tqdm import tqdm
 
@@ -243,44 +429,19 @@ def collect_walker(
             load_policy(p, env=probe)
     finally:
         probe.close()
-    store = _open_or_create(Path(store_path), config)
-    start = store.n_episodes
-    todo = range(start, episodes)
     t0 = time.perf_counter()
-    rows = 0
-    buffer: list[dict[str, np.ndarray]] = []
-    values: list[dict[str, Any]] = []
-
-    def flush() -> None:
-        if buffer:
-            store.append_episodes(buffer, values)
-            buffer.clear()
-            values.clear()
-
-    if len(todo):
-        ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
-        bar = tqdm(total=len(todo), unit="ep", desc=f"collect walker ({envs} envs)", disable=not progress)
-        buffered_rows = 0
+    with StopSignals() as stop:
+        store = _open_or_create(Path(store_path), config)
         try:
-            with ctx.Pool(min(envs, len(todo)), initializer=_init_worker, initargs=(config,)) as pool:
-                for index, episode in pool.imap(_run_episode, todo):
-                    n = episode["reward"].shape[0]
-                    buffer.append(episode)
-                    values.append(
-                        {"reset_seed": episode_rng(config.seed, index)[0], "policy": index % len(config.policies),
-                         "return": float(episode["reward"].sum())}
-                    )
-                    buffered_rows += n
-                    rows += n
-                    if buffered_rows >= DEFAULT_CHUNK_ROWS:
-                        flush()
-                        buffered_rows = 0
-                    bar.update(1)
-                    bar.set_postfix(steps=rows, refresh=False)
+            start, rows_before = store.n_episodes, store.n_rows
+            if start < episodes:
+                with tqdm(total=episodes - start, unit="ep", desc=f"collect walker ({envs} envs)",
+                          disable=not progress) as bar:
+                    _collect(store, config, episodes, envs, stop, bar, commit_seconds)
         finally:
-            flush()  # whole episodes collected before an interruption are kept
-            bar.close()
+            store.close()
     seconds = time.perf_counter() - t0
+    rows = store.n_rows - rows_before
     return {
         "store": str(store.path),
         "episodes_before": start,
