@@ -8,6 +8,8 @@
   (throughput), unless one is named.
 - threads: torch CPU threads, 1 by default: on small machines a second thread gains
   little and collapses when another process is busy.
+- memory: :func:`check_memory` refuses sizes that would need more than :func:`memory_limit`
+  (half the device's memory) before any work starts.
 - :func:`sync`: waits for a device's queued work, for timing only (never in hot paths).
 """
 
@@ -22,6 +24,7 @@ from gpdyn.errors import InputError
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64}
 DEVICE_TYPES = ("cpu", "cuda")
 MAX_THREADS = 4 * (os.cpu_count() or 1)  # far past any gain; larger counts crash some BLAS builds
+MAX_SEED = 2**32 - 1  # the largest seed numpy's legacy generators and gymnasium's reset accept
 
 
 def resolve_device(name: str | torch.device, option: str = "--device") -> torch.device:
@@ -68,6 +71,30 @@ def set_threads(threads: int, option: str = "--threads") -> None:
     torch.set_num_threads(int(threads))
 
 
+#: the share of a device's memory one array set of a job may ask for: sizes past it are
+#: refused up front, not left to the allocator (a traceback) or the OOM killer (a hang, then a kill)
+MEMORY_SHARE = 0.5
+
+
+def memory_limit(device: str | torch.device = "cpu") -> int:
+    """Bytes a job may allocate on ``device``: :data:`MEMORY_SHARE` of its physical memory."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(device.index or 0).total_memory
+    else:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return int(MEMORY_SHARE * total)
+
+
+def check_memory(nbytes: float, what: str, device: str | torch.device = "cpu") -> None:
+    """Raise InputError when ``what`` (the options that size it, e.g. "--samples 10^7 x --horizon 30")
+    needs more than :func:`memory_limit` bytes on ``device``."""
+    limit = memory_limit(device)
+    if nbytes > limit:
+        raise InputError(f"{what} needs about {nbytes / 2**30:.3g} GiB, more than the {limit / 2**30:.3g} GiB "
+                         f"({MEMORY_SHARE:.0%} of {torch.device(device).type} memory) gpdyn allows; choose smaller sizes")
+
+
 def sync(device: str | torch.device) -> None:
     """Wait for the work queued on ``device`` (CUDA); nothing on the CPU. For timing only."""
     device = torch.device(device)
@@ -75,4 +102,5 @@ def sync(device: str | torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-__all__ = ["DTYPES", "dtype_name", "resolve_device", "resolve_dtype", "set_threads", "sync"]
+__all__ = ["DTYPES", "MAX_SEED", "MEMORY_SHARE", "check_memory", "dtype_name", "memory_limit", "resolve_device", "resolve_dtype",
+           "set_threads", "sync"]

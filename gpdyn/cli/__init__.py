@@ -74,6 +74,13 @@ def _handler(args: argparse.Namespace) -> Callable[[argparse.Namespace], int | N
     return getattr(importlib.import_module(module_name), func_name)
 
 
+def _out_of_memory(err: RuntimeError) -> bool:
+    """Whether torch's allocator refused (CPU: "can't allocate memory"; CUDA: torch.OutOfMemoryError)."""
+    import torch
+
+    return isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in str(err)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command in ``argv`` (default ``sys.argv[1:]``); return its exit status."""
     try:
@@ -91,6 +98,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(_handler(args)(args) or 0)
     except InputError as err:
         print(f"gpdyn {name}: error: {err}", file=sys.stderr)
+        return EXIT_INPUT
+    except (MemoryError, RuntimeError) as err:
+        # sizes that the options' own checks (gpdyn.device.check_memory) could not foresee:
+        # the allocator's refusal is still the user's sizes, not a bug
+        if not isinstance(err, MemoryError) and not _out_of_memory(err):
+            raise
+        print(f"gpdyn {name}: error: out of memory ({str(err).splitlines()[0][:200]}); choose smaller sizes",
+              file=sys.stderr)
         return EXIT_INPUT
     except KeyboardInterrupt:
         print(f"gpdyn {name}: interrupted", file=sys.stderr)

@@ -8,12 +8,14 @@ importers); the stages are imported only when a command runs, so ``--help`` stay
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpdyn.cli.common import RegistryNames, add_out
+from gpdyn.cli.common import (COUNT, NON_NEGATIVE, NON_NEGATIVE_INT, NON_NEGATIVE_LIST, POSITIVE, POSITIVE_LIST, SEED, Number,
+                              RegistryNames, add_out)
 
 if TYPE_CHECKING:
     from gpdyn.sim.stopping import CollectionStopped
@@ -22,13 +24,7 @@ FAMILY_NAMES = RegistryNames("gpdyn.sim.arm", "FAMILIES")  # trajectory families
 IMPORT_UNITS = RegistryNames("gpdyn.data.importers", "UNITS")  # what imported input columns hold
 
 
-def float_list(text: str) -> list[float]:
-    """``"0.5"`` or ``"0.5,0.5,0.3"``: one value for every joint or one per joint."""
-    try:
-        values = [float(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number or a comma-separated list of numbers") from None
-    return values
+ENVS = Number(int, 1, 4 * (os.cpu_count() or 1))  # worker processes: past the cores they only wait
 
 
 def add_arm_options(p: argparse.ArgumentParser, robot: str) -> None:
@@ -36,7 +32,7 @@ def add_arm_options(p: argparse.ArgumentParser, robot: str) -> None:
     if robot == "arm":
         p.add_argument("--model", type=Path, required=True, help="MJCF file of the arm (hinge joints, one motor or "
                                                                   "position actuator per joint)")
-        p.add_argument("--velocity-limits", type=float_list, default=None, metavar="V[,V...]",
+        p.add_argument("--velocity-limits", type=POSITIVE_LIST, default=None, metavar="V[,V...]",
                        help="joint velocity limits in rad/s that trajectories keep inside (MJCF has none; default: "
                             "positions bound the motion alone)")
         p.add_argument("--payload-body", default=None,
@@ -45,7 +41,7 @@ def add_arm_options(p: argparse.ArgumentParser, robot: str) -> None:
             else "replaces the shipped estimate (a guess, not an identified value)")
     for option, text in (("damping", "joint damping, N m s/rad"), ("armature", "rotor armature, kg m^2"),
                          ("friction", "dry joint friction, N m")):
-        p.add_argument(f"--{option}", type=float_list, default=None, metavar="V[,V...]",
+        p.add_argument(f"--{option}", type=NON_NEGATIVE_LIST, default=None, metavar="V[,V...]",
                        help=f"{text}, one value or one per joint; {note}")
 
 
@@ -67,7 +63,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     p = collect.add_parser("walker", help="Walker2d rollouts of a TRPO policy")
     p.add_argument("--store", type=Path, required=True, help="zarr store (created, or continued if it exists)")
-    p.add_argument("--episodes", type=int, required=True, help="total episodes the store should hold")
+    p.add_argument("--episodes", type=COUNT, required=True, help="total episodes the store should hold")
     p.add_argument(
         "--policy", type=Path, action="append", default=None,
         help="policy file (default: the shipped policy); repeat it to cycle episodes over several policies",
@@ -76,9 +72,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--mix", action="store_true",
         help="cycle episodes over the shipped training checkpoints and the final policy (several gaits)",
     )
-    p.add_argument("--noise", type=float, default=0.0, help="std of Gaussian action noise")
-    p.add_argument("--envs", type=int, default=2, help="environments in parallel")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--noise", type=NON_NEGATIVE, default=0.0, help="std of Gaussian action noise")
+    p.add_argument("--envs", type=ENVS, default=2, help="environments in parallel")
+    p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--video", type=Path, default=None, help="also write an MP4 of the first episode")
     add_out(p)
     p.set_defaults(handler="gpdyn.cli.collect:collect_walker")
@@ -89,16 +85,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         if robot == "arm":
             add_arm_options(p, robot)
         p.add_argument("--store", type=Path, required=True)
-        p.add_argument("--offline", type=int, default=17560, help="offline samples (default 17560, as KUKA1)")
-        p.add_argument("--online", type=int, default=180360, help="online samples (default 180360, as KUKA1)")
-        p.add_argument("--payload", type=float, default=0.0, help="end-effector payload in kg")
+        p.add_argument("--offline", type=NON_NEGATIVE_INT, default=17560, help="offline samples (default 17560, as KUKA1)")
+        p.add_argument("--online", type=NON_NEGATIVE_INT, default=180360, help="online samples (default 180360, as KUKA1)")
+        p.add_argument("--payload", type=NON_NEGATIVE, default=0.0, help="end-effector payload in kg")
         p.add_argument("--family", choices=FAMILY_NAMES, default="kuka1", metavar="NAME",
                        help="trajectory family: %(choices)s (default kuka1)")
-        p.add_argument("--seed", type=int, default=0)
-        p.add_argument("--rate", type=float, default=100.0,
+        p.add_argument("--seed", type=SEED, default=0)
+        p.add_argument("--rate", type=POSITIVE, default=100.0,
                        help="sample rate in Hz, a whole number of the model's simulation steps")
-        p.add_argument("--torque-noise", type=float, default=0.0, help="std of torque sensor noise, N m")
-        p.add_argument("--position-noise", type=float, default=0.0, help="std of position sensor noise, rad")
+        p.add_argument("--torque-noise", type=NON_NEGATIVE, default=0.0, help="std of torque sensor noise, N m")
+        p.add_argument("--position-noise", type=NON_NEGATIVE, default=0.0, help="std of position sensor noise, rad")
         p.add_argument(
             "--derivatives", choices=("exact", "fd"), default="exact",
             help="exact qd, qdd or finite differences of measured q",
@@ -119,7 +115,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         p = imp.add_parser(fmt, help=text)
         p.add_argument("files", nargs="+", type=Path)
         p.add_argument("--store", type=Path, required=True)
-        p.add_argument("--torque-scale", type=float_list, default=None, metavar="S[,S...]",
+        p.add_argument("--torque-scale", type=POSITIVE_LIST, default=None, metavar="S[,S...]",
                        help=f"factors the file's torques were divided by (N m = value x factor), one value or one "
                             f"per joint; kept in the store attribute tau_scale (default {scale})")
         p.add_argument("--units", choices=IMPORT_UNITS, default=units, metavar="UNITS",
@@ -219,5 +215,5 @@ def import_files(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["FAMILY_NAMES", "IMPORT_UNITS", "add_arm_options", "add_parsers", "arm_from_args", "collect_arm", "collect_walker", "float_list",
+__all__ = ["FAMILY_NAMES", "IMPORT_UNITS", "add_arm_options", "add_parsers", "arm_from_args", "collect_arm", "collect_walker",
            "import_files"]

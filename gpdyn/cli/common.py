@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 from collections.abc import Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -97,6 +98,65 @@ def add_preset(p: argparse.ArgumentParser, what: str = "the learner's") -> None:
 
 def add_problem(p: argparse.ArgumentParser) -> None:
     p.add_argument("--problem", choices=PROBLEM_NAMES, required=True, metavar="NAME", help="regression problem: %(choices)s")
+
+
+class Number:
+    """An argparse ``type``: a number of ``kind`` (int or float) in a range, finite.
+
+    ``low``/``high`` bound it (``open_low``: strictly above ``low``); a value outside, NaN,
+    inf or text that is no number is an argparse error naming the option (exit 2). Numbers
+    that size memory are bounded where the memory is known (:func:`gpdyn.device.check_memory`).
+    """
+
+    def __init__(self, kind: type = int, low: float | None = None, high: float | None = None, *,
+                 open_low: bool = False) -> None:
+        self.kind, self.low, self.high, self.open_low = kind, low, high, open_low
+        self.__name__ = "integer" if kind is int else "number"  # argparse names the type by it
+
+    def describe(self) -> str:
+        def show(v: float) -> str:
+            return str(int(v)) if float(v).is_integer() else f"{v:g}"
+
+        parts = []
+        if self.low is not None:
+            parts.append(f"{'>' if self.open_low else '>='} {show(self.low)}")
+        if self.high is not None:
+            parts.append(f"<= {show(self.high)}")
+        return f"{'an integer' if self.kind is int else 'a finite number'}{' ' if parts else ''}{' and '.join(parts)}"
+
+    def __call__(self, text: str) -> int | float:
+        try:
+            value = self.kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not {self.describe()}") from None
+        ok = math.isfinite(value)
+        if ok and self.low is not None:
+            ok = value > self.low if self.open_low else value >= self.low
+        if ok and self.high is not None:
+            ok = value <= self.high
+        if not ok:
+            raise argparse.ArgumentTypeError(f"{text} is out of range: must be {self.describe()}")
+        return value
+
+
+class Numbers(Number):
+    """An argparse ``type``: comma-separated numbers, each checked as :class:`Number` (``"0.5"`` or ``"0.5,0.5,0.3"``)."""
+
+    def __call__(self, text: str) -> list[int | float]:  # type: ignore[override]
+        items = [s.strip() for s in text.split(",")]
+        if not all(items):
+            raise argparse.ArgumentTypeError(f"'{text}': expected comma-separated numbers, each {self.describe()}")
+        return [super(Numbers, self).__call__(item) for item in items]
+
+
+COUNT = Number(int, 1)  # iterations, episodes, samples, repeats: at least one
+NON_NEGATIVE_INT = Number(int, 0)
+SEED = Number(int, 0, 2**32 - 1)  # gpdyn.device.MAX_SEED (not imported here: it imports torch)
+NON_NEGATIVE = Number(float, 0)  # noise levels, weights, masses
+POSITIVE = Number(float, 0, open_low=True)  # rates, speeds, factors, step sizes
+FRACTION = Number(float, 0, 1)
+POSITIVE_LIST = Numbers(float, 0, open_low=True)  # velocity limits, torque scales, step sizes
+NON_NEGATIVE_LIST = Numbers(float, 0)  # joint damping, armature, friction
 
 
 def comma_list(text: str) -> list[str]:

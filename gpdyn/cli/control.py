@@ -9,20 +9,24 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from gpdyn.cli.common import DTYPE_NAMES, PRESET_NAMES, add_device, add_learner, add_out
+from gpdyn.cli.common import (COUNT, DTYPE_NAMES, FRACTION, NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, PRESET_NAMES, SEED,
+                              Number, add_device, add_learner, add_out)
+
+
+SAMPLES = Number(int, 2)  # a sampling planner compares at least two sequences
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
     """The options of every control run: the learner, its data, the run's length and seed, the controllers."""
     add_learner(p)
     p.add_argument("--store", type=Path, default=None, help="rollouts to pretrain the model on (default: collect a few)")
-    p.add_argument("--steps", type=int, default=None, help="control steps per episode (walker 100, kuka 400)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--change-at", type=int, default=None, help="step of the plant change (walker: 0 = from the start)")
+    p.add_argument("--steps", type=COUNT, default=None, help="control steps per episode (walker 100, kuka 400)")
+    p.add_argument("--seed", type=SEED, default=0)
+    p.add_argument("--change-at", type=NON_NEGATIVE_INT, default=None, help="step of the plant change (walker: 0 = from the start)")
     p.add_argument("--controllers", default=None, help="comma-separated (walker: trpo,true,frozen,online; kuka: pd,true,frozen,online)")
     p.add_argument("--scale", choices=PRESET_NAMES, default=None, metavar="PRESET",
                    help="learner sizes, a preset of %(choices)s (default small)")
-    p.add_argument("--pretrain-iterations", type=int, default=None,
+    p.add_argument("--pretrain-iterations", type=NON_NEGATIVE_INT, default=None,
                    help="minibatch steps on the stored data before control (default 100)")
     p.add_argument("--adapt", choices=("residual", "steps"), default=None,
                    help="online model: an exact GP on the frozen model's residuals (default), or the learner's own steps")
@@ -37,49 +41,49 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     p = robots.add_parser("walker", help="Walker2d: MPC with a learned model beside the TRPO policy and the true model")
     add_common(p)
-    p.add_argument("--episodes", type=int, default=None,
+    p.add_argument("--episodes", type=COUNT, default=None,
                    help="consecutive episodes per controller and condition (default 1); the online model is "
                         "kept across them, the frozen one stays as pretrained")
     p.add_argument("--planner", choices=("mppi", "cem"), default=None, help="MPC planner (default mppi)")
     p.add_argument("--cost", choices=("reward", "track"), default=None,
                    help="what the planner minimises, minus the Walker2d reward (default) or the distance of the "
                         "predicted next velocities to those of the nominal plant under the TRPO policy (policy transfer)")
-    p.add_argument("--track-offset-weight", type=float, default=None,
+    p.add_argument("--track-offset-weight", type=NON_NEGATIVE, default=None,
                    help="--cost track: price of an action offset to the policy, (rad/s)^2 per unit^2 (default 10)")
-    p.add_argument("--samples", type=int, default=None, help="K sampled sequences (default 64; paper 1000)")
-    p.add_argument("--sim-samples", type=int, default=None, help="K for the true-simulator MPC (default 32)")
-    p.add_argument("--horizon", type=int, default=None, help="H steps (default 10; paper 30)")
-    p.add_argument("--noise-std", type=float, default=None, help="sampling noise, action units (default 0.2)")
-    p.add_argument("--temperature", type=float, default=None,
+    p.add_argument("--samples", type=SAMPLES, default=None, help="K sampled sequences (default 64; paper 1000)")
+    p.add_argument("--sim-samples", type=SAMPLES, default=None, help="K for the true-simulator MPC (default 32)")
+    p.add_argument("--horizon", type=COUNT, default=None, help="H steps (default 10; paper 30)")
+    p.add_argument("--noise-std", type=POSITIVE, default=None, help="sampling noise, action units (default 0.2)")
+    p.add_argument("--temperature", type=POSITIVE, default=None,
                    help="MPPI temperature, reward units (default 0.5): the larger, the more samples the plan averages")
-    p.add_argument("--control-cost", type=float, default=None,
+    p.add_argument("--control-cost", type=FRACTION, default=None,
                    help="weight in [0, 1] on MPPI's control cost lambda u'Sigma^-1 eps (default 0): 1 keeps the "
                         "plan a KL-regularised improvement of the TRPO proposal instead of drifting from it")
     p.add_argument("--relative-to-proposal", action="store_true", default=None,
                    help="plan offsets to the TRPO policy's closed-loop actions (the zero offset is the policy)")
-    p.add_argument("--proposal-tail", type=int, default=None,
+    p.add_argument("--proposal-tail", type=NON_NEGATIVE_INT, default=None,
                    help="steps the TRPO policy alone runs through the model after the horizon, before the "
                         "terminal value (default 0)")
     p.add_argument("--cold-start", dest="warm_start", action="store_const", const=False, default=None,
                    help="every plan starts afresh from the policy (zero offsets with --relative-to-proposal) "
                         "instead of the previous plan shifted; the weights then rest on the model's costs alone")
     p.add_argument("--uncertainty", choices=("mean", "penalty", "sample"), default=None, help="use of the predictive variance")
-    p.add_argument("--var-weight", type=float, default=None, help="weight of the variance penalty")
+    p.add_argument("--var-weight", type=NON_NEGATIVE, default=None, help="weight of the variance penalty")
     p.add_argument("--terminal-value", action="store_true", default=None,
                    help="the TRPO critic's value of each sample's last state joins its cost")
     p.add_argument("--target", choices=("change", "velocity"), default=None,
                    help="what the learner predicts, the velocity change over the step (default) or the next velocity")
     p.add_argument("--change", choices=("torso_mass", "foot_friction", "weak_motor"), default=None, help="plant change")
-    p.add_argument("--change-factor", type=float, default=None,
+    p.add_argument("--change-factor", type=POSITIVE, default=None,
                    help="scale of the plant change (default torso mass x1.3, foot friction x0.5, motor x0.5)")
     p.add_argument("--conditions", default=None, help="comma-separated nominal,changed")
     p.add_argument("--residual-gate", action="store_true", default=None,
                    help="--adapt residual: add the residual GP to an output's prediction only while it has "
                         "predicted that output better than the frozen model (prequential errors)")
-    p.add_argument("--residual-gate-z", type=float, default=None,
+    p.add_argument("--residual-gate-z", type=NON_NEGATIVE, default=None,
                    help="with --residual-gate: the residual goes in only once its average improvement is "
                         "this many standard errors above zero (default 0: the plain comparison)")
-    p.add_argument("--residual-forget", type=float, default=None,
+    p.add_argument("--residual-forget", type=Number(float, 0, 1, open_low=True), default=None,
                    help="--residual-kernel linear: weight forget**k on a transition k steps old (default 1: none)")
     p.add_argument("--residual-kernel", choices=("se", "linear"), default=None,
                    help="--adapt residual: the residual GP's kernel, SE over all inputs (default) or linear "

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpdyn.cli.collect import FAMILY_NAMES, add_arm_options
+from gpdyn.cli.common import NON_NEGATIVE, POSITIVE
 
 # the options copied onto ArmRunConfig when given
 ARM_OPTIONS = ("steps", "change_at", "payload", "controllers", "scale", "adapt", "dtype", "pretrain_iterations",
@@ -23,14 +24,14 @@ def add_parsers(robots: argparse._SubParsersAction, add_common: Callable[[argpar
         p = robots.add_parser(robot, help=text)
         add_common(p)
         add_arm_options(p, robot)
-        p.add_argument("--payload", type=float, default=None,
+        p.add_argument("--payload", type=NON_NEGATIVE, default=None,
                        help="payload in kg added at --change-at (default: 3 for kuka, none for arm)")
         p.add_argument("--from-run", type=Path, default=None,
                        help="a `gpdyn learn` run folder on this arm's store (problem arm or kuka): its learner is "
                             "the model instead of one pretrained here; its store is the default --store")
         p.add_argument("--family", choices=FAMILY_NAMES, default=None, metavar="NAME",
                        help="trajectory family of the reference motion: %(choices)s (default kuka1)")
-        p.add_argument("--speed", type=float, default=None, help="speed factor of the reference motion (default 1)")
+        p.add_argument("--speed", type=POSITIVE, default=None, help="speed factor of the reference motion (default 1)")
         p.set_defaults(handler="gpdyn.cli.control_arm:cli_control_arm")
 
 

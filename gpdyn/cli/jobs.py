@@ -12,7 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from gpdyn.cli.common import (
+    COUNT,
     LEARNER_NAMES,
+    POSITIVE_LIST,
+    SEED,
+    Number,
     add_device,
     add_dtype,
     add_learner,
@@ -54,21 +58,13 @@ def learner_size_option(text: str) -> tuple[str, str, Any]:
     return (learner, *size_option(rest))
 
 
-def float_list(text: str) -> list[float]:
-    """``"0.1,0.01"`` -> ``[0.1, 0.01]`` (an argparse ``type``)."""
-    try:
-        return [float(s) for s in comma_list(text)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}': expected comma-separated numbers, e.g. 0.1,0.01,0.001") from None
-
-
 def _add_protocol(p: argparse.ArgumentParser) -> None:
     """The options of SVDGP Algorithm 1 that learn and replay share."""
-    p.add_argument("--iterations", type=int, default=2000, help="iterations T (default 2000)")
-    p.add_argument("--batch-size", type=int, default=1024, help="minibatch N_m (default 1024)")
-    p.add_argument("--n-delta", type=int, default=128, help="basis functions added per iteration (default 128)")
-    p.add_argument("--eval-every", type=int, default=100, help="iterations between held-out evaluations (default 100)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--iterations", type=COUNT, default=2000, help="iterations T (default 2000)")
+    p.add_argument("--batch-size", type=COUNT, default=1024, help="minibatch N_m (default 1024)")
+    p.add_argument("--n-delta", type=COUNT, default=128, help="basis functions added per iteration (default 128)")
+    p.add_argument("--eval-every", type=COUNT, default=100, help="iterations between held-out evaluations (default 100)")
+    p.add_argument("--seed", type=SEED, default=0)
 
 
 # --- demo --------------------------------------------------------------------------
@@ -77,7 +73,7 @@ def _add_protocol(p: argparse.ArgumentParser) -> None:
 def add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="the main job: the whole pipeline on a small default")
     add_out(p)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=SEED, default=0)
     p.set_defaults(handler=run_demo)
 
 
@@ -173,16 +169,16 @@ def add_replay(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--protocol", choices=("iid", "ordered"), default="iid",
                    help="iid minibatches (SVDGP), or init on the offline part then stream in order (ILGR)")
     _add_protocol(p)
-    p.add_argument("--init-iterations", type=int, default=200, help="ordered protocol: iterations on the offline part")
-    p.add_argument("--eval-rows", type=int, default=None,
+    p.add_argument("--init-iterations", type=COUNT, default=200, help="ordered protocol: iterations on the offline part")
+    p.add_argument("--eval-rows", type=COUNT, default=None,
                    help="score on a seeded subset of this many held-out rows (default: all of them)")
     add_preset(p, "every learner's")
     p.add_argument("--size", type=learner_size_option, action="append", default=[], metavar="LEARNER.KEY=VALUE",
                    help="learner option, e.g. svdgp.m_alpha=4096 (repeatable)")
-    p.add_argument("--select-lr", type=float_list, default=None, metavar="G1,G2,...",
+    p.add_argument("--select-lr", type=POSITIVE_LIST, default=None, metavar="G1,G2,...",
                    help="choose each learner's step size gamma_0 from these by its objective after "
                         "--select-iterations iterations, as SVDGP Section 4 (e.g. 0.1,0.01,0.001)")
-    p.add_argument("--select-iterations", type=int, default=100)
+    p.add_argument("--select-iterations", type=COUNT, default=100)
     add_dtype(p)
     add_device(p)
     add_out(p)
@@ -226,7 +222,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         dest="target", metavar="TARGET", required=True
     )
     p = bench.add_parser("learners", help="time and memory per step of the learners at the papers' sizes")
-    p.add_argument("--repeats", type=int, default=3, help="timed steps per configuration (default 3)")
+    p.add_argument("--repeats", type=COUNT, default=3, help="timed steps per configuration (default 3)")
     p.add_argument("--only", type=comma_list, default=None, metavar="A,B,...",
                    help="configuration names to run (default all)")
     add_dtype(p)
@@ -240,9 +236,9 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run_bench_wiski)
 
     p = bench.add_parser("mpc", help="MPC control steps per second with learned models")
-    p.add_argument("--samples", type=int, default=1000, help="K sampled sequences (default 1000)")
-    p.add_argument("--horizon", type=int, default=30, help="H steps (default 30)")
-    p.add_argument("--repeats", type=int, default=1, help="timed control steps per model after a warm-up")
+    p.add_argument("--samples", type=Number(int, 2), default=1000, help="K sampled sequences (default 1000)")
+    p.add_argument("--horizon", type=COUNT, default=30, help="H steps (default 30)")
+    p.add_argument("--repeats", type=COUNT, default=1, help="timed control steps per model after a warm-up")
     p.add_argument("--models", type=comma_list, default=None, metavar="A,B",
                    help="svdgp (M_alpha 128^2), wiski or both (default both)")
     add_device(p)

@@ -75,6 +75,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gpdyn.device import check_memory
 from gpdyn.errors import InputError
 
 DynamicsOut = Tensor | tuple[Tensor, Tensor]
@@ -138,6 +139,19 @@ class MPCConfig:
         stds = self.noise_std if isinstance(self.noise_std, (list, tuple)) else [self.noise_std]
         if not all(math.isfinite(s) and s > 0 for s in stds):
             raise MPCConfigError(f"MPC option noise_std={self.noise_std!r} must be finite and > 0")
+
+    def memory_bytes(self, nx: int, nu: int, itemsize: int = 8) -> int:
+        """Bytes a plan holds at once: the ``[K, H, nu]`` noise, actions and their weighted
+        copies (about six such arrays) and the ``[K, nx]`` states, predictions and variances
+        of one step (about eight), for states of ``nx`` and actions of ``nu`` numbers."""
+        k, h = self.samples, self.horizon
+        return int(k * (6 * h * nu + 8 * (nx + nu)) * itemsize)
+
+    def check_memory(self, nx: int, nu: int, dtype: torch.dtype, device: str | torch.device = "cpu") -> None:
+        """InputError (naming ``samples`` and ``horizon``) when a plan would not fit in memory
+        (:func:`gpdyn.device.check_memory`): refused before any work, not by the allocator."""
+        check_memory(self.memory_bytes(nx, nu, dtype.itemsize), f"MPC samples={self.samples} x horizon={self.horizon}",
+                     device)
 
 
 @dataclass

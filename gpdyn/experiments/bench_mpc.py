@@ -98,6 +98,7 @@ def run_benchmark(
     if bad or samples < 2 or horizon < 1 or repeats < 1:
         raise InputError(f"bench mpc: models from {', '.join(BENCH_MODELS)} (got {bad}), samples >= 2, horizon >= 1, repeats >= 1")
     dtype = torch.float32  # the hot path of a controller; float64 doubles memory and time
+    MPCConfig(horizon=horizon, samples=samples).check_memory(NX, NU, dtype, device)  # before the run folder
     run = RunDir.create("bench-mpc", {"models": models, "samples": samples, "horizon": horizon, "repeats": repeats,
                                       "device": str(device), "dtype": "float32", "threads": torch.get_num_threads()},
                         out=out)

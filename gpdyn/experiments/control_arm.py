@@ -36,7 +36,7 @@ import torch
 from gpdyn.control.computed_torque import ComputedTorqueController
 from gpdyn.control.dynamics import LearnedModel
 from gpdyn.control.loop import run_episode
-from gpdyn.device import DTYPES, resolve_dtype
+from gpdyn.device import DTYPES, MAX_SEED, check_memory, resolve_dtype
 from gpdyn.errors import InputError
 from gpdyn.gp.residual import ResidualGP
 from gpdyn.gp.training import OnlineUpdater, build_learner, pretrain_learner
@@ -47,6 +47,9 @@ ARM_CONTROLLERS = ("pd", "true", "frozen", "online")
 FEEDFORWARD = {"pd": "none", "true": "true", "frozen": "learned", "online": "learned"}
 ADAPT = ("residual", "steps")
 PROBLEM = "arm"  # the inverse-dynamics problem of any arm store, [q, qd, qdd] -> tau
+# memory per control step: the episode's rows (a few small arrays per step, with Python's
+# overhead) and the reference poses; generous for arms of up to ~30 joints
+STEP_BYTES = 4096
 
 
 @dataclass
@@ -109,6 +112,16 @@ class ArmRunConfig:
             raise InputError(f"{where}: need steps >= 2 and 0 <= change_at < steps, got {self.steps}, {self.change_at}")
         if not np.isfinite(self.payload) or self.payload < 0:
             raise InputError(f"{where}: --payload must be a finite mass >= 0 kg, got {self.payload}")
+        for name in ("speed", "rate_hz"):
+            if not (np.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                raise InputError(f"{where}: {name} must be finite and > 0, got {getattr(self, name)}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise InputError(f"{where}: seed must be in [0, {MAX_SEED}], got {self.seed}")
+        if self.offline < 1 or self.pretrain_iterations < 0 or self.pretrain_batch < 1 or self.online_batch < 1:
+            raise InputError(f"{where}: need offline, pretrain_batch, online_batch >= 1 and pretrain_iterations >= 0, got "
+                             f"{self.offline}, {self.pretrain_batch}, {self.online_batch}, {self.pretrain_iterations}")
+        # an episode keeps its rows in memory: refused here rather than by the allocator after pretraining
+        check_memory(self.steps * STEP_BYTES, f"{where}: --steps {self.steps}", self.device)
         if not self.omega > 0:
             raise InputError(f"{where}: omega must be > 0, got {self.omega}")
         bad = [c for c in self.controllers if c not in ARM_CONTROLLERS]

@@ -39,7 +39,7 @@ from gpdyn.control.controllers import MPCController, PolicyController
 from gpdyn.control.dynamics import TARGETS, LearnedDynamics, SimDynamics, env_state
 from gpdyn.control.loop import Controller, Episode, run_episode
 from gpdyn.control.mpc import MPCConfig, make_planner
-from gpdyn.device import resolve_device, resolve_dtype
+from gpdyn.device import MAX_SEED, resolve_device, resolve_dtype
 from gpdyn.errors import InputError
 from gpdyn.gp import LEARNERS, Learner
 from gpdyn.gp.online import nmse
@@ -51,6 +51,8 @@ from gpdyn.robots.walker import (
     ENV_ID,
     FRAME_SKIP,
     LAYOUT,
+    NU,
+    NX,
     QVEL_INPUTS,
     NominalTrackingCost,
     TorchPolicy,
@@ -68,6 +70,7 @@ CONTROLLERS = ("trpo", "true", "frozen", "online")
 COSTS = ("reward", "track")
 CONDITIONS = ("nominal", "changed")
 ADAPT = ("steps", "residual")
+EPISODE_STEPS = 1000  # Walker2d-v5's TimeLimit: no run, plan or tail is longer
 # ResidualGP noise variance by kernel, normalised output units. SE: small, so the residual
 # follows the samples it has seen; linear: about the pretrained model's own held-out error
 # (test nMSE 0.28 on a 20-episode store), which the bias and gains are fitted through
@@ -149,6 +152,15 @@ class WalkerRunConfig:
         if self.steps < 1 or self.episodes < 1 or self.store_episodes < 1 or self.pretrain_iterations < 0:
             raise InputError(f"control walker: steps, episodes, store_episodes >= 1 and pretrain_iterations >= 0 needed, "
                              f"got {self.steps}, {self.episodes}, {self.store_episodes}, {self.pretrain_iterations}")
+        for name in ("steps", "horizon", "proposal_tail"):  # past an episode's end they plan or run nothing
+            if getattr(self, name) > EPISODE_STEPS:
+                raise InputError(f"control walker: {name} {getattr(self, name)} is longer than a Walker2d episode "
+                                 f"({EPISODE_STEPS} steps)")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise InputError(f"control walker: seed must be in [0, {MAX_SEED}], got {self.seed}")
+        if self.pretrain_batch < 1 or self.online_batch < 1:
+            raise InputError(f"control walker: pretrain_batch and online_batch must be >= 1, got {self.pretrain_batch}, "
+                             f"{self.online_batch}")
         if self.scale not in SCALES:
             raise InputError(f"control walker: scale must be one of {', '.join(SCALES)}, got '{self.scale}'")
         plant_change_factor(self.change, self.change_factor)
@@ -186,6 +198,8 @@ class WalkerRunConfig:
         if self.sim_samples < 2:
             raise InputError(f"control walker: sim_samples must be >= 2, got {self.sim_samples}")
         self.mpc(self.samples).validate()
+        for samples in (self.samples, self.sim_samples):  # before any data is collected or model trained
+            self.mpc(samples).check_memory(NX, NU, self.torch_dtype, self.device)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -109,12 +109,16 @@ class VariationalLearner(Learner):
             raise LearnerError(f"{type(self).__name__}: n_data must be >= 1, got {n_data}")
         self.n_delta = int(n_delta)
         self.lr = float(lr if lr is not None else self.default_lr)
-        if not self.lr > 0:
-            raise LearnerError(f"{type(self).__name__}: lr must be > 0, got {lr}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise LearnerError(f"{type(self).__name__}: lr must be finite and > 0, got {lr}")
         self.n_data = n_data
         self.scales = scales
         self.jitter = float(jitter)
+        if not (self.jitter >= 0 and math.isfinite(self.jitter)):  # a negative jitter unmakes positive definiteness
+            raise LearnerError(f"{type(self).__name__}: jitter must be finite and >= 0, got {jitter}")
         self.eval_chunk = int(eval_chunk)
+        if self.eval_chunk < 1:
+            raise LearnerError(f"{type(self).__name__}: eval_chunk must be >= 1, got {eval_chunk}")
         if init_window < 0:
             raise LearnerError(f"{type(self).__name__}: init_window must be >= 0, got {init_window}")
         self.config: dict[str, Any] = {
