@@ -177,8 +177,8 @@ def test_kuka_scale_and_units_options_are_recorded(tmp_path: Path, capsys: pytes
 
 @pytest.mark.parametrize(("option", "value", "message"), [
     ("--torque-scale", "40,40,20", "torque scale [40.0, 40.0, 20.0]: expected 1 or 7 positive finite factors"),
-    ("--torque-scale", "40,40,20,20,4,4,-2", "expected 1 or 7 positive finite factors"),
-    ("--torque-scale", "40,x", "'40,x' is not a number"),
+    ("--torque-scale", "40,40,20,20,4,4,-2", "argument --torque-scale: -2 is out of range"),
+    ("--torque-scale", "40,x", "argument --torque-scale: 'x' is not a finite number"),
     ("--units", "rad", "invalid choice: 'rad'"),
 ])
 def test_bad_import_options_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str,
@@ -186,6 +186,16 @@ def test_bad_import_options_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture
     path = _write_text(tmp_path / "kuka1_offline.txt", _rows(3, 11))
     assert main(["import", "kuka-ilgr", str(path), "--store", str(tmp_path / "s.zarr"), option, value]) == 2
     assert message in capsys.readouterr().err
+    assert not (tmp_path / "s.zarr").exists()
+
+
+@pytest.mark.parametrize("scale", [[40.0, 40.0, 20.0, 20.0, 4.0, 4.0, -2.0], [float("nan")], [0.0], []])
+def test_the_python_api_checks_the_torque_scale_too(tmp_path: Path, scale: list[float]) -> None:
+    path = _write_text(tmp_path / "kuka1_offline.txt", _rows(3, 17))
+    with pytest.raises(ImportFormatError, match="expected 1 or 7 positive finite factors"):
+        import_kuka_ilgr([path], tmp_path / "s.zarr", torque_scale=scale)
+    with pytest.raises(ImportFormatError, match="unknown units 'rad'; choose one of physical, normalised"):
+        import_kuka_ilgr([path], tmp_path / "s.zarr", units="rad")
     assert not (tmp_path / "s.zarr").exists()
 
 
