@@ -201,3 +201,28 @@ def test_read_only_and_existing_path(tmp_path):
         make_walker_store(path, [5])
     attrs = json.loads((path / "zarr.json").read_text())["attributes"]
     assert attrs["format"] == "gpdyn.episodes"
+
+
+def test_legacy_store_may_lack_all_fill_chunks_of_int_and_bool_fields_only(tmp_path):
+    path = tmp_path / "s.zarr"
+    make_walker_store(path, [5, 6]).close()
+    _as_legacy(path)
+    (path / "data" / "done" / "c" / "0" / "0").unlink()  # all False: older zarr writes skipped it
+    np.testing.assert_array_equal(EpisodeStore.open(path).read("done"), np.zeros((11, 1), bool))
+    (path / "data" / "qpos" / "c" / "0" / "0").unlink()  # a float chunk of real data is never all 0.0
+    with pytest.raises(StoreError, match="'data/qpos' rows 0:11 are committed but their chunk file is missing"):
+        EpisodeStore.open(path)
+
+
+def test_legacy_store_missing_last_chunk_of_episode_ends_is_damage_not_a_torn_commit(tmp_path, monkeypatch):
+    import gpdyn.data.store as store_module
+
+    monkeypatch.setattr(store_module, "EPISODE_CHUNK", 2)  # several chunks of episode_ends in a tiny store
+    path = tmp_path / "s.zarr"
+    make_walker_store(path, [5, 6, 7, 3, 4]).close()
+    _as_legacy(path)
+    (path / "meta" / "episode_ends" / "c" / "2").unlink()  # entry 4: would read as a torn commit of zeros
+    for mode in ("r", "a"):
+        with pytest.raises(StoreError, match="'meta/episode_ends' entries 4:5 have no chunk file"):
+            EpisodeStore.open(path, mode)
+    assert zarr.open_group(str(path), mode="r")["data/qpos"].shape[0] == 25  # the last episode's rows are kept

@@ -509,19 +509,24 @@ class EpisodeStore:
                     break
         return missing
 
+    def _require_chunks(self, key: str, start: int, stop: int) -> None:
+        """Raise when a chunk of the committed rows ``start:stop`` of ``key`` has no file."""
+        # stores of older versions skip all-fill chunks: there only a float chunk of
+        # exact zeros counts as damage, since real measurements are never all 0.0
+        if not (self._strict or key == "meta/episode_ends" or np.dtype(self._array(key).dtype).kind == "f"):
+            return
+        missing = self._missing_chunks(key, start, stop)
+        if missing:
+            a, b = missing[0]
+            raise StoreError(
+                f"{self.path}: '{key}' rows {a}:{b} are committed but their chunk file is missing "
+                f"({len(missing)} chunk(s) missing); the store is damaged"
+            )
+
     def _read(self, key: str, start: int, stop: int) -> np.ndarray:
         """Rows ``start:stop`` of ``key`` as stored: a missing chunk or one that does not decode raises."""
         arr = self._array(key)
-        # stores of older versions skip all-fill chunks: there only a float chunk of
-        # exact zeros counts as damage, since real measurements are never all 0.0
-        if self._strict or key == "meta/episode_ends" or np.dtype(arr.dtype).kind == "f":
-            missing = self._missing_chunks(key, start, stop)
-            if missing:
-                a, b = missing[0]
-                raise StoreError(
-                    f"{self.path}: '{key}' rows {a}:{b} are committed but their chunk file is missing "
-                    f"({len(missing)} chunk(s) missing); the store is damaged"
-                )
+        self._require_chunks(key, start, stop)
         try:
             return np.asarray(arr[start:stop])
         except Exception as err:  # numcodecs raises RuntimeError for a damaged zstd frame
@@ -580,28 +585,24 @@ class EpisodeStore:
     def _legacy_committed_ends(self) -> np.ndarray:
         """A store written before the commit record: episode_ends was the commit point.
 
-        A crash between its resize and its write leaves trailing zeros (or, when the new
-        entries start a chunk, that chunk missing): those entries are uncommitted. Any
-        other missing chunk or break in the increasing sequence is damage.
+        A crash between its resize and its write leaves trailing zeros: those entries are
+        uncommitted. Any other break in the increasing sequence, and any missing chunk, is
+        damage. (A torn commit whose new entries start a chunk also leaves that chunk
+        missing, but so does a deleted last chunk, whose episodes the next append would
+        trim away: refusing both loses nothing.)
         """
         key = "meta/episode_ends"
-        arr = self._array(key)
-        total = arr.shape[0]
+        total = self._array(key).shape[0]
         missing = self._missing_chunks(key, 0, total)
-        first_missing = missing[0][0] if missing else total
-        if missing and (first_missing == 0 or any(a != first_missing + i * arr.chunks[0] for i, (a, _) in enumerate(missing))):
+        if missing:
             a, b = missing[0]
             raise StoreError(f"{self.path}: '{key}' entries {a}:{b} have no chunk file; the store is damaged")
-        ends = np.concatenate([self._read(key, 0, first_missing), np.zeros(total - first_missing, np.int64)])
+        ends = self._read(key, 0, total).astype(np.int64)
         bad = np.flatnonzero(np.diff(np.concatenate([[0], ends])) <= 0)
-        if bad.size == 0:
-            return ends
-        first = int(bad[0])
-        if np.all(ends[first:] == 0):
-            return ends[:first]
-        raise StoreError(
-            f"{self.path}: '{key}' is not strictly increasing from a positive value (entry {first}: {ends[first]})"
-        )
+        if bad.size and np.all(ends[bad[0]:] == 0):
+            return ends[: bad[0]]  # the zeros of a torn commit
+        _check_increasing(self.path, ends)
+        return ends
 
     def _check_arrays(self) -> None:
         """Every field and per-episode array exists with its schema's shape and dtype, and holds every
@@ -627,14 +628,7 @@ class EpisodeStore:
         # chunk files only (a stat each): decoding every chunk is left to the reads
         keys = [(f"data/{f}", self.n_rows) for f in self.fields] + [(f"meta/{k}", self.n_episodes) for k in self.episode_keys]
         for key, n in keys:
-            if self._strict or np.dtype(self._array(key).dtype).kind == "f":
-                missing = self._missing_chunks(key, 0, n)
-                if missing:
-                    a, b = missing[0]
-                    raise StoreError(
-                        f"{self.path}: '{key}' rows {a}:{b} are committed but their chunk file is missing "
-                        f"({len(missing)} chunk(s) missing); the store is damaged"
-                    )
+            self._require_chunks(key, 0, n)
 
 
 def _cast(a: np.ndarray, dtype: str, where: str, columns: Sequence[str]) -> np.ndarray:
