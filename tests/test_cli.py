@@ -145,8 +145,11 @@ def test_learn_takes_a_preset_and_sizes_over_it(walker_store, tmp_path):
             "--batch-size", "16", "--n-delta", "4", "--eval-every", "2", "--preset", "small", "--size", "m_beta=4",
             "--out", str(out)]
     assert main(argv) == 0
-    config = json.loads((out / "config.json").read_text())["learner_config"]
-    assert config["preset"] == "small" and config["m_alpha"] == learner_class("svdgp").presets["small"]["m_alpha"]
+    run_config = json.loads((out / "config.json").read_text())
+    config = run_config["learner_config"]
+    # the preset's basis, capped at the training rows
+    rows = run_config["problem"]["train"]
+    assert config["preset"] == "small" and config["m_alpha"] == min(learner_class("svdgp").presets["small"]["m_alpha"], rows)
     assert config["m_beta"] == 4 and config["n_delta"] == 4
     assert main([*argv[:-2], "--preset", "huge", "--out", str(tmp_path / "bad")]) == 2
     assert not (tmp_path / "bad").exists()

@@ -174,9 +174,58 @@ def test_a_preset_sizes_every_learner_and_sizes_override_it(kuka_store, tmp_path
     run, _ = _run(cfg, tmp_path / "run")
     svdgp, _ = load_learner(run.path / "checkpoints" / "svdgp.pt")
     small = learner_class("svdgp").presets["small"]
-    assert svdgp.config["preset"] == "small"
-    assert (svdgp.config["m_alpha"], svdgp.config["m_beta"]) == (small["m_alpha"], small["m_beta"])
+    rows = len(load_problem(cfg.store, "kuka", seed=cfg.seed).x_train)
+    assert svdgp.config["preset"] == "small" and small["m_beta"] < rows < small["m_alpha"]
+    # a basis is capped at the training rows: a larger one only repeats points
+    assert (svdgp.config["m_alpha"], svdgp.config["m_beta"]) == (rows, small["m_beta"])
     svi, _ = load_learner(run.path / "checkpoints" / "svi.pt")
     assert svi.config["m"] == 16 and svi.config["n_delta"] == cfg.n_delta  # --size and the protocol's N_Delta win
     with pytest.raises(InputError, match="unknown preset 'huge'"):
         _config(kuka_store, preset="huge").validate()
+
+
+def test_the_default_preset_fits_the_device_and_config_records_every_learners_sizes(kuka_store, tmp_path):
+    import json
+
+    import torch
+
+    from gpdyn.experiments.learn import default_preset
+
+    assert default_preset("cpu") == "cpu" and default_preset(torch.device("cuda", 0)) == "paper"
+    cfg = _config(kuka_store, iterations=2, sizes={"svi": {"m": 16}}, n_delta=None)
+    assert cfg.preset == "cpu"  # resolved when made, so that the run folder says which sizes ran
+    problem = load_problem(cfg.store, cfg.problem, seed=cfg.seed)
+    run = open_run(cfg, tmp_path / "run", problem)
+
+    def before_training(name, iteration):  # config.json holds every learner's sizes from the start
+        recorded = json.loads((run.path / "config.json").read_text())["learner_config"]
+        assert set(recorded) == {"svdgp", "svi"}
+
+    replay(cfg, run, problem=problem, progress=False, on_checkpoint=before_training)
+    config = json.loads((run.path / "config.json").read_text())
+    assert config["preset"] == "cpu" and config["problem_summary"]["train"] == len(problem.x_train)
+    svdgp, svi = config["learner_config"]["svdgp"], config["learner_config"]["svi"]
+    assert svdgp["preset"] == "cpu" and svdgp["m_alpha"] == len(problem.x_train)  # cpu's 1024, capped
+    assert svdgp["n_delta"] == 64 and svdgp["lr"] == 0.1  # the cpu preset's N_Delta and gamma_0
+    assert svi["m"] == 16
+
+
+@pytest.mark.parametrize("protocol", ["block", "split"])
+def test_block_and_split_protocols_replay_on_iid_minibatches(protocol, tmp_path):
+    from scipy.io import savemat
+
+    from gpdyn.data.importers import import_sarcos
+
+    rng = np.random.default_rng(0)
+    for name, n in (("sarcos_inv", 120), ("sarcos_inv_test", 40)):
+        savemat(tmp_path / f"{name}.mat", {name: rng.normal(size=(n, 28))})
+    store = import_sarcos([tmp_path / "sarcos_inv.mat", tmp_path / "sarcos_inv_test.mat"], tmp_path / "s.zarr")
+    cfg = ReplayConfig(store=str(store.path), problem="kuka", learners=["svi"], protocol=protocol, iterations=3,
+                       batch_size=16, eval_every=3, sizes={"svi": {"m": 8}})
+    run, finals = _run(cfg, tmp_path / "run")
+    problem = load_problem(store, "kuka", protocol=protocol)
+    assert len(problem.x_test) == (40 if protocol == "split" else 12 + 4)
+    assert [(r["phase"], r["iteration"]) for r in run.metrics()] == [("train", 3)]
+    assert len(finals["svi"]["coverage"]) == 7
+    report = write_report(run.path).read_text()
+    assert f"({protocol} protocol)" in report and problem.held_out in report

@@ -53,6 +53,7 @@ class RegistryNames(Sequence[str]):
 LEARNER_NAMES = RegistryNames("gpdyn.gp", "LEARNERS")
 PROBLEM_NAMES = RegistryNames("gpdyn.data.problems", "PROBLEMS")
 PRESET_NAMES = RegistryNames("gpdyn.gp", "PRESETS")
+PROTOCOL_NAMES = RegistryNames("gpdyn.data.problems", "PROTOCOLS")
 DTYPE_NAMES = RegistryNames("gpdyn.device", "DTYPES")
 
 
@@ -92,8 +93,13 @@ def add_learner(p: argparse.ArgumentParser, *, required: bool = True) -> None:
 
 def add_preset(p: argparse.ArgumentParser, what: str = "the learner's") -> None:
     p.add_argument("--preset", choices=PRESET_NAMES, default=None, metavar="NAME",
-                   help=f"{what} sizes at a named scale: %(choices)s (default: the constructor's); --size "
-                        "overrides one of them, --n-delta sets N_Delta")
+                   help=f"{what} sizes at a named scale: %(choices)s (default: cpu on the CPU, paper on CUDA; "
+                        "bases are capped at the training rows); --size overrides one of them, --n-delta sets N_Delta")
+
+
+def add_protocol(p: argparse.ArgumentParser, help: str) -> None:
+    """``--protocol``: which rows are held out (and, for ``ordered``, the order of training)."""
+    p.add_argument("--protocol", choices=PROTOCOL_NAMES, default="iid", metavar="NAME", help=f"%(choices)s: {help}")
 
 
 def add_problem(p: argparse.ArgumentParser) -> None:

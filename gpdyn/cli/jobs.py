@@ -24,6 +24,7 @@ from gpdyn.cli.common import (
     add_out,
     add_preset,
     add_problem,
+    add_protocol,
     comma_list,
 )
 from gpdyn.errors import InputError
@@ -62,7 +63,8 @@ def _add_protocol(p: argparse.ArgumentParser) -> None:
     """The options of SVDGP Algorithm 1 that learn and replay share."""
     p.add_argument("--iterations", type=COUNT, default=2000, help="iterations T (default 2000)")
     p.add_argument("--batch-size", type=COUNT, default=1024, help="minibatch N_m (default 1024)")
-    p.add_argument("--n-delta", type=COUNT, default=128, help="basis functions added per iteration (default 128)")
+    p.add_argument("--n-delta", type=COUNT, default=None,
+                   help="basis functions added per iteration (default: the preset's, 64 at cpu and 128 at paper)")
     p.add_argument("--eval-every", type=COUNT, default=100, help="iterations between held-out evaluations (default 100)")
     p.add_argument("--seed", type=SEED, default=0)
 
@@ -132,6 +134,8 @@ def add_learn(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--store", type=Path, required=True, help="episode store (zarr) the problem is built from")
     add_problem(p)
     add_learner(p)
+    add_protocol(p, "iid holds out a seeded 10%% of the rows, block a seeded contiguous block of each episode, split "
+                    "a dataset's own test file (iid minibatches of the rest in each case)")
     _add_protocol(p)
     add_preset(p)
     p.add_argument("--size", type=size_option, action="append", default=[], metavar="KEY=VALUE",
@@ -148,7 +152,7 @@ def run_learn(args: argparse.Namespace) -> int:
     cfg = LearnConfig(
         store=str(args.store), problem=args.problem, learner=args.learner, iterations=args.iterations,
         batch_size=args.batch_size, n_delta=args.n_delta, eval_every=args.eval_every, seed=args.seed,
-        device=args.device, dtype=args.dtype, preset=args.preset, sizes=dict(args.size),
+        device=args.device, dtype=args.dtype, preset=args.preset, sizes=dict(args.size), protocol=args.protocol,
     )
     run, final = learn(cfg, args.out)
     print(
@@ -166,8 +170,9 @@ def add_replay(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--store", type=Path, required=True, help="episode store (zarr) the problem is built from")
     add_problem(p)
     add_learners(p)
-    p.add_argument("--protocol", choices=("iid", "ordered"), default="iid",
-                   help="iid minibatches (SVDGP), or init on the offline part then stream in order (ILGR)")
+    add_protocol(p, "iid minibatches with a seeded 10%% held out (SVDGP); ordered: init on the offline part, then "
+                    "stream the rest in order (ILGR); block: a seeded contiguous block of each episode held out; split: "
+                    "train on a dataset's training file(s), score on its test file (SARCOS, GPML Table 8.1)")
     _add_protocol(p)
     p.add_argument("--init-iterations", type=COUNT, default=200, help="ordered protocol: iterations on the offline part")
     p.add_argument("--eval-rows", type=COUNT, default=None,
@@ -204,7 +209,7 @@ def run_replay(args: argparse.Namespace) -> int:
         select_iterations=args.select_iterations,
     )
     cfg.validate()
-    problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed)
+    problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed, progress=True)
     run = open_run(cfg, args.out, problem)
     print(f"gpdyn replay: run folder {run.path}")
     finals = replay(cfg, run, problem=problem)

@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from gpdyn.data.arm_schema import ARM_FIELD_NAMES
 from gpdyn.data.store import EpisodeStore, StoreError
@@ -229,14 +230,20 @@ def load_problem(
     protocol: str = "iid",
     seed: int = 0,
     chunk_rows: int = CHUNK_ROWS,
+    progress: bool = False,
 ) -> Problem:
-    """Build problem ``name`` from ``store``, its test split held out under ``protocol`` (seeded)."""
+    """Build problem ``name`` from ``store``, its test split held out under ``protocol`` (seeded);
+    ``progress`` shows a bar over the rows read."""
     if name not in PROBLEMS:
         raise InputError(f"unknown problem '{name}'; choose one of {', '.join(PROBLEMS)}")
     if protocol not in PROTOCOLS:
         raise InputError(f"unknown protocol '{protocol}'; choose one of {', '.join(PROTOCOLS)}")
     if not isinstance(store, EpisodeStore):
         store = EpisodeStore.open(store)
+    planned = store.attrs.get("planned_rows")  # set by collectors that know their size in advance
+    if isinstance(planned, int) and store.n_rows < planned:
+        raise InputError(f"{store.path}: holds {store.n_rows} of its {planned} planned rows: its collection stopped "
+                         "early (rerun the same collect command to finish it)")
     base = PROBLEMS[name]
     _check_fields(store, base)
     shift = f"t+{base.target_shift}" if base.target_shift else "t"
@@ -268,8 +275,11 @@ def load_problem(
     }
     filled = {"train": 0, "test": 0, "init": 0}
     pool_pos = 0
+    bar = tqdm(total=int(lengths.sum()), desc=f"load {name}", unit="row", unit_scale=True, leave=False,
+               disable=not progress)
     for first, last in _episode_chunks(lengths, chunk_rows):
         x_chunk, y_chunk, chunk_counts = _read_samples(store, spec, first, last)
+        bar.update(int(lengths[first:last].sum()))
         offset = 0
         for ep, n in zip(range(first, last), chunk_counts):
             xs, ys = x_chunk[offset : offset + n], y_chunk[offset : offset + n]
@@ -281,6 +291,7 @@ def load_problem(
             pool_pos += n
             _put(arrays["test"], filled, "test", xs[test_mask], ys[test_mask])
             _put(arrays["train"], filled, "train", xs[~test_mask], ys[~test_mask])
+    bar.close()
 
     x_train, y_train = arrays["train"]
     x_init, y_init = arrays["init"]

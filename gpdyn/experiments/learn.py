@@ -1,8 +1,13 @@
 """``gpdyn learn``: the online protocol of one learner on one problem, with a run folder.
 
-Writes ``config.json``, ``metrics.jsonl`` (one record per evaluation: nMSE and the
-held-out bound per output), ``checkpoint.pt`` (restored by :func:`load`) and
-``report.md`` (the final table).
+Writes ``config.json`` (with the learner's resolved options, ``learner_config``),
+``metrics.jsonl`` (one record per evaluation: the held-out scores of
+:func:`gpdyn.gp.online.evaluate` per output), ``checkpoint.pt`` (restored by
+:func:`load`) and ``report.md`` (the final table).
+
+Defaults that finish on the machine at hand: without a preset the learner runs at
+:func:`default_preset` of the device ("cpu" sizes on the CPU, "paper" on CUDA), and its
+bases are capped at the training-set size.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpdyn.data.problems import Normalizer, load_problem
+from gpdyn.data.problems import PROTOCOLS, Normalizer, load_problem
 from gpdyn.data.streams import IIDStream
 from gpdyn.device import dtype_name, resolve_device, resolve_dtype
 from gpdyn.errors import InputError
@@ -28,33 +33,51 @@ CHECKPOINT = "checkpoint.pt"
 
 @dataclass
 class LearnConfig:
-    """One learner on one problem under SVDGP Algorithm 1 (iid minibatches of the training split)."""
+    """One learner on one problem under SVDGP Algorithm 1 (iid minibatches of the training split;
+    ``protocol`` decides the held-out split, see :mod:`gpdyn.data.problems`)."""
 
     store: str
     problem: str
     learner: str
     iterations: int = 2000
     batch_size: int = 1024  # N_m
-    n_delta: int = 128  # basis functions added per iteration
+    n_delta: int | None = None  # basis functions added per iteration; None: the preset's
     eval_every: int = 100
     seed: int = 0
     device: str = "cpu"
     dtype: str | None = None  # None: the device's default (gpdyn.device.resolve_dtype)
-    preset: str | None = None  # the learner's sizes at this named scale (gpdyn.gp.PRESETS); None: its defaults
+    preset: str | None = None  # the learner's sizes at this named scale (gpdyn.gp.PRESETS); None: the device's default
     sizes: dict[str, Any] = field(default_factory=dict)  # learner constructor options, over the preset's
+    protocol: str = "iid"  # iid, block or split (ordered streams in order: gpdyn replay)
+
+    def __post_init__(self) -> None:
+        if self.preset is None:
+            self.preset = default_preset(self.device)
 
     def validate(self) -> None:
         for name in ("iterations", "batch_size", "n_delta", "eval_every"):
-            if getattr(self, name) < 1:
-                raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        if self.protocol not in PROTOCOLS or self.protocol == "ordered":
+            raise InputError(f"--protocol {self.protocol}: learn takes {', '.join(p for p in PROTOCOLS if p != 'ordered')} "
+                             "(the ordered protocol streams in time order: gpdyn replay --protocol ordered)")
 
 
-def protocol_options(learner: str, n_delta: int, n_data: int) -> dict[str, int]:
-    """The protocol's N_Delta (basis functions added per iteration) and N (training rows, the
-    bound's data size) as constructor options of ``learner``, where it takes them: its config,
-    and so its run folder and checkpoints, then record the values the run used."""
+def default_preset(device: str | torch.device) -> str:
+    """The learners' sizes when no preset is named: "paper" on a CUDA device, "cpu" on the CPU
+    (the papers' sizes take hours of one core; the cpu ones run the 2000-iteration protocol in
+    minutes, gpdyn.gp.base.PRESETS)."""
+    return "paper" if torch.device(device).type == "cuda" else "cpu"
+
+
+def protocol_options(learner: str, n_delta: int | None, n_data: int) -> dict[str, int]:
+    """The protocol's N_Delta (basis functions added per iteration; None: the preset's) and N
+    (training rows, the bound's data size) as constructor options of ``learner``, where it
+    takes them: its config, and so its run folder and checkpoints, then record the values
+    the run used."""
     takes = learner_options(learner_class(learner))
-    return {k: v for k, v in {"n_delta": n_delta, "n_data": n_data}.items() if k in takes}
+    return {k: v for k, v in {"n_delta": n_delta, "n_data": n_data}.items() if k in takes and v is not None}
 
 
 def learn(cfg: LearnConfig, out: str | Path | None = None, *, progress: bool = True) -> tuple[RunDir, dict[str, Any]]:
@@ -62,14 +85,14 @@ def learn(cfg: LearnConfig, out: str | Path | None = None, *, progress: bool = T
     cfg.validate()  # before the run folder exists, so bad input leaves none
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    problem = load_problem(cfg.store, cfg.problem, protocol="iid", seed=cfg.seed)
+    problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed, progress=progress)
     x_train, y_train = problem.tensors("train", device, dtype)
     x_test, y_test = problem.tensors("test", device, dtype)
     options = {**protocol_options(cfg.learner, cfg.n_delta, len(x_train)), **cfg.sizes}
     try:
         learner = make_learner(
             cfg.learner, problem.input_dim, problem.output_dim, device=device, dtype=dtype, seed=cfg.seed,
-            preset=cfg.preset, **options,
+            preset=cfg.preset, rows=len(x_train), **options,
         )
     except TypeError as err:  # an option the learner does not take
         raise InputError(f"--size for learner '{cfg.learner}': {err}") from err
@@ -80,6 +103,8 @@ def learn(cfg: LearnConfig, out: str | Path | None = None, *, progress: bool = T
         "batch_size": cfg.batch_size,
         "n_delta": cfg.n_delta,
         "eval_every": cfg.eval_every,
+        "protocol": cfg.protocol,
+        "preset": cfg.preset,
         "seed": cfg.seed,
         "device": str(device),
         "dtype": dtype_name(dtype),

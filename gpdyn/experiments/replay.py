@@ -6,7 +6,9 @@ built from the same seed) and is scored on the same held-out split every
 
 Protocols (see :mod:`gpdyn.data.problems`):
 
-- ``iid``: SVDGP Algorithm 1 on seeded iid minibatches of the training split.
+- ``iid``, ``block``, ``split``: SVDGP Algorithm 1 on seeded iid minibatches of the
+  training split; they differ in the held-out split (a seeded 10% of the rows, a seeded
+  contiguous block of each episode, a dataset's own test file).
 - ``ordered`` (the ILGR protocol for KUKA): ``init_iterations`` iid minibatches of the
   offline part initialise the learner, then the online part is streamed in time order,
   ``batch_size`` consecutive samples per iteration, until ``iterations`` or the end of
@@ -19,6 +21,11 @@ candidate runs ``select_iterations`` iterations of the first phase's stream from
 same start, and the one whose minibatch objective (the negative bound, taken before
 each update, so on data the step has not seen) is lowest over the last tenth wins. The
 choice and every candidate's objective are logged and kept in ``step_size.json``.
+
+Sizes: every learner runs at ``preset`` (default :func:`~gpdyn.experiments.learn.default_preset`,
+"cpu" on the CPU and "paper" on CUDA), with its bases capped at the training-set size and
+``sizes`` over them; ``config.json`` records each learner's resolved options
+(``learner_config``) before any training.
 
 Resumable: after each evaluation the learner and its stream position are saved under
 ``checkpoints/``; running the same command with ``--out`` on the interrupted run
@@ -37,11 +44,11 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from gpdyn.data.problems import Problem, load_problem
+from gpdyn.data.problems import PROTOCOLS, Problem, load_problem
 from gpdyn.data.streams import IIDStream, OrderedStream
 from gpdyn.device import resolve_device, resolve_dtype
 from gpdyn.errors import InputError
-from gpdyn.experiments.learn import protocol_options
+from gpdyn.experiments.learn import default_preset, protocol_options
 from gpdyn.experiments.report import STEP_SIZE_FILE
 from gpdyn.gp import LEARNERS, Learner, LearnerError, learner_class, learner_options, make_learner, preset_options
 from gpdyn.gp.online import load_learner, run_online, save_learner
@@ -60,29 +67,37 @@ class ReplayConfig:
     protocol: str = "iid"
     iterations: int = 2000
     batch_size: int = 1024
-    n_delta: int = 128
+    n_delta: int | None = None  # None: each learner's preset's
     eval_every: int = 100
     init_iterations: int = 200
     eval_rows: int | None = None  # score on a seeded subset of this many test rows (None: all)
     seed: int = 0
     device: str = "cpu"
     dtype: str = "float64"  # a key of gpdyn.device.DTYPES
-    preset: str | None = None  # every learner's sizes at this named scale (gpdyn.gp.PRESETS); None: its defaults
+    preset: str | None = None  # every learner's sizes at this named scale (gpdyn.gp.PRESETS); None: the device's default
     sizes: dict[str, dict[str, Any]] = field(default_factory=dict)  # learner -> constructor options, over the preset's
     select_lr: list[float] | None = None  # gamma_0 candidates, chosen per learner (SVDGP Section 4)
     select_iterations: int = 100
 
+    def __post_init__(self) -> None:
+        # recorded resolved, so that the run folder says which sizes ran
+        if self.preset is None:
+            self.preset = default_preset(self.device)
+
     def validate(self) -> None:
         resolve_device(self.device)
         resolve_dtype(self.dtype, self.device)
+        if self.protocol not in PROTOCOLS:
+            raise InputError(f"--protocol {self.protocol}: choose one of {', '.join(PROTOCOLS)}")
         unknown = [name for name in self.learners if name not in LEARNERS]
         if unknown or not self.learners:
             raise InputError(f"--learners: unknown {unknown or 'none given'}; choose from {', '.join(LEARNERS)}")
         if len(set(self.learners)) != len(self.learners):
             raise InputError(f"--learners: {self.learners} names a learner twice")
         for name in ("iterations", "batch_size", "n_delta", "eval_every"):
-            if getattr(self, name) < 1:
-                raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
         if self.eval_rows is not None and self.eval_rows < 1:
             raise InputError(f"--eval-rows must be >= 1, got {self.eval_rows}")
         if self.init_iterations < 0:
@@ -111,7 +126,7 @@ class _Phase:
 
 def _phases(cfg: ReplayConfig, problem: Problem, dtype: torch.dtype) -> list[_Phase]:
     x_train, y_train = problem.tensors("train", cfg.device, dtype)
-    if cfg.protocol == "iid":
+    if cfg.protocol != "ordered":
         return [_Phase("train", cfg.iterations, lambda: IIDStream(x_train, y_train, cfg.batch_size, cfg.seed, cfg.device, dtype))]
     phases = []
     if len(problem.x_init) and cfg.init_iterations:
@@ -170,7 +185,7 @@ def replay(
     cfg.validate()
     dtype = resolve_dtype(cfg.dtype, cfg.device)
     if problem is None:
-        problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed)
+        problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed, progress=progress)
     x_test, y_test = problem.tensors("test", cfg.device, dtype)
     if cfg.eval_rows is not None and cfg.eval_rows < len(x_test):
         # the same seeded subset for every learner; time order kept
@@ -183,6 +198,7 @@ def replay(
     (run.path / CHECKPOINTS).mkdir(exist_ok=True)
     finals: dict[str, dict[str, Any]] = {}
     bar = tqdm(total=total * len(cfg.learners), desc="replay", unit="it", disable=not progress)
+    _record_learner_configs(cfg, run, problem, dtype)
     for name in cfg.learners:
         ckpt = run.path / CHECKPOINTS / f"{name}.pt"
         if ckpt.exists():
@@ -195,6 +211,8 @@ def replay(
                 bar.set_description(f"replay {name} (step size)")
                 options["lr"] = select_step_size(name, cfg, problem, dtype, phases[0], run, progress=progress)
             learner = _make(name, cfg, problem, dtype, options)
+            if "lr" in options:  # the step size chosen above
+                _record_learner_config(run, name, learner)
             done_segments, iteration, seconds, extra = 0, 0, 0.0, {}
         bar.update(iteration)
         stream, stream_phase = None, -1
@@ -207,7 +225,7 @@ def replay(
                     _load_stream_state(stream, extra.get("stream"), ckpt)
             bar.set_description(f"replay {name} ({phase.name})")
             # N_Delta and N are the learner's own, from _make or its checkpoint's config
-            record = run_online(learner, stream, x_test, y_test, iterations=n, eval_every=n, progress=False)[-1]
+            record = run_online(learner, stream, x_test, y_test, iterations=n, eval_every=n, bar=bar)[-1]
             iteration += n
             seconds += record["elapsed_s"]  # training time only: taken before the evaluation
             record = {**record, "kind": "eval", "learner": name, "phase": phase.name, "iteration": iteration,
@@ -219,21 +237,37 @@ def replay(
                      "stream": _stream_state(stream), "record": record}
             save_learner(learner, ckpt, **extra)
             finals[name] = record
-            bar.update(n)
-            bar.set_postfix(nmse=f"{record['nmse_mean']:.4f}")
             if on_checkpoint is not None:
                 on_checkpoint(name, iteration)
     bar.close()
     return finals
 
 
+def _record_learner_config(run: RunDir, name: str, learner: Learner) -> None:
+    """Keep ``learner``'s resolved options in ``config.json`` under ``learner_config``."""
+    config = run.config()
+    config.setdefault("learner_config", {})[name] = learner.config
+    run.write_json("config.json", config)
+
+
+def _record_learner_configs(cfg: ReplayConfig, run: RunDir, problem: Problem, dtype: torch.dtype) -> None:
+    """Every learner's resolved options in ``config.json`` before any training (built and
+    dropped; a step size chosen by ``--select-lr`` is recorded once chosen)."""
+    recorded = run.config().get("learner_config", {})
+    for name in cfg.learners:
+        if name not in recorded:
+            _record_learner_config(run, name, _make(name, cfg, problem, dtype, dict(cfg.sizes.get(name, {}))))
+
+
 def _make(name: str, cfg: ReplayConfig, problem: Problem, dtype: torch.dtype, options: dict[str, Any]) -> Learner:
-    # the protocol's N_Delta and N, so that a step-size probe runs the model of the main run
-    options = {**protocol_options(name, cfg.n_delta, len(problem.x_train) + len(problem.x_init)), **options}
+    # the protocol's N_Delta and N, so that a step-size probe runs the model of the main run;
+    # bases capped at the training rows (a basis larger than the data only repeats points)
+    rows = len(problem.x_train) + len(problem.x_init)
+    options = {**protocol_options(name, cfg.n_delta, rows), **options}
     try:
         return make_learner(
             name, problem.input_dim, problem.output_dim, device=cfg.device, dtype=dtype, seed=cfg.seed,
-            preset=cfg.preset, **options,
+            preset=cfg.preset, rows=rows, **options,
         )
     except TypeError as err:  # an option the learner does not take
         raise InputError(f"--size for learner '{name}': {err}") from err
@@ -307,7 +341,8 @@ def open_run(cfg: ReplayConfig, out: Path | None, problem: Problem | None = None
         return run
     if problem is None:
         problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed)
-    return RunDir.create("replay", {**asdict(cfg), "outputs": list(problem.output_names)}, out)
+    return RunDir.create("replay", {**asdict(cfg), "outputs": list(problem.output_names), "problem_summary": problem.describe()},
+                         out)
 
 
 def print_table(finals: dict[str, dict[str, Any]]) -> None:

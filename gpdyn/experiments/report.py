@@ -122,6 +122,7 @@ def write_report(run_dir: str | Path) -> Path:
         f"{config.get('iterations', '?')} iterations, minibatch {config.get('batch_size', '?')}, "
         f"device {config.get('device', '?')}. Every learner saw the same minibatches in the same order"
         + (f"; scored on a seeded subset of {config['eval_rows']} held-out rows." if config.get("eval_rows") else "."),
+        *_split_line(config),
         "",
         "## Table 2 layout: mean ± std over outputs, at the last evaluation",
         "",
@@ -141,11 +142,33 @@ def write_report(run_dir: str | Path) -> Path:
             cells = [f"{v:.4g}" for v in r[metric]] if metric in r else ["–"] * len(outputs)
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += step_sizes
+    lines += _sizes_section(config)
     lines += ["", "## Curves", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     lines += ["", "Every curve point is in `curves.csv`; the table rows are the last rows per learner (`final.csv`).", ""]
     report = run_dir / "report.md"
     report.write_text("\n".join(lines))
     return report
+
+
+def _split_line(config: dict[str, Any]) -> list[str]:
+    """Which rows were held out and how many rows each split has (runs that recorded it)."""
+    summary = config.get("problem_summary")
+    if not summary:
+        return []
+    init = f", {summary['init']} initialisation rows" if summary.get("init") else ""
+    return ["", f"Held out: {summary['held_out']} ({summary['test']} test rows; {summary['train']} training rows{init})."]
+
+
+def _sizes_section(config: dict[str, Any]) -> list[str]:
+    """Each learner's resolved options (preset, capped bases, overrides), where the run recorded them."""
+    learners = config.get("learner_config")
+    if not learners:
+        return []
+    lines = ["", f"## Sizes (preset {config.get('preset', '?')}, bases capped at the training rows)", ""]
+    for name, options in learners.items():
+        shown = {k: v for k, v in options.items() if k not in ("input_dim", "output_dim", "seed", "preset")}
+        lines.append(f"- {name}: " + ", ".join(f"{k} = {v}" for k, v in shown.items()))
+    return lines
 
 
 def _step_size_section(run_dir: Path) -> list[str]:
