@@ -75,6 +75,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--noise", type=NON_NEGATIVE, default=0.0, help="std of Gaussian action noise")
     p.add_argument("--envs", type=ENVS, default=2, help="environments in parallel")
     p.add_argument("--seed", type=SEED, default=0)
+    p.add_argument("--commit-seconds", type=NON_NEGATIVE, default=None, metavar="S",
+                   help="commit finished episodes at least this often (default 1; 0: each as it finishes, at some "
+                        "cost in speed); a crash loses the episodes running and those finished since")
     p.add_argument("--video", type=Path, default=None, help="also write an MP4 of the first episode")
     add_out(p)
     p.set_defaults(handler="gpdyn.cli.collect:collect_walker")
@@ -141,8 +144,9 @@ def collect_walker(args: argparse.Namespace) -> int:
     from gpdyn.sim.walker import collect_walker as collect
 
     try:
+        every = {} if args.commit_seconds is None else {"commit_seconds": args.commit_seconds}
         result = collect(args.store, args.episodes, policies=args.policy, mix=args.mix, noise=args.noise,
-                         envs=args.envs, seed=args.seed)
+                         envs=args.envs, seed=args.seed, **every)
     except CollectionStopped as stopped:
         return _report_stop(args, stopped)
     run_for_args("collect-walker", args).log(**result)

@@ -303,6 +303,18 @@ def resolve_policies(policy: Sequence[Path] | None = None, mix: bool = False) ->
     return tuple(p.resolve() for p in paths)
 
 
+def _context() -> Any:
+    """The start method of the workers: a fork server where there is one (never a fork of the parent,
+    whose open files and threads a worker must not share), else spawn."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    # the server imports the simulator once and every worker starts from it, instead of
+    # each importing torch, gymnasium and MuJoCo again
+    ctx.set_forkserver_preload([__name__])
+    return ctx
+
+
 class _Committer:
     """Finished episodes into the store, in episode order, in whole-episode batches.
 
@@ -350,7 +362,7 @@ def _collect(store: EpisodeStore, config: CollectConfig, episodes: int, envs: in
     """
     committer = _Committer(store, config, commit_seconds)
     todo = iter(range(store.n_episodes, episodes))
-    ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+    ctx = _context()
     workers: list[_Worker] = []
     dead: tuple[_Worker, int] | None = None
     finished = False
@@ -422,6 +434,8 @@ def collect_walker(
         raise InputError(f"--envs must be >= 1, got {envs}")
     if not np.isfinite(noise) or noise < 0:
         raise InputError(f"--noise must be a finite std >= 0, got {noise}")
+    if not np.isfinite(commit_seconds) or commit_seconds < 0:
+        raise InputError(f"--commit-seconds must be a finite time >= 0, got {commit_seconds}")
     config = CollectConfig(policies=resolve_policies(policies, mix), seed=int(seed), noise=float(noise))
     probe = make_env(config.env_id)
     try:  # fail in the parent, with the file named, before any worker starts
