@@ -258,6 +258,8 @@ def test_bad_input_is_reported():
         SVDGP(2, 2, scales="per-point")
     with pytest.raises(InputError, match="init_window"):
         SVDGP(2, 2, init_window=-1)
+    with pytest.raises(InputError, match="jacobi"):
+        SVDGP(2, 2, jacobi="false")
     with pytest.raises(InputError, match="observe"):
         SVDGP(2, 2, m_alpha=4).step(x, y)
 

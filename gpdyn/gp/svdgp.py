@@ -87,6 +87,8 @@ class SVDGP(VariationalLearner):
             raise LearnerError(f"SVDGP: n_columns must be >= 1 or None, got {n_columns}")
         if m_alpha < 1:
             raise LearnerError(f"SVDGP: m_alpha must be >= 1, got {m_alpha}")
+        if not isinstance(jacobi, bool):  # bool("false") is True: text from a command line must not pass
+            raise LearnerError(f"SVDGP: jacobi must be True or False, got {jacobi!r}")
         self.n_columns = n_columns
         self.jacobi = bool(jacobi)
         self.config.update(m_alpha=int(m_alpha), m_beta=int(m_beta), n_columns=n_columns, jacobi=self.jacobi)
