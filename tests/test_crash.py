@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tqdm import tqdm
 
 from gpdyn.data.problems import load_problem
 from gpdyn.data.store import EpisodeStore
@@ -92,3 +93,17 @@ def test_sigterm_is_a_flag_inside_the_context_and_the_old_handler_after() -> Non
             stop.check("3 kept")
         assert stopped.value.exit_status == 143
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_an_exception_in_a_worker_reaches_the_collector_after_it_commits(tmp_path: Path) -> None:
+    from gpdyn.sim.policy import PolicyError
+    from gpdyn.sim.walker import CollectConfig, _collect, collect_walker
+
+    path = tmp_path / "w.zarr"
+    collect_walker(path, 1, envs=1, progress=False)
+    store = EpisodeStore.open(path, mode="a")
+    # the worker, not the collector, meets the missing policy file
+    config = CollectConfig(policies=(tmp_path / "gone.pt",))
+    with store, pytest.raises(PolicyError, match="gone.pt"):
+        _collect(store, config, 3, 1, StopSignals(), tqdm(disable=True), commit_seconds=0)
+    assert EpisodeStore.open(path).n_episodes == 1

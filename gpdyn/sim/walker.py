@@ -131,11 +131,11 @@ _WORKER: dict[str, Any] = {}
 def _init_worker(config: CollectConfig) -> None:
     import signal
 
-    import torch
-
     # Ctrl-C reaches the whole process group: it is the parent's to handle (it commits the
     # finished episodes and ends the workers)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import torch
+
     torch.set_num_threads(1)  # one process per core; more threads only contend
     _WORKER["env"] = make_env(config.env_id)
     _WORKER["policies"] = [load_policy(p) for p in config.policies]
@@ -164,7 +164,7 @@ def _worker_main(config: CollectConfig, conn: Connection) -> None:
             conn.send((*_run_episode(index), None))
     except (EOFError, BrokenPipeError):
         return
-    except BaseException as err:  # handed to the parent, which raises it with the episode named
+    except BaseException as err:  # handed to the parent, which commits what it can and raises it
         try:
             conn.send((index, None, err))
         except Exception:  # an exception that does not pickle: its text is enough
@@ -187,9 +187,14 @@ class _Worker:
         child.close()
         self.index: int | None = None  # the episode it is running
 
-    def give(self, index: int) -> None:
+    def give(self, index: int) -> bool:
+        """Send the worker episode ``index``; False if it has died."""
         self.index = index
-        self.conn.send(index)
+        try:
+            self.conn.send(index)
+        except OSError:
+            return False
+        return True
 
     def death(self) -> str:
         """How the worker ended, after its pipe closed: exit status or signal."""
@@ -364,12 +369,14 @@ def _collect(store: EpisodeStore, config: CollectConfig, episodes: int, envs: in
     todo = iter(range(store.n_episodes, episodes))
     ctx = _context()
     workers: list[_Worker] = []
-    dead: tuple[_Worker, int] | None = None
+    dead: _Worker | None = None
     finished = False
     try:
         for number in range(min(envs, episodes - store.n_episodes)):
             workers.append(_Worker(ctx, config, number))
-            workers[-1].give(next(todo))
+            if not workers[-1].give(next(todo)):
+                dead = workers[-1]
+                break
         while committer.next < episodes and stop.signum is None and dead is None:
             busy = {w.conn: w for w in workers if w.index is not None}
             for conn in wait(list(busy), timeout=POLL_SECONDS):
@@ -377,16 +384,17 @@ def _collect(store: EpisodeStore, config: CollectConfig, episodes: int, envs: in
                 try:
                     index, episode, error = conn.recv()
                 except (EOFError, OSError):  # the worker died: its pipe closed, maybe mid-message
-                    dead = worker, worker.index
+                    dead = worker
                     break
                 if error is not None:
                     raise error
                 worker.index = None
                 committer.ready[index] = episode
-                following = next(todo, None)
-                if following is not None:
-                    worker.give(following)
                 bar.update(1)
+                following = next(todo, None)
+                if following is not None and not worker.give(following):
+                    dead = worker
+                    break
             committer.commit()
         finished = committer.next == episodes
     finally:
@@ -395,14 +403,14 @@ def _collect(store: EpisodeStore, config: CollectConfig, episodes: int, envs: in
         finally:
             for worker in workers:
                 worker.stop(wait=finished)
+    # a stop signal first: the same SIGTERM may have ended a worker too (sent to the process group)
+    stop.check(committer.kept())
     if dead is not None:
-        worker, index = dead
         raise CollectionStopped(
-            f"worker process {worker.process.pid} {worker.death()} while running episode {index}; "
+            f"worker process {dead.process.pid} {dead.death()} while running episode {dead.index}; "
             f"{committer.kept()}. Rerun the same command to continue.",
             1,
         )
-    stop.check(committer.kept())
 
 
 def collect_walker(
