@@ -109,7 +109,7 @@ class ArmRunConfig:
         """Raise InputError naming the first bad option."""
         where = f"control {self.robot}"
         if self.steps < 2 or not 0 <= self.change_at < self.steps:
-            raise InputError(f"{where}: need steps >= 2 and 0 <= change_at < steps, got {self.steps}, {self.change_at}")
+            raise InputError(f"{where}: need --steps >= 2 and 0 <= --change-at < --steps, got {self.steps}, {self.change_at}")
         if not np.isfinite(self.payload) or self.payload < 0:
             raise InputError(f"{where}: --payload must be a finite mass >= 0 kg, got {self.payload}")
         for name in ("speed", "rate_hz"):

@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from gpdyn.data.arm_schema import OFFLINE, ONLINE, arm_episode_keys, arm_fields
 from gpdyn.data.store import EpisodeStore, StoreError
+from gpdyn.device import check_memory
 from gpdyn.errors import InputError
 from gpdyn.robots.arm import DEFAULT_PAYLOAD_OFFSET, ArmLimits, ArmModel, inverse_dynamics
 from gpdyn.robots.kuka import kuka_arm
@@ -378,6 +379,9 @@ def collect_arm(
     }
     plan = [(part, length) for part, total in ((OFFLINE, offline), (ONLINE, online))
             for length in split_evenly(total, len(streams[part].speeds))]
+    # an episode is made whole in memory (time, q, qd, qdd, tau and their temporaries, about
+    # four copies of 4n + 1 float64 columns per sample): refused here, before the store exists
+    check_memory(max(length for _, length in plan) * 32 * (4 * arm.n + 1), f"--offline {offline} / --online {online}")
     settings = {
         "source": SOURCE,
         "env_id": arm.env_id,

@@ -315,6 +315,10 @@ def _probe(policy: WalkerPolicy) -> None:
                            rng.uniform(-1, 1, size=(_PROBES - 3, policy.obs_dim))])
     obs = policy.obs_mean + policy.clip_obs * unit * scale
     policy.act(obs)  # raises PolicyError on a non-finite action
+    with torch.no_grad():  # the float32 network the planners' proposal copies (float64 above may not overflow)
+        torch_action = policy.net(torch.as_tensor(policy.normalize(obs), dtype=torch.float32))
+    if not bool(torch.isfinite(torch_action).all()):
+        raise PolicyError(f"{policy.path}: the actor gives NaN or inf in float32 on probe observations")
     if policy.value_net is not None and not np.isfinite(policy.value(obs)).all():
         raise PolicyError(f"{policy.path}: the critic gives NaN or inf on probe observations")
 
