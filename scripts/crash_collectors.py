@@ -182,7 +182,7 @@ def _check_status(trial: Trial, err: str, planned: int) -> None:
     # last commit) a signal acts as on any process: by then this run has committed
     # nothing, or everything.
     early = trial.committed_after == trial.committed_before or trial.committed_after == planned
-    if not trial.landed:
+    if not trial.landed or (trial.committed_after == planned and status == 0):  # it finished all the same
         ok = status == 0
     elif trial.kind == "SIGKILL":
         ok = status == -signal.SIGKILL
@@ -282,11 +282,13 @@ def main() -> int:
     ap.add_argument("--kinds", default=None, help=f"comma-separated kinds of kill (default all of: {', '.join(KINDS)})")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--episodes", type=int, default=12, help="walker episodes per store")
+    ap.add_argument("--offline", type=int, default=4000, help="kuka offline samples per store")
+    ap.add_argument("--online", type=int, default=40000, help="kuka online samples per store")
     ap.add_argument("--commit-seconds", type=float, default=None, help="walker: --commit-seconds (default the collector's)")
     ap.add_argument("--work", type=Path, required=True, help="a new folder for the stores and run folders")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=False)
-    collector = walker(args.episodes, args.commit_seconds) if args.collector == "walker" else kuka()
+    collector = walker(args.episodes, args.commit_seconds) if args.collector == "walker" else kuka(args.offline, args.online)
     kinds = tuple(k.strip() for k in args.kinds.split(",")) if args.kinds else None
     counts = campaign(collector, args.work, args.trials, args.seed, kinds)
     print(json.dumps(counts))

@@ -403,6 +403,8 @@ def _collect(store: EpisodeStore, config: CollectConfig, episodes: int, envs: in
         finally:
             for worker in workers:
                 worker.stop(wait=finished)
+    if finished:  # a signal that came with the last episode has nothing left to stop
+        return
     # a stop signal first: the same SIGTERM may have ended a worker too (sent to the process group)
     stop.check(committer.kept())
     if dead is not None:
