@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from gpdyn.errors import InputError
 
 METRICS = ("nmse", "nll", "msll", "coverage")
 JOINT_1 = "tau0[t]"
@@ -31,19 +32,20 @@ Table = dict[str, dict[str, dict[str, float]]]  # learner -> metric -> {"mean", 
 
 def read_final(folder: Path) -> tuple[dict, Table]:
     """The run's config and ``{learner: {metric: {"mean", "std", JOINT_1}}}`` from its final.csv."""
-    final, config_path = folder / "final.csv", folder / "config.json"
-    for path in (final, config_path):
-        if not path.is_file():
-            raise SystemExit(f"{path}: no such file (a `gpdyn replay` run folder holds final.csv and config.json)")
-    config = json.loads(config_path.read_text())
+    from gpdyn.runs import RunDir
+
+    config = RunDir(folder).config()
+    final = folder / "final.csv"
+    if not final.is_file():
+        raise InputError(f"{final}: no such file (`gpdyn replay` and `gpdyn report` write it)")
     table: Table = {}
     with final.open(newline="") as f:
         for row in csv.DictReader(f):
-            if row["metric"] in METRICS:
+            if row.get("metric") in METRICS:
                 values = {k: float(row[k]) for k in ("mean", "std", JOINT_1)}
                 table.setdefault(row["learner"], {})[row["metric"]] = values
     if not table:
-        raise SystemExit(f"{final}: no rows of the metrics {', '.join(METRICS)}")
+        raise InputError(f"{final}: no rows of the metrics {', '.join(METRICS)}")
     return config, table
 
 
@@ -96,11 +98,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="the runs' store: add the least-squares reference on each run's split")
     args = p.parse_args(argv)
     runs = []
-    for folder in args.folders:
-        config, table = read_final(folder)
-        if args.store is not None:
-            table["linear"] = linear_reference(args.store, config)
-        runs.append((config.get("protocol", "?"), table))
+    try:
+        for folder in args.folders:
+            config, table = read_final(folder)
+            if args.store is not None:
+                table["linear"] = linear_reference(args.store, config)
+            runs.append((config.get("protocol", "?"), table))
+    except InputError as err:
+        print(f"sarcos_table: error: {err}", file=sys.stderr)
+        return 2
     print(markdown(runs))
     return 0
 
