@@ -58,8 +58,8 @@ UNITS: dict[str, tuple[str, str, str]] = {
 
 # A plain decimal number, or a NaN/infinity spelling (refused later as "not finite",
 # which names the problem better than "not a number"). Python's float() and numpy
-# also accept "1_000", non-ASCII digits and surrounding whitespace: none of those is
-# in the published files, and each is more likely a corrupted cell than data.
+# also accept "1_000" and non-ASCII digits ("\u0663"): neither is in the published
+# files, and each is more likely a corrupted cell than data.
 _NUMBER = r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|(?i:nan|inf|infinity))"
 NUMBER = re.compile(_NUMBER)
 # A whole line of N_COLUMNS numbers: the fast path; lines it rejects are looked at cell by cell.
