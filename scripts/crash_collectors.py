@@ -92,6 +92,15 @@ def descendants(pid: int) -> list[tuple[int, int]]:
     return out
 
 
+def _forked_by_the_server(pid: int) -> bool:
+    """A walker worker: a process forked by the fork server (so with its command line), two levels below the
+    collector. (Other processes run there too: importing glfw starts a version check in a subprocess.)"""
+    try:
+        return b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def alive(pid: int) -> bool:
     """True while ``pid`` runs (a zombie has ended)."""
     try:
@@ -138,8 +147,7 @@ def run_trial(collector: Collector, store: Path, out: Path, kind: str, rng: np.r
         if kind == "worker SIGKILL":
             workers: list[int] = []
             while proc.poll() is None and not workers and time.monotonic() < deadline:
-                # the workers are the forkserver's children: two levels below the collector
-                workers = [p for p, depth in descendants(proc.pid) if depth == 2]
+                workers = [p for p, depth in descendants(proc.pid) if depth == 2 and _forked_by_the_server(p)]
                 time.sleep(0.02)
             tree = [p for p, _ in descendants(proc.pid)]
             if workers and proc.poll() is None:
