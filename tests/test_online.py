@@ -37,15 +37,17 @@ def _run(name: str, sizes: dict, iterations: int = 250):
 @pytest.mark.parametrize("name", list(SINC))
 def test_each_learner_fits_sinc(name):
     sizes, target = SINC[name]
-    iterations = 600 if name == "orth" else 250
+    # svdgp: with its covariance learning, the noise falls to its true level and Adam's minibatch
+    # noise in the mean coefficients takes longer to settle
+    iterations = 600 if name in ("orth", "svdgp") else 250
     _, records = _run(name, sizes, iterations)
     assert records[-1]["iteration"] == iterations
     assert records[-1]["nmse_mean"] < target, records[-1]
 
 
 def test_decoupled_beats_coupled_with_the_same_covariance_basis():
-    _, dec = _run("svdgp", {"m_alpha": 128, "m_beta": 4, "n_columns": 64})
-    _, cpl = _run("svi", {"m": 4})
+    _, dec = _run("svdgp", {"m_alpha": 128, "m_beta": 4, "n_columns": 64}, iterations=600)
+    _, cpl = _run("svi", {"m": 4}, iterations=600)
     assert dec[-1]["nmse_mean"] < 0.5 * cpl[-1]["nmse_mean"], (dec[-1]["nmse_mean"], cpl[-1]["nmse_mean"])
 
 
