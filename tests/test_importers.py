@@ -78,6 +78,7 @@ def test_sarcos_round_trip_train_and_test(tmp_path: Path) -> None:
     np.testing.assert_array_equal(store.read("q"), np.concatenate([train, test, more])[:, :7])
     assert store.attrs["tau_scale"] == [1.0] * 7 and store.attrs["env_id"] == "sarcos"
     assert store.attrs["input_units"] == "physical" and store.fields["tau"].unit == "N m"
+    EpisodeStore.open(tmp_path / "s.zarr", "a").close()  # the import let go of the writer lock
     kuka = import_kuka_ilgr([_write_text(tmp_path / "k_offline.txt", train)], tmp_path / "k.zarr")
     assert list(episode_splits(kuka)) == ["train"]
 

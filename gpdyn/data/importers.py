@@ -253,6 +253,7 @@ def _write(
     )
     store.append_episodes([_episode(f.rows) for f in ordered],
                           [{"online": f.online, "file": i} for i, f in enumerate(ordered)])
+    store.close()  # an import is written once: the store is returned readable, its writer lock released
     return store
 
 
