@@ -120,3 +120,27 @@ def test_the_command_check_can_fail():
     (line,) = _commands("```bash\ngpdyn control walker --learner svdgp --no-such-option 3\n```")
     with pytest.raises(SystemExit):
         build_parser().parse_args(shlex.split(line)[1:])
+
+
+def _python_blocks(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, re.S)
+
+
+def test_readme_python_snippets_run_as_written(tmp_path):
+    """Every Python block of the README runs as written, in order and in one namespace, in a
+    folder holding a small Walker2d store under the name the blocks use (``walker.zarr``)."""
+    from synthetic import make_walker_store
+
+    blocks = _python_blocks((ROOT / "README.md").read_text())
+    assert len(blocks) >= 3 and any("ReplayConfig" in b for b in blocks)
+    make_walker_store(tmp_path / "walker.zarr", [80, 60, 70])  # the working directory is tmp_path (conftest)
+    namespace: dict = {}
+    for i, block in enumerate(blocks):
+        exec(compile(block, f"README.md python block {i + 1}", "exec"), namespace)
+    assert (namespace["final"]["coverage_mean"] >= 0) and set(namespace["cfg"].learners) == {"svdgp", "svi"}
+    assert len(list((tmp_path / "logs").glob("replay-*"))) == 1 and len(list((tmp_path / "logs").glob("learn-*"))) == 1
+
+
+def test_the_snippet_check_can_fail(tmp_path):
+    with pytest.raises(NameError):
+        exec(compile(_python_blocks("```python\nlearner.step(x, y)\n```")[0], "snippet", "exec"), {})
