@@ -153,3 +153,13 @@ def test_learn_takes_a_preset_and_sizes_over_it(walker_store, tmp_path):
     assert config["m_beta"] == 4 and config["n_delta"] == 4
     assert main([*argv[:-2], "--preset", "huge", "--out", str(tmp_path / "bad")]) == 2
     assert not (tmp_path / "bad").exists()
+
+
+def test_size_values_read_numbers_switches_and_none():
+    from gpdyn.cli.jobs import learner_size_option, size_option
+
+    assert size_option("m_alpha=4096") == ("m_alpha", 4096) and size_option("lr=0.1") == ("lr", 0.1)
+    # "false" is a switch turned off, never the text "false" (which Python reads as True)
+    assert size_option("jacobi=false") == ("jacobi", False) and size_option("jacobi=True") == ("jacobi", True)
+    assert size_option("n_columns=none") == ("n_columns", None)
+    assert learner_size_option("svdgp.jacobi=false") == ("svdgp", "jacobi", False)

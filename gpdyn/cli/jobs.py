@@ -31,10 +31,12 @@ from gpdyn.errors import InputError
 
 
 def _number_or_text(raw: str) -> Any:
-    """``"4096"`` -> 4096, ``"0.1"`` -> 0.1, ``"none"`` -> None, anything else stays text."""
+    """``"4096"`` -> 4096, ``"0.1"`` -> 0.1, ``"none"`` -> None, ``"true"``/``"false"`` -> bool,
+    anything else stays text (a learner refuses text where it takes a number or a switch)."""
     raw = raw.strip()
-    if raw.lower() == "none":
-        return None
+    words = {"none": None, "true": True, "false": False}
+    if raw.lower() in words:
+        return words[raw.lower()]
     for cast in (int, float):
         try:
             return cast(raw)
