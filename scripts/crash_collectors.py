@@ -92,6 +92,13 @@ def descendants(pid: int) -> list[tuple[int, int]]:
     return out
 
 
+def _default_signals() -> None:
+    """In the collector, before it starts: SIGINT and SIGTERM act as in a foreground job, also when this
+    campaign runs in the background (where a shell starts it with SIGINT ignored, and its children inherit that)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _forked_by_the_server(pid: int) -> bool:
     """A walker worker: a process forked by the fork server (so with its command line), two levels below the
     collector. (Other processes run there too: importing glfw starts a version check in a subprocess.)"""
@@ -136,7 +143,7 @@ def run_trial(collector: Collector, store: Path, out: Path, kind: str, rng: np.r
     trial = Trial(kind, committed_before=committed(store))
     commits, delay = int(rng.integers(0, 3)), float(rng.uniform(0.0, 1.0))
     proc = subprocess.Popen([sys.executable, "-m", "gpdyn", *collector.args, "--store", str(store), "--out", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=_default_signals)
     deadline = time.monotonic() + (TIMEOUT if kind != "none" else 0.0)  # "none": let it finish
     while proc.poll() is None and committed(store) < trial.committed_before + commits and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -107,3 +107,15 @@ def test_an_exception_in_a_worker_reaches_the_collector_after_it_commits(tmp_pat
     with store, pytest.raises(PolicyError, match="gone.pt"):
         _collect(store, config, 3, 1, StopSignals(), tqdm(disable=True), commit_seconds=0)
     assert EpisodeStore.open(path).n_episodes == 1
+
+
+def test_an_ignored_signal_stays_ignored() -> None:
+    """A shell starts a background job with SIGINT ignored; the collector keeps it so."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with StopSignals() as stop:
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            signal.raise_signal(signal.SIGINT)
+            assert stop.signum is None
+    finally:
+        signal.signal(signal.SIGINT, before)

@@ -40,8 +40,9 @@ def signal_name(number: int) -> str:
 class StopSignals:
     """A context in which SIGTERM and SIGINT set :attr:`signum` instead of ending the process.
 
-    The previous handlers come back on exit. Outside the main thread Python cannot
-    install handlers: there the context does nothing and the signals act as before.
+    The previous handlers come back on exit. A signal the process ignores stays ignored.
+    Outside the main thread Python cannot install handlers: there the context does
+    nothing and the signals act as before.
     """
 
     def __init__(self) -> None:
@@ -54,7 +55,9 @@ class StopSignals:
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
+                # an ignored signal stays ignored: a shell starts background jobs with SIGINT ignored
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
