@@ -103,6 +103,12 @@ def test_gpdyn_learn_writes_a_run_that_load_restores(walker_store, tmp_path, cap
     assert "NLL " in capsys.readouterr().out
     learner, normalizer = load(out)
     assert learner.t == 4 and normalizer.y_mean.shape == (9,)
+    assert "(iid protocol)" in report and "a seeded 10% of the samples" in report
+    block = tmp_path / "block"
+    assert main(argv[:-2] + ["--protocol", "block", "--out", str(block)]) == 0
+    assert "(block protocol)" in (block / "report.md").read_text()
+    assert json.loads((block / "config.json").read_text())["problem"]["held_out"].startswith("one contiguous block")
+    assert main(argv[:-2] + ["--protocol", "ordered", "--out", str(tmp_path / "ordered")]) == 2
     assert main(argv[:-2] + ["--size", "m_alpha=oops=1", "--out", str(tmp_path / "bad")]) == 2
     assert main(argv[:-2] + ["--size", "bogus=1", "--out", str(tmp_path / "bad2")]) == 2
 

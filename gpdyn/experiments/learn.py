@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpdyn.data.problems import PROTOCOLS, Normalizer, load_problem
+from gpdyn.data.problems import PROTOCOLS, Normalizer, Problem, load_problem
 from gpdyn.data.streams import IIDStream
 from gpdyn.device import dtype_name, resolve_device, resolve_dtype
 from gpdyn.errors import InputError
@@ -125,7 +125,7 @@ def learn(cfg: LearnConfig, out: str | Path | None = None, *, progress: bool = T
     )
     save_learner(learner, run.path / CHECKPOINT, normalizer=problem.normalizer.to_json(), problem=problem.describe())
     final = records[-1]
-    (run.path / "report.md").write_text(_report(cfg.learner, problem.name, problem.output_names, final))
+    (run.path / "report.md").write_text(_report(cfg.learner, problem, final))
     return run, final
 
 
@@ -145,12 +145,15 @@ def load(run_dir: str | Path, device: str | torch.device | None = None) -> tuple
     return learner, Normalizer.from_json({key: stats[key] for key in widths})
 
 
-def _report(learner: str, problem: str, outputs: tuple[str, ...], final: dict[str, Any]) -> str:
+def _report(learner: str, problem: Problem, final: dict[str, Any]) -> str:
     """The final evaluation: every score per output, then mean ± std over outputs."""
     from gpdyn.experiments.report import CALIBRATION_NOTE, COLUMNS, mean_std
 
+    outputs = problem.output_names
     lines = [
-        f"# {learner} on {problem}, iteration {final['iteration']}",
+        f"# {learner} on {problem.name} ({problem.protocol} protocol), iteration {final['iteration']}",
+        "",
+        f"Held out: {problem.held_out} ({len(problem.x_test)} test rows; {len(problem.x_train)} training rows).",
         "",
         "| output | " + " | ".join(COLUMNS.values()) + " |",
         "|---|" + "---|" * len(COLUMNS),
