@@ -137,7 +137,7 @@ def add_learn(sub: argparse._SubParsersAction) -> None:
     add_problem(p)
     add_learner(p)
     add_protocol(p, "iid holds out a seeded 10%% of the rows, block a seeded contiguous block of each episode, split "
-                    "a dataset's own test file (iid minibatches of the rest in each case)")
+                    "a dataset's own test file (iid minibatches of the rest in each case; ordered is gpdyn replay's)")
     _add_protocol(p)
     add_preset(p)
     p.add_argument("--size", type=size_option, action="append", default=[], metavar="KEY=VALUE",
