@@ -47,6 +47,7 @@ import torch
 from tqdm import tqdm
 
 from gpdyn.data.arm_schema import ARM_FIELD_NAMES
+from gpdyn.data.importers import TEST, episode_splits
 from gpdyn.data.store import EpisodeStore, StoreError
 from gpdyn.errors import InputError
 
@@ -336,8 +337,6 @@ def _held_out(
             first = int(rng.integers(0, int(n) - k + 1))
             is_test[start + first : start + first + k] = True
         return is_test, f"one contiguous block of {TEST_FRACTION:.0%} of each episode's samples, at a seeded place"
-    from gpdyn.data.importers import TEST, episode_splits
-
     try:
         splits = episode_splits(store)[in_pool]
     except InputError as err:
