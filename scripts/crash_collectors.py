@@ -203,9 +203,11 @@ def _check_status(trial: Trial, err: str, planned: int) -> None:
         ok = status == -signal.SIGKILL
     elif trial.kind == "SIGTERM":
         ok = (status == 128 + signal.SIGTERM and "stopped by SIGTERM" in message) or (early and status == -signal.SIGTERM)
-    elif trial.kind == "SIGINT":  # early: Python's own KeyboardInterrupt (-2), or the command's "interrupted" (130)
+    elif trial.kind == "SIGINT":
+        # early: Python's own KeyboardInterrupt (-2), the command's "interrupted" (130), or an
+        # ImportError when the KeyboardInterrupt lands inside an extension module's import (1)
         ok = (status == 128 + signal.SIGINT and "stopped by SIGINT" in message) or (
-            early and status in (-signal.SIGINT, 128 + signal.SIGINT))
+            early and (status in (-signal.SIGINT, 128 + signal.SIGINT) or (status == 1 and "KeyboardInterrupt" in err)))
     else:  # worker SIGKILL
         ok = status == 1 and "was killed by SIGKILL" in message
     if not ok:
