@@ -395,7 +395,8 @@ def _collect(store: EpisodeStore, config: CollectConfig, episodes: int, envs: in
                 if following is not None and not worker.give(following):
                     dead = worker
                     break
-            committer.commit()
+            # with every worker idle nothing more can come: commit now rather than wait for the interval
+            committer.commit(force=all(w.index is None for w in workers))
         finished = committer.next == episodes
     finally:
         try:
