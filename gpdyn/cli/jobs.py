@@ -131,10 +131,15 @@ def _print_tree(d: dict, indent: int = 0) -> None:
 # --- learn, replay -----------------------------------------------------------------
 
 
-def add_learn(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("learn", help="the online learning protocol of one learner on a problem (SVDGP Algorithm 1)")
+def _add_data(p: argparse.ArgumentParser) -> None:
+    """The store and the regression problem built from it (learn and replay)."""
     p.add_argument("--store", type=Path, required=True, help="episode store (zarr) the problem is built from")
     add_problem(p)
+
+
+def add_learn(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("learn", help="the online learning protocol of one learner on a problem (SVDGP Algorithm 1)")
+    _add_data(p)
     add_learner(p)
     add_protocol(p, "iid holds out a seeded 10%% of the rows, block a seeded contiguous block of each episode, split "
                     "a dataset's own test file (iid minibatches of the rest in each case; ordered is gpdyn replay's)")
@@ -169,8 +174,7 @@ def run_learn(args: argparse.Namespace) -> int:
 
 def add_replay(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("replay", help="several learners on one dataset, side by side (SVDGP Table 2)")
-    p.add_argument("--store", type=Path, required=True, help="episode store (zarr) the problem is built from")
-    add_problem(p)
+    _add_data(p)
     add_learners(p)
     add_protocol(p, "iid minibatches with a seeded 10%% held out (SVDGP); ordered: init on the offline part, then "
                     "stream the rest in order (ILGR); block: a seeded contiguous block of each episode held out; split: "
