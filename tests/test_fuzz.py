@@ -21,8 +21,6 @@ learner) is built once per module.
 from __future__ import annotations
 
 import contextlib
-import copy
-import gzip
 import io
 import json
 import shutil

@@ -73,7 +73,7 @@ class ComputedTorqueController(Controller):
         self.model, self.updater = model, updater
         self.env: Any = None
         self._fallbacks = 0
-        self._skipped = 0  # transitions the updater could not learn from (NaN/inf), see OnlineUpdater.usable
+        self._skipped = 0  # transitions the updater could not learn from (NaN/inf), see OnlineUpdater
 
     def reset(self, env: Any) -> None:
         self.env = env.unwrapped

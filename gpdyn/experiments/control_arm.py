@@ -38,8 +38,9 @@ from gpdyn.control.dynamics import LearnedModel
 from gpdyn.control.loop import run_episode
 from gpdyn.device import DTYPES, MAX_SEED, check_memory, resolve_dtype
 from gpdyn.errors import InputError
+from gpdyn.gp import make_learner
 from gpdyn.gp.residual import ResidualGP
-from gpdyn.gp.training import OnlineUpdater, build_learner, pretrain_learner
+from gpdyn.gp.training import OnlineUpdater, pretrain_learner
 from gpdyn.robots.arm import ArmModel, pd_gains
 from gpdyn.runs import RunDir
 
@@ -174,7 +175,7 @@ def _pretrained(run: RunDir, cfg: ArmRunConfig, arm: ArmModel, store: str | Path
     dtype = resolve_dtype(cfg.dtype, cfg.device)
     parts = [problem.tensors(s, cfg.device, dtype) for s in ("init", "train") if len(problem.split(s)[0])]
     x_train, y_train = torch.cat([a for a, _ in parts]), torch.cat([b for _, b in parts])
-    learner = build_learner(cfg.learner, 3 * arm.n, arm.n, scale=cfg.scale, device=cfg.device, dtype=dtype, seed=cfg.seed)
+    learner = make_learner(cfg.learner, 3 * arm.n, arm.n, preset=cfg.scale, device=cfg.device, dtype=dtype, seed=cfg.seed)
     t0 = time.perf_counter()
     fit = pretrain_learner(learner, x_train, y_train, iterations=cfg.pretrain_iterations, batch=cfg.pretrain_batch,
                            seed=cfg.seed, progress=cfg.progress)

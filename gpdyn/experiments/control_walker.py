@@ -41,10 +41,10 @@ from gpdyn.control.loop import Controller, Episode, run_episode
 from gpdyn.control.mpc import MPCConfig, make_planner
 from gpdyn.device import MAX_SEED, resolve_device, resolve_dtype
 from gpdyn.errors import InputError
-from gpdyn.gp import LEARNERS, Learner
+from gpdyn.gp import LEARNERS, PRESETS, Learner, make_learner
 from gpdyn.gp.online import nmse
 from gpdyn.gp.residual import RESIDUAL_KERNELS, ResidualGP
-from gpdyn.gp.training import SCALES, OnlineUpdater, build_learner, pretrain_learner
+from gpdyn.gp.training import OnlineUpdater, pretrain_learner
 from gpdyn.robots.walker import (
     ACTION_INPUTS,
     DT,
@@ -161,8 +161,8 @@ class WalkerRunConfig:
         if self.pretrain_batch < 1 or self.online_batch < 1:
             raise InputError(f"control walker: pretrain_batch and online_batch must be >= 1, got {self.pretrain_batch}, "
                              f"{self.online_batch}")
-        if self.scale not in SCALES:
-            raise InputError(f"control walker: scale must be one of {', '.join(SCALES)}, got '{self.scale}'")
+        if self.scale not in PRESETS:
+            raise InputError(f"control walker: scale must be one of {', '.join(PRESETS)}, got '{self.scale}'")
         plant_change_factor(self.change, self.change_factor)
         if not 0 <= self.change_at < self.steps:
             raise InputError(f"control walker: --change-at must be in [0, steps={self.steps}), got {self.change_at}")
@@ -242,7 +242,7 @@ def pretrained_walker_model(cfg: WalkerRunConfig, store: str | Path) -> tuple[Le
     problem = walker1.as_change_of(QVEL_INPUTS) if cfg.target == "change" else walker1
     dtype = cfg.torch_dtype
     x, y = problem.tensors("train", cfg.device, dtype)
-    learner = build_learner(cfg.learner, LAYOUT.input_dim, LAYOUT.nv, scale=cfg.scale, device=cfg.device, dtype=dtype,
+    learner = make_learner(cfg.learner, LAYOUT.input_dim, LAYOUT.nv, preset=cfg.scale, device=cfg.device, dtype=dtype,
                             seed=cfg.seed, **cfg.extra)
     t0 = time.perf_counter()
     fit = pretrain_learner(learner, x, y, iterations=cfg.pretrain_iterations, batch=cfg.pretrain_batch,
@@ -282,7 +282,7 @@ def walker_residual_gp(prior: Learner, reference_x: torch.Tensor, cfg: WalkerRun
 
 def copy_learner(learner: Learner, cfg: WalkerRunConfig) -> Learner:
     """A new learner of the same kind and sizes holding ``learner``'s state (the contract's checkpoint)."""
-    twin = build_learner(cfg.learner, learner.input_dim, learner.output_dim, scale=cfg.scale, device=cfg.device,
+    twin = make_learner(cfg.learner, learner.input_dim, learner.output_dim, preset=cfg.scale, device=cfg.device,
                          dtype=cfg.torch_dtype, seed=cfg.seed, **cfg.extra)
     twin.load_state_dict(learner.state_dict())
     return twin

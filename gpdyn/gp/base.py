@@ -62,6 +62,10 @@ class LearnerError(InputError):
     """Bad input to a learner (wrong shape, NaN, wrong device); the message says where."""
 
 
+class NonFiniteError(LearnerError):
+    """NaN or inf in a learner's data, raised before the learner changes any state."""
+
+
 # -- checkpoint data ------------------------------------------------------------------
 PLAIN_TYPES = (bool, int, float, str, type(None))
 
@@ -434,4 +438,4 @@ class Learner(Stateful, abc.ABC):
         """Raise on NaN/inf. This syncs with the device: call it on inputs, not in predict."""
         for name, t in tensors.items():
             if not bool(torch.isfinite(t).all()):
-                raise LearnerError(f"{type(self).__name__}.{where}: {name} contains NaN or inf")
+                raise NonFiniteError(f"{type(self).__name__}.{where}: {name} contains NaN or inf")

@@ -24,7 +24,7 @@ from tqdm import tqdm
 from gpdyn.device import dtype_name, resolve_dtype, sync
 from gpdyn.errors import InputError
 from gpdyn.gp import make_learner
-from gpdyn.gp.base import LOG_2PI, Learner, LearnerError, check_plain
+from gpdyn.gp.base import LOG_2PI, Learner, check_plain
 
 #: the layout of a checkpoint: learner name, config, dtype, the learner's declared state
 #: (gpdyn.gp.base.Stateful) and the caller's extras, all plain data

@@ -323,6 +323,7 @@ class ResidualGP(Learner):
         self.check_xy(x, y, "observe")
         self.check_finite("observe", x=x, y=y)
         r = y - self._prior_mean(x)
+        self.check_finite("observe", residual=r)  # a diverged prior: refused before the gate or the GP change
         if self.config["gated"]:
             with torch.no_grad():
                 r_pred = self.residual.predict(x)[0] if self.residual.n else torch.zeros_like(r)

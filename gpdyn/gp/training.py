@@ -23,27 +23,14 @@ Fast adaptation (a frozen model plus a GP on its residuals) is :mod:`gpdyn.gp.re
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
 
 import torch
 from torch import Tensor
 from tqdm import tqdm
 
 from gpdyn.errors import InputError
-from gpdyn.gp import PRESETS, Learner, make_learner
-
-SCALES = PRESETS  # the names build_learner's ``scale`` takes
-
-
-def build_learner(
-    name: str, input_dim: int, output_dim: int, *, scale: str = "small", device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float64, seed: int = 0, **overrides: Any,
-) -> Learner:
-    """A learner for control at the sizes of its ``scale`` preset ("small": a few minutes on
-    2 cores; see each learner's ``presets``), with ``overrides`` on top."""
-    if scale not in SCALES:
-        raise InputError(f"unknown learner scale '{scale}'; choose one of {', '.join(SCALES)}")
-    return make_learner(name, input_dim, output_dim, preset=scale, device=device, dtype=dtype, seed=seed, **overrides)
+from gpdyn.gp import Learner
+from gpdyn.gp.base import NonFiniteError
 
 
 def _basis_below(learner: Learner, fill: float) -> bool:
@@ -100,37 +87,27 @@ class OnlineUpdater:
         self.recent_x: deque[Tensor] = deque(maxlen=self.batch)
         self.recent_y: deque[Tensor] = deque(maxlen=self.batch)
         self.skipped = 0  # transitions not observed because the learner is full
-        self.nonfinite = 0  # transitions not learnt from: NaN or inf in them or in the model's prediction there
-
-    def usable(self, x: Tensor, y: Tensor) -> bool:
-        """Whether ``x``, ``y`` and the learner's prediction at ``x`` are finite. A model that
-        predicts NaN there (a diverged prior under a ResidualGP) would make a NaN target,
-        which every learner refuses; one check here keeps the run going instead."""
-        if not (bool(torch.isfinite(x).all()) and bool(torch.isfinite(y).all())):
-            return False
-        if not self.learner.initialized:
-            return True
-        try:
-            with torch.no_grad():
-                mean, var = self.learner.predict(x)
-        except torch.linalg.LinAlgError:  # a failed Cholesky factor: NaN on a GPU, raised on the CPU
-            return False
-        return bool(torch.isfinite(mean).all()) and bool(torch.isfinite(var).all())
+        self.nonfinite = 0  # transitions not learnt from: NaN or inf in them or in what the learner derives from them
 
     def __call__(self, x: Tensor, y: Tensor) -> dict[str, float]:
         """One transition (or a few) ``x [n, D]``, ``y [n, P]``, normalised.
 
-        A transition that is not :meth:`usable` is skipped, the model stays as it was and
-        the metrics say ``skipped: 1`` (counted in ``nonfinite``): the control run goes on.
+        A transition the learner cannot learn from is skipped and the model stays as it
+        was: NaN or inf in it, or in what the learner derives from it before changing any
+        state (a residual learner's target ``y - prior(x)`` under a diverged prior raises
+        :class:`~gpdyn.gp.base.NonFiniteError`; a failed Cholesky factor raises on the CPU).
+        The metrics then say ``skipped: 1`` (counted in ``nonfinite``): the control run goes on.
         """
-        if not self.usable(x, y):
-            self.nonfinite += x.shape[0]
-            return {"skipped": 1.0}
+        if not (bool(torch.isfinite(x).all()) and bool(torch.isfinite(y).all())):
+            return self._skip(x)
         room = self.learner.room()
         if room is not None and x.shape[0] > room:
             self.skipped += x.shape[0]
         else:
-            self.learner.observe(x, y)
+            try:
+                self.learner.observe(x, y)
+            except (NonFiniteError, torch.linalg.LinAlgError):
+                return self._skip(x)
         self.recent_x.extend(x)
         self.recent_y.extend(y)
         metrics: dict[str, float] = {}
@@ -142,5 +119,9 @@ class OnlineUpdater:
             metrics = {k: float(v) for k, v in out.items()}
         return {**metrics, "skipped": 0.0}
 
+    def _skip(self, x: Tensor) -> dict[str, float]:
+        self.nonfinite += x.shape[0]
+        return {"skipped": 1.0}
 
-__all__ = ["SCALES", "OnlineUpdater", "build_learner", "pretrain_learner"]
+
+__all__ = ["OnlineUpdater", "pretrain_learner"]
