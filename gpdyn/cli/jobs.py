@@ -14,7 +14,10 @@ from typing import Any
 from gpdyn.cli.common import (
     COUNT,
     LEARNER_NAMES,
+    POSITIVE,
     POSITIVE_LIST,
+    PRESET_NAMES,
+    PROBLEM_NAMES,
     SEED,
     Number,
     add_device,
@@ -26,6 +29,7 @@ from gpdyn.cli.common import (
     add_problem,
     add_protocol,
     comma_list,
+    learner_list,
 )
 from gpdyn.errors import InputError
 
@@ -236,6 +240,20 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=COUNT, default=3, help="timed steps per configuration (default 3)")
     p.add_argument("--only", type=comma_list, default=None, metavar="A,B,...",
                    help="configuration names to run (default all)")
+    p.add_argument("--peer", choices=("gpytorch",), default=None,
+                   help="add GPyTorch's SVGP beside gpdyn's learners (install it with scripts/install_peer.sh)")
+    p.add_argument("--store", type=Path, default=None,
+                   help="episode store of a real problem: also race the learners at equal time on it (held-out nMSE)")
+    p.add_argument("--problem", choices=PROBLEM_NAMES, default=None, metavar="NAME",
+                   help="the race's regression problem: %(choices)s")
+    p.add_argument("--budget", type=POSITIVE, default=60.0,
+                   help="the race's time per learner, seconds (CPU time on the CPU; default 60)")
+    p.add_argument("--learners", type=learner_list, default=None, metavar="A,B,...",
+                   help="learners that race (default svdgp,svi,orthnat,wiski)")
+    p.add_argument("--preset", choices=PRESET_NAMES, default="paper", metavar="NAME",
+                   help="the racing learners' sizes: %(choices)s (default paper; the peer takes SVI's M)")
+    p.add_argument("--peer-lr", type=POSITIVE, default=0.1, help="constant Adam step size of the peer (default 0.1, the gamma_0 of gpdyn's presets)")
+    p.add_argument("--seed", type=SEED, default=0)
     add_dtype(p)
     add_device(p)
     add_out(p)
@@ -260,7 +278,9 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
 def run_bench_learners(args: argparse.Namespace) -> int:
     from gpdyn.experiments.bench_learners import bench_learners
 
-    bench_learners(args.device, args.dtype, args.repeats, args.only, args.out)
+    bench_learners(args.device, args.dtype, args.repeats, args.only, args.out, peer=args.peer, store=args.store,
+                   problem=args.problem, budget=args.budget, learners=args.learners, preset=args.preset,
+                   peer_lr=args.peer_lr, seed=args.seed)
     return 0
 
 
