@@ -184,3 +184,19 @@ def test_a_checkpoint_of_another_format_or_with_foreign_objects_is_refused(tmp_p
         load_learner(tmp_path / "bad.pt")
     with pytest.raises(LearnerError, match="extra.thing: an object of type object is not checkpoint data"):
         save_learner(learner, tmp_path / "c.pt", thing=object())
+
+
+@pytest.mark.parametrize("name", sorted(LEARNERS))
+def test_predict_mean_is_the_mean_of_predict(name: str) -> None:
+    """``predict_mean`` (the planners' mean-only path, which skips the variance) gives
+    ``predict``'s mean to rounding, for any leading batch shape, under ``no_grad``."""
+    learner, _, _ = _trained(name)
+    g = torch.Generator().manual_seed(11)
+    for lead in ((), (7,), (2, 3)):
+        x = torch.randn(*lead, D, generator=g, dtype=torch.float64)
+        with torch.no_grad():
+            mean, _ = learner.predict(x)
+            got = learner.predict_mean(x)
+        assert got.shape == (*lead, P) and got.dtype == torch.float64
+        scale = float(mean.abs().max()) if mean.numel() else 1.0
+        torch.testing.assert_close(got, mean, rtol=1e-10, atol=1e-10 * scale)

@@ -341,3 +341,61 @@ def test_svdgp_step_is_the_same_with_any_chunk_size(monkeypatch):
     torch.testing.assert_close(losses[0], losses[1])
     for key in params[0]:
         torch.testing.assert_close(params[0][key], params[1][key])
+
+
+def test_exp2_matvec_is_the_kernel_times_a_vector_in_any_blocks():
+    """The prediction path (base-2 features, blocks of rows and columns, one kernel for every
+    output when the features carry no output axis) equals the autograd path to rounding."""
+    from gpdyn.gp.kernels import basis_features, exp2_matvec, exp_matvec, input_features
+
+    g = torch.Generator().manual_seed(3)
+    p, n, m, d = 3, 37, 53, 4
+    x = torch.randn(n, d, generator=g, dtype=F64)
+    z = torch.randn(p, m, d, generator=g, dtype=F64)
+    ls = torch.rand(p, d, generator=g, dtype=F64) + 0.5
+    amp = torch.rand(p, generator=g, dtype=F64) + 0.5
+    vec = torch.randn(p, m, generator=g, dtype=F64)
+    for c in (None, torch.rand(p, m, 1, generator=g, dtype=F64) + 0.5, torch.rand(p, m, d, generator=g, dtype=F64) + 0.5):
+        per_dim = c is not None and c.shape[-1] > 1
+        u = input_features(x, ls, per_dim)
+        want = exp_matvec(u, basis_features(z, c, ls, amp), vec)
+        for block, cols in ((10**6, 10**6), (50, 7), (1, 1)):
+            got = exp2_matvec(u, basis_features(z, c, ls, amp, base2=True), vec, block, cols)
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12 * float(want.abs().max()))
+        # shared features: output 0's kernel for every vector
+        c0 = None if c is None else c[:1]
+        shared = exp2_matvec(input_features(x, ls[:1], per_dim)[0], basis_features(z[:1], c0, ls[:1], amp[:1], base2=True)[0],
+                             vec, 50, 7)
+        per_output = exp_matvec(input_features(x, ls[:1], per_dim).expand(p, -1, -1),
+                                basis_features(z[:1], c0, ls[:1], amp[:1]).expand(p, -1, -1), vec)
+        torch.testing.assert_close(shared, per_output, rtol=1e-12, atol=1e-12 * float(per_output.abs().max()))
+
+
+def test_predictions_are_the_same_whether_outputs_share_features_or_not(monkeypatch):
+    """A model whose outputs have equal hyperparameters and bases (a fresh one) keeps one set
+    of features, one kernel for all outputs; its predictions equal the per-output path's."""
+    import gpdyn.gp.variational as variational
+    from gpdyn.gp import make_learner
+    from learner_data import random_data
+
+    x, y = random_data(64, 3, 2, seed=5)
+    model = make_learner("svdgp", 3, 2, m_alpha=32, m_beta=8, n_delta=32)
+    model.observe(x, y)
+    with torch.no_grad():
+        shared = (*model.predict(x), model.predict_mean(x))
+    assert model._cache["fa"].dim() == 2 and model._cache["fb"].dim() == 2 and model._cache["ls"].shape[0] == 1
+    monkeypatch.setattr(variational, "same_across_outputs", lambda *t: False)
+    model._cache = None
+    with torch.no_grad():
+        per_output = (*model.predict(x), model.predict_mean(x))
+    assert model._cache["fa"].dim() == 3 and model._cache["ls"].shape[0] == 2
+    for got, want in zip(shared, per_output):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    # outputs that differ are never merged
+    monkeypatch.undo()
+    with torch.no_grad():
+        model.params["log_ls"][1] += 0.1
+    model._cache = None
+    with torch.no_grad():
+        model.predict(x)
+    assert model._cache["fa"].dim() == 3 and model._cache["ls"].shape[0] == 2

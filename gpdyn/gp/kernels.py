@@ -10,6 +10,14 @@ kernel-times-vector products of the learners (``K_{X,alpha} a`` of SVDGP eq. (8)
 column-sampled ``a^T K_alpha a`` of eq. (9), ``K_{beta,gamma} a_gamma`` of ORTHDGP)
 go through :func:`kernel_matvec`: a hand-written backward that works in column
 chunks, so no ``[P, N, M]`` tensor is ever stored and memory stays linear in M.
+
+Prediction (no gradient) goes through :func:`exp2_matvec` on base-2 features: the basis
+side is scaled by ``log2(e)`` once, when a learner caches its features
+(``basis_features(..., base2=True)``), so each kernel entry costs one ``exp2``, about
+1.7x faster than ``exp`` on the CPU, and the kernel is built in blocks of test points and
+basis functions that stay in the L2 cache through the matmul, the ``exp2`` and the
+matvec. Where the kernel is the same for every output (equal length scales, amplitudes
+and bases: :func:`same_across_outputs`), one block serves all P outputs.
 """
 
 from __future__ import annotations
@@ -23,6 +31,14 @@ from torch import Tensor
 #: each block goes through about ten passes, and blocks that stay in the L2/L3 caches
 #: made an SVDGP step 2-3x faster than 64 MiB blocks on the 2-core CPU
 CHUNK_ELEMENTS = 2**20
+#: elements of one ``[P, rows, cols]`` block in :func:`exp2_matvec` (prediction): 1 MiB of
+#: float32, what measured fastest on the 2-core EPYC (512 KiB L2 per core) between
+#: 2^16 and 2^20 elements for the walker's sizes (docs/results/planning-rate-cpu)
+PREDICT_BLOCK_ELEMENTS = 2**18
+#: basis functions per block of :func:`exp2_matvec` (the matmul's output width)
+PREDICT_BLOCK_COLUMNS = 256
+#: ``exp(s) = exp2(s log2(e))``
+LOG2E = 1.0 / math.log(2.0)
 
 
 def se_ard(x1: Tensor, x2: Tensor, lengthscale: Tensor, amplitude: Tensor) -> Tensor:
@@ -73,8 +89,16 @@ def input_features(x: Tensor, lengthscale: Tensor, per_dim: bool = False) -> Ten
     return torch.cat([u, (u * u).sum(-1, keepdim=True), ones], -1)
 
 
-def basis_features(z: Tensor, c: Tensor | None, lengthscale: Tensor, amplitude: Tensor) -> Tensor:
-    """The basis side ``V [P, M, R]`` of :func:`point_features` (``c`` None: c = 1)."""
+def basis_features(z: Tensor, c: Tensor | None, lengthscale: Tensor, amplitude: Tensor, base2: bool = False) -> Tensor:
+    """The basis side ``V [P, M, R]`` of :func:`point_features` (``c`` None: c = 1).
+
+    ``base2``: scaled by ``log2(e)``, so that ``exp2(U V^T)`` is the kernel
+    (:func:`exp2_matvec`, the prediction path)."""
+    v = _basis_features(z, c, lengthscale, amplitude)
+    return v * LOG2E if base2 else v
+
+
+def _basis_features(z: Tensor, c: Tensor | None, lengthscale: Tensor, amplitude: Tensor) -> Tensor:
     v = z / lengthscale.unsqueeze(-2)
     v = v.expand(lengthscale.shape[0], *v.shape[-2:])
     log_amp = torch.log(amplitude)[:, None]  # [P, 1]
@@ -112,6 +136,75 @@ def exp_matvec(u: Tensor, v: Tensor, vec: Tensor, chunk_elements: int = CHUNK_EL
     p = v.shape[0]
     chunk = _columns_per_chunk(p, u.shape[-2], v.shape[-2], chunk_elements)
     return _ExpMatvec.apply(u.expand(p, *u.shape[-2:]), v, vec.expand(p, v.shape[-2]), chunk)
+
+
+def same_across_outputs(*tensors: Tensor | None) -> bool:
+    """Whether each tensor is the same for every output (equal along its leading axis; None
+    passes): then one kernel serves all outputs. It reads values back (a host sync on a
+    GPU), so learners ask once per cache rebuild and on the CPU only, never per prediction."""
+    return all(t is None or t.shape[0] <= 1 or bool((t == t[:1]).all()) for t in tensors)
+
+
+def _block_shape(p: int, n: int, m: int, block_elements: int, block_columns: int) -> tuple[int, int]:
+    """Rows (test points) and columns (basis functions) of one ``[p, rows, cols]`` block."""
+    cols = max(1, min(m, block_columns))
+    rows = max(1, min(n, block_elements // max(1, p * cols)))
+    return rows, cols
+
+
+@torch.no_grad()
+def exp2_matvec(
+    u: Tensor,
+    v: Tensor,
+    vec: Tensor,
+    block_elements: int = PREDICT_BLOCK_ELEMENTS,
+    block_columns: int = PREDICT_BLOCK_COLUMNS,
+) -> Tensor:
+    """``exp2(U V^T) vec`` per output, ``[P, N]``: the kernel-times-vector of prediction.
+
+    ``u [P, N, R]`` input features (:func:`input_features`), ``v [P, M, R]`` base-2 basis
+    features (``basis_features(..., base2=True)``), ``vec [P, M]``. Either feature side may
+    come without the output axis (``[N, R]``, ``[M, R]``): the same for every output. When
+    both do, the kernel is built once and multiplies all P vectors together (one matmul
+    against ``vec^T [M, P]`` instead of P matvecs).
+
+    Forward only (no autograd: the learners' gradients go through :func:`kernel_matvec`).
+    Blocks of ``[P, rows, cols]`` entries, about ``block_elements`` of them, are formed in
+    one reused buffer by a matmul, raised to ``exp2`` in place and multiplied into the
+    result while they are in the cache; nothing of size ``N x M`` is stored.
+    """
+    p, m = vec.shape
+    if u.dim() == 2 and v.dim() == 2:  # one kernel for every output
+        n = u.shape[0]
+        rows, cols = _block_shape(1, n, m, block_elements, block_columns)
+        vt = vec.transpose(0, 1).contiguous()  # [M, P]
+        out = vec.new_zeros(n, p)
+        buf = u.new_empty(rows * cols)
+        for lo in range(0, n, rows):
+            uc = u[lo : lo + rows]
+            oc = out[lo : lo + rows]
+            for mo in range(0, m, cols):
+                vc = v[mo : mo + cols]
+                k = buf[: uc.shape[0] * vc.shape[0]].view(uc.shape[0], vc.shape[0])
+                torch.mm(uc, vc.transpose(0, 1), out=k).exp2_()
+                oc.addmm_(k, vt[mo : mo + cols])
+        return out.transpose(0, 1)
+    n = u.shape[-2]
+    u = u.expand(p, n, u.shape[-1])
+    v = v.expand(p, m, v.shape[-1])
+    rows, cols = _block_shape(p, n, m, block_elements, block_columns)
+    out = vec.new_zeros(p, n, 1)
+    buf = u.new_empty(p * rows * cols)
+    vec = vec.unsqueeze(-1)
+    for lo in range(0, n, rows):
+        uc = u[:, lo : lo + rows]
+        oc = out[:, lo : lo + rows]
+        for mo in range(0, m, cols):
+            vc = v[:, mo : mo + cols]
+            k = buf[: p * uc.shape[1] * vc.shape[1]].view(p, uc.shape[1], vc.shape[1])
+            torch.bmm(uc, vc.transpose(1, 2), out=k).exp2_()
+            oc.baddbmm_(k, vec[:, mo : mo + cols])
+    return out.squeeze(-1)
 
 
 def gen_se_ard(

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from gpdyn.gp.base import LearnerError
-from gpdyn.gp.kernels import basis_features, exp_matvec, input_features
+from gpdyn.gp.kernels import basis_features, exp2_matvec, exp_matvec, input_features
 from gpdyn.gp.variational import VariationalLearner, chol, tri_solve
 
 BASES = ("orth", "hybrid")
@@ -229,30 +229,45 @@ class ORTH(VariationalLearner):
 
     # -- prediction -------------------------------------------------------------
     def prepare(self) -> dict[str, Tensor]:
-        """Basis features and the variance factors: a prediction costs one feature matmul per basis."""
+        """Base-2 basis features (shared across outputs where they agree,
+        :meth:`~gpdyn.gp.variational.VariationalLearner.prediction_features`) and the variance
+        factors: a prediction costs one feature matmul and one ``exp2`` per kernel entry.
+
+        The mean alone is one kernel-times-vector over beta and gamma together: their
+        features (``fm``) and coefficients (``am``) are concatenated here once."""
         terms = self.shared_terms()
-        zb, cb = self.basis("beta")
         lk = terms["Lk"]
+        has_gamma = "a_gamma" in terms
+        feats = self.prediction_features("beta", *(("gamma",) if has_gamma else ()))
         # k_{x,b} K_b^{-1} S K_b^{-1} k_{b,x} - k_{x,b} K_b^{-1} k_{b,x} = ||k W1||^2 - ||k W2||^2
         w1 = tri_solve(lk, terms["W"], transpose=True)  # K^{-1} F = L_k^{-T} W
         w2 = tri_solve(lk, torch.eye(lk.shape[-1], dtype=self.dtype, device=self.device)).transpose(-1, -2)  # L_k^{-T}
-        cache = {"ls": self.lengthscale, "amp": self.amplitude, "fb": basis_features(zb, cb, self.lengthscale, self.amplitude),
-                 "wb": self._beta_weights(terms), "W1": w1, "W2": w2}
-        if "a_gamma" in terms:
-            zg, cg = self.basis("gamma")
-            cache.update(fg=basis_features(zg, cg, self.lengthscale, self.amplitude), a_gamma=terms["a_gamma"])
+        wb = self._beta_weights(terms)
+        cache = {"ls": feats["ls"], "amp": self.amplitude, "fb": feats["beta"], "wb": wb, "W1": w1, "W2": w2,
+                 "fm": feats["beta"], "am": wb}
+        if has_gamma:
+            fb, fg = feats["beta"], feats["gamma"]
+            if fb.dim() != fg.dim():  # one shared, one not: both per output
+                fb, fg = fb.expand(self.output_dim, *fb.shape[-2:]), fg.expand(self.output_dim, *fg.shape[-2:])
+            cache.update(fg=feats["gamma"], a_gamma=terms["a_gamma"], fm=torch.cat([fb, fg], -2),
+                         am=torch.cat([wb, terms["a_gamma"]], -1))
         return {k: v.detach() for k, v in cache.items()}
 
     def predict_cached(self, cache: Mapping[str, Tensor], x: Tensor) -> tuple[Tensor, Tensor]:
-        u = input_features(x, cache["ls"], self.scales == "dim")
-        k_xb = torch.exp(u @ cache["fb"].transpose(-1, -2))
+        u = self.prediction_inputs(cache, x)
+        k_xb = torch.exp2(u @ cache["fb"].transpose(-1, -2))  # [P, N, M_b] (or [N, M_b] shared)
         mean = _mv_rows(cache["wb"], k_xb.transpose(-1, -2))
         if "fg" in cache:
-            mean = mean + exp_matvec(u, cache["fg"], cache["a_gamma"])
+            mean = mean + exp2_matvec(u, cache["fg"], cache["a_gamma"])
         v1 = k_xb @ cache["W1"]
         v2 = k_xb @ cache["W2"]
         var = cache["amp"][:, None] - (v2 * v2).sum(-1) + (v1 * v1).sum(-1)
         return mean, var.clamp_min(1e-10)
+
+    def predict_mean_cached(self, cache: Mapping[str, Tensor], x: Tensor) -> Tensor:
+        """The mean of Appendix A.2 alone, ``k_{x,b} w_b + k_{x,g} a_g``: one pass over the
+        kernel of both bases, none of the variance's ``[N, M_b] x [M_b, M_b]`` products."""
+        return exp2_matvec(self.prediction_inputs(cache, x), cache["fm"], cache["am"])
 
 
 class ORTHNAT(ORTH):

@@ -96,6 +96,11 @@ class LinearKernelGP(Stateful):
         var = half.pow(2).sum(0).reshape(phi.shape[:-1] + (1,))
         return phi @ self._weights, var.expand(phi.shape[:-1] + (self.output_dim,))
 
+    @torch.no_grad()
+    def predict_mean(self, x: Tensor) -> Tensor:
+        """Latent mean ``[..., P]`` alone (no triangular solve)."""
+        return self._phi(x) @ self._weights
+
     def vlb(self, x: Tensor, y: Tensor) -> Tensor:
         """Held-out log predictive density per output, ``[P]``: each point's own, averaged over the points."""
         mean, var = self.predict(x)
@@ -130,6 +135,10 @@ class ZeroMean(Learner):
         self.check_xy(x, where="predict")
         zeros = x.new_zeros(*x.shape[:-1], self.output_dim)
         return zeros, zeros.clone()
+
+    def predict_mean(self, x: Tensor) -> Tensor:
+        self.check_xy(x, where="predict_mean")
+        return x.new_zeros(*x.shape[:-1], self.output_dim)
 
     def vlb(self, x: Tensor, y: Tensor) -> Tensor:
         raise LearnerError("ZeroMean.vlb: the zero prior has no likelihood of its own (ResidualGP.vlb scores the residual)")
@@ -316,7 +325,7 @@ class ResidualGP(Learner):
 
     def _prior_mean(self, x: Tensor) -> Tensor:
         with torch.no_grad():
-            return self.prior.predict(x)[0]
+            return self.prior.predict_mean(x)
 
     def observe(self, x: Tensor, y: Tensor) -> None:
         """Condition the residual GP on ``y - prior(x)`` (the SE kernel's GP is rebuilt from its newest half when full)."""
@@ -326,7 +335,7 @@ class ResidualGP(Learner):
         self.check_finite("observe", residual=r)  # a diverged prior: refused before the gate or the GP change
         if self.config["gated"]:
             with torch.no_grad():
-                r_pred = self.residual.predict(x)[0] if self.residual.n else torch.zeros_like(r)
+                r_pred = self.residual.predict_mean(x) if self.residual.n else torch.zeros_like(r)
             decay = self.config["gate_decay"]
             weights = torch.tensor([decay, decay, decay, decay**2], device=self.device, dtype=self.dtype)[:, None]
             for row in range(x.shape[0]):  # one sample at a time, in the order they were seen
@@ -357,6 +366,14 @@ class ResidualGP(Learner):
         r_mean, r_var = self.residual.predict(x)
         use = self.gate().to(mean.dtype)
         return mean + use * r_mean, var + use * r_var
+
+    def predict_mean(self, x: Tensor) -> Tensor:
+        """Prior mean plus (where the gate lets it in) residual mean, each through its own
+        ``predict_mean``: no variance arithmetic in either."""
+        mean = self.prior.predict_mean(x)
+        if self.residual.n == 0:
+            return mean
+        return mean + self.gate().to(mean.dtype) * self.residual.predict_mean(x)
 
     def vlb(self, x: Tensor, y: Tensor) -> Tensor:
         """Held-out log likelihood per point of the residual GP on ``y - prior(x)``."""

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from gpdyn.gp.base import LearnerError, cholesky
-from gpdyn.gp.kernels import basis_features, exp_matvec, input_features
+from gpdyn.gp.kernels import basis_features, exp2_matvec, exp_matvec, input_features
 from gpdyn.gp.variational import VariationalLearner, tri_solve
 
 
@@ -160,23 +160,28 @@ class SVDGP(VariationalLearner):
 
     # -- prediction -------------------------------------------------------------
     def prepare(self) -> dict[str, Tensor]:
-        """Basis features of both bases and ``W = L R^{-T}``: a prediction then costs one
-        feature matmul per basis (no per-call work over the basis parameters)."""
+        """Base-2 basis features of both bases (shared across outputs where they agree,
+        :meth:`~gpdyn.gp.variational.VariationalLearner.prediction_features`) and
+        ``W = L R^{-T}``: a prediction then costs one feature matmul and one ``exp2`` per
+        kernel entry, and no per-call work over the basis parameters."""
         terms = self.shared_terms()
-        za, ca = self.basis("alpha")
-        cache = {"ls": self.lengthscale, "amp": self.amplitude, "a": terms["a"], "fa": basis_features(za, ca, self.lengthscale, self.amplitude)}
-        if "R" in terms:
-            zb, cb = self.basis("beta")
+        has_beta = "R" in terms
+        feats = self.prediction_features("alpha", *(("beta",) if has_beta else ()))
+        cache = {"ls": feats["ls"], "amp": self.amplitude, "a": terms["a"], "fa": feats["alpha"]}
+        if has_beta:
             # k_{x,beta} L R^{-T}: the variance needs only W = L R^{-T}
-            w = tri_solve(terms["R"], terms["L"].transpose(-1, -2)).transpose(-1, -2)
-            cache.update(fb=basis_features(zb, cb, self.lengthscale, self.amplitude), W=w)
+            cache.update(fb=feats["beta"], W=tri_solve(terms["R"], terms["L"].transpose(-1, -2)).transpose(-1, -2))
         return {k: v.detach() for k, v in cache.items()}
 
     def predict_cached(self, cache: Mapping[str, Tensor], x: Tensor) -> tuple[Tensor, Tensor]:
-        u = input_features(x, cache["ls"], self.scales == "dim")
-        mean = exp_matvec(u, cache["fa"], cache["a"])
+        u = self.prediction_inputs(cache, x)
+        mean = exp2_matvec(u, cache["fa"], cache["a"])
         var = cache["amp"][:, None].expand_as(mean)
         if "W" in cache:
-            v = torch.exp(u @ cache["fb"].transpose(-1, -2)) @ cache["W"]
+            v = torch.exp2(u @ cache["fb"].transpose(-1, -2)) @ cache["W"]
             var = var - (v * v).sum(-1)
         return mean, var.clamp_min(1e-10)
+
+    def predict_mean_cached(self, cache: Mapping[str, Tensor], x: Tensor) -> Tensor:
+        """SVDGP eq. (8)'s mean ``k_{x,alpha} a`` alone: one pass over ``K_{x,alpha}``, nothing of beta."""
+        return exp2_matvec(self.prediction_inputs(cache, x), cache["fa"], cache["a"])

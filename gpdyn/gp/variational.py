@@ -36,7 +36,15 @@ from torch import Tensor
 
 from gpdyn.gp.base import LOG_2PI, Learner, LearnerError, cholesky
 from gpdyn.gp.hyperparams import InitWindow, initial_noise_variance
-from gpdyn.gp.kernels import gen_se_ard, kernel_matvec, kernel_quadratic, median_lengthscale
+from gpdyn.gp.kernels import (
+    basis_features,
+    gen_se_ard,
+    input_features,
+    kernel_matvec,
+    kernel_quadratic,
+    median_lengthscale,
+    same_across_outputs,
+)
 
 SCALES = ("basis", "dim", "none")
 
@@ -241,6 +249,36 @@ class VariationalLearner(Learner):
         z, cz = self.basis(name)
         return kernel_matvec(x, z, self.lengthscale, self.amplitude, v, c, cz)
 
+    # -- prediction features -------------------------------------------------------------
+    def prediction_features(self, *names: str) -> dict[str, Tensor]:
+        """Detached base-2 features of the bases ``names`` for :func:`~gpdyn.gp.kernels.exp2_matvec`
+        (keys: the names) and the length scales of the input features (key ``"ls"``).
+
+        Features that are the same for every output are kept once, without the output axis:
+        length scales ``[1, D]`` (one set of input features, :meth:`prediction_inputs`), and a
+        basis whose points, factors, length scales and amplitudes agree across outputs as
+        ``[M, R]`` (one kernel serves all outputs), as in a freshly filled model whose outputs
+        share their starting hyperparameters and points. Telling that reads values back, so
+        it is done on the CPU only (where it is free), once per cache rebuild.
+        """
+        with torch.no_grad():
+            ls, amp = self.lengthscale, self.amplitude
+            shared_ls = self.device.type == "cpu" and self.output_dim > 1 and same_across_outputs(ls)
+            out = {"ls": ls[:1] if shared_ls else ls}
+            for name in names:
+                z, c = self.basis(name)
+                if shared_ls and same_across_outputs(amp, z, c):
+                    out[name] = basis_features(z[:1], None if c is None else c[:1], ls[:1], amp[:1], base2=True)[0]
+                else:
+                    out[name] = basis_features(z, c, ls, amp, base2=True)
+        return {k: v.detach() for k, v in out.items()}
+
+    def prediction_inputs(self, cache: Mapping[str, Tensor], x: Tensor) -> Tensor:
+        """Input features of ``x [N, D]`` for :meth:`prediction_features`' bases: ``[P, N, R]``,
+        or ``[N, R]`` when the length scales are shared."""
+        u = input_features(x, cache["ls"], self.scales == "dim")
+        return u[0] if cache["ls"].shape[0] == 1 else u
+
     # -- the contract ---------------------------------------------------------------
     def _begin_observe(self, x: Tensor, y: Tensor) -> bool:
         """Validate new data, start the hyperparameters on the first data; False when empty."""
@@ -336,17 +374,29 @@ class VariationalLearner(Learner):
     def _after_step(self) -> None:
         """Hook after the Adam step (closed-form posteriors of the batch baselines)."""
 
-    def predict(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Mean and variance of f, ``[..., P]`` each, for ``x [..., D]`` (no host sync)."""
-        self.check_xy(x, where="predict")
+    def _prediction_cache(self, x: Tensor, where: str) -> dict[str, Tensor]:
+        """Check ``x`` and return :meth:`prepare`'s tensors (rebuilt after each update)."""
+        self.check_xy(x, where=where)
         if not self.initialized:
-            raise LearnerError(f"{type(self).__name__}.predict: the learner has seen no data")
+            raise LearnerError(f"{type(self).__name__}.{where}: the learner has seen no data")
         if self._cache is None:
             with torch.no_grad():
                 self._cache = self.prepare()
+        return self._cache
+
+    def predict(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Mean and variance of f, ``[..., P]`` each, for ``x [..., D]`` (no host sync)."""
+        cache = self._prediction_cache(x, "predict")
         lead = x.shape[:-1]
-        mean, var = self.predict_cached(self._cache, x.reshape(-1, self.input_dim))
+        mean, var = self.predict_cached(cache, x.reshape(-1, self.input_dim))
         return mean.transpose(0, 1).reshape(*lead, self.output_dim), var.transpose(0, 1).reshape(*lead, self.output_dim)
+
+    def predict_mean(self, x: Tensor) -> Tensor:
+        """Mean of f, ``[..., P]``, for ``x [..., D]``: :meth:`predict_mean_cached`, no variance
+        arithmetic and no host sync."""
+        cache = self._prediction_cache(x, "predict_mean")
+        mean = self.predict_mean_cached(cache, x.reshape(-1, self.input_dim))
+        return mean.transpose(0, 1).reshape(*x.shape[:-1], self.output_dim)
 
     @torch.no_grad()
     def vlb(self, x: Tensor, y: Tensor) -> Tensor:
@@ -386,6 +436,11 @@ class VariationalLearner(Learner):
     def predict_cached(self, cache: Mapping[str, Tensor], x: Tensor) -> tuple[Tensor, Tensor]:
         """Mean and variance ``[P, N]`` for ``x [N, D]`` from :meth:`prepare`'s tensors."""
         raise LearnerError(f"{type(self).__name__} does not define predict_cached()")
+
+    def predict_mean_cached(self, cache: Mapping[str, Tensor], x: Tensor) -> Tensor:
+        """Mean ``[P, N]`` for ``x [N, D]`` from :meth:`prepare`'s tensors; learners override it
+        with a path that skips the variance (the default computes both)."""
+        return self.predict_cached(cache, x)[0]
 
     # -- capabilities -----------------------------------------------------------------
     @property
