@@ -417,6 +417,7 @@ def test_learned_model_adds_back_its_delta_columns_for_any_batch_shape() -> None
         torch.testing.assert_close(batched_var, var[:24].reshape(2, 3, 4, 2))
         no_delta, _ = LearnedModel(learner, normalizer).predict(x)
         torch.testing.assert_close(mean - no_delta, x[:, [1, 3]])  # the delta adds the known inputs, nothing else
+        torch.testing.assert_close(by_index.predict_mean(x[:24].reshape(2, 3, 4, 4)), batched, rtol=1e-10, atol=1e-10)
     with pytest.raises(InputError, match="x_mean"):
         LearnedModel(learner, Normalizer(np.zeros(3), np.ones(3), np.zeros(2), np.ones(2)))
     with pytest.raises(InputError, match="delta_columns"):
@@ -437,6 +438,8 @@ def test_learned_dynamics_integrates_positions_by_the_trapezoid_rule(walker_zarr
     half = 0.5 * LAYOUT.dt
     torch.testing.assert_close(nxt, torch.cat([state[:, :9] + half * (state[:, 9:] + v1), v1], 1))
     torch.testing.assert_close(var, torch.cat([half**2 * var_v, var_v], 1))
+    with torch.no_grad():  # the mean-only path the planners use when the cost ignores the variance
+        torch.testing.assert_close(dyn.predict_mean(state, action), nxt, rtol=1e-10, atol=1e-10)
     with pytest.raises(InputError, match="nq == nv"):
         LearnedDynamics(dyn.model, type(LAYOUT)(nq=10, nv=9, nu=6, dt=0.008, position_inputs=tuple(range(2, 10))))
 

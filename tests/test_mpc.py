@@ -305,3 +305,53 @@ def test_log_weight_spreads_say_what_decides_the_mppi_plan() -> None:
                                                        relative_to_proposal=True, control_cost=1.0, warm_start=False),
                 proposal=pd, seed=4)
     assert all(cold.plan(x)[1].control_spread == 0.0 for _ in range(3))  # restarted at zero offsets every step
+
+
+class _MeanAndVariance:
+    """A probabilistic model of the double integrator that counts which path the planner takes."""
+
+    def __init__(self) -> None:
+        self.full = self.mean_only = 0
+
+    def __call__(self, x: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.full += 1
+        nxt = linear(x, u)
+        return nxt, 0.01 * (1.0 + u.pow(2)).expand_as(nxt)
+
+    def predict_mean(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        self.mean_only += 1
+        return linear(x, u)
+
+
+@pytest.mark.parametrize("name", ["mppi", "cem"])
+def test_the_mean_only_path_is_used_when_the_cost_ignores_the_variance(name: str) -> None:
+    x = torch.zeros(2, dtype=torch.float64)
+    plans = {}
+    for mode, weight, uses in (("mean", 0.0, False), ("penalty", 0.0, False), ("penalty", 1.0, True), ("sample", 0.0, True)):
+        cfg = MPCConfig(horizon=6, samples=32, iterations=2, uncertainty=mode, var_weight=weight)
+        assert cfg.uses_variance() is uses
+        model = _MeanAndVariance()
+        u, info = make_planner(name, model, cost, [-1.0], [1.0], cfg, seed=3).plan(x)
+        assert (model.full > 0) is uses and (model.mean_only > 0) is not uses
+        assert (info.variance > 0) is uses
+        plans[(mode, weight)] = u
+    # the same mean either way: ignoring the variance plans what the full model plans without its penalty
+    torch.testing.assert_close(plans[("mean", 0.0)], plans[("penalty", 0.0)])
+    # a model without predict_mean is called in full, as before, and plans the same
+    full_only = _MeanAndVariance()
+    plain = make_planner(name, lambda a, b: full_only(a, b), cost, [-1.0], [1.0],
+                         MPCConfig(horizon=6, samples=32, iterations=2), seed=3)
+    torch.testing.assert_close(plain.plan(x)[0], plans[("mean", 0.0)])
+    assert full_only.full > 0
+
+
+def test_the_proposal_is_evaluated_only_on_the_samples_that_follow_it() -> None:
+    rows: list[int] = []
+
+    def pd(x: torch.Tensor) -> torch.Tensor:
+        rows.append(x.shape[0])
+        return torch.clamp(-2.0 * (x[:, :1] - GOAL[0]) - 1.5 * x[:, 1:], -1.0, 1.0)
+
+    cfg = MPCConfig(horizon=5, samples=40, proposal_fraction=0.25)
+    MPPI(linear, cost, [-1.0], [1.0], cfg, proposal=pd, seed=1).plan(torch.zeros(2, dtype=torch.float64))
+    assert rows == [1] * 5 + [10] * 5  # the initial nominal (one row per step), then 10 of 40 samples per step

@@ -18,7 +18,9 @@
   simulator steps.
 
 Forward models map ``(state [K, nx], action [K, nu])`` to the next state ``[K, nx]`` (the
-simulator) or to ``(mean, variance)`` of it (learned), as :mod:`gpdyn.control.mpc` expects.
+simulator) or to ``(mean, variance)`` of it (learned), as :mod:`gpdyn.control.mpc` expects;
+a learned one also has ``predict_mean(state, action)``, the mean alone through the
+learners' mean-only path, which the planners use when their cost ignores the variance.
 """
 
 from __future__ import annotations
@@ -118,6 +120,22 @@ class LearnedModel:
         if self.delta_columns is not None:  # the known input is exact: it adds to the mean only
             mean = mean + x[..., self.delta_columns]
         return mean, var
+
+    def predict_mean(self, x_raw: Tensor | np.ndarray) -> Tensor:
+        """Mean of ``y`` in physical units, ``[..., P]``, from raw inputs ``[..., D]``, through the
+        learner's :meth:`~gpdyn.gp.base.Learner.predict_mean` (no variance arithmetic): what
+        a planner whose cost ignores the variance asks for. NaN where a Cholesky factor
+        fails, as :meth:`predict`."""
+        x = self._tensor(x_raw, "x", self.input_dim)
+        flat = x.reshape(-1, self.input_dim)
+        try:
+            mean = self.learner.predict_mean((flat - self._x_mean) / self._x_std)
+        except torch.linalg.LinAlgError:
+            mean = flat.new_full((flat.shape[0], self.output_dim), math.nan)
+        mean = (mean * self._y_std + self._y_mean).reshape(*x.shape[:-1], self.output_dim)
+        if self.delta_columns is not None:
+            mean = mean + x[..., self.delta_columns]
+        return mean
 
     def training_pair(self, x_raw: Tensor | np.ndarray, y_raw: Tensor | np.ndarray) -> tuple[Tensor, Tensor]:
         """Observed raw ``x [..., D]`` and ``y [..., P]`` as the learner's normalised ``(x [N, D], y [N, P])``."""
@@ -228,9 +246,20 @@ class LearnedDynamics:
         """``(next_state [K, nx], variance [K, nx])``."""
         v1, var_v = self.predict_velocity(state, action)
         v1, var_v = v1.to(state.dtype), var_v.to(state.dtype)
+        half = 0.5 * self.layout.dt
+        return self._integrate(state, v1), torch.cat([half**2 * var_v, var_v], dim=-1)
+
+    def predict_mean(self, state: Tensor, action: Tensor) -> Tensor:
+        """The mean next state ``[K, nx]`` alone, through the learner's mean-only path: what the
+        planners call when their cost does not use the variance (:mod:`gpdyn.control.mpc`)."""
+        v1 = self.model.predict_mean(self.layout.features(state, action)).to(state.dtype)
+        return self._integrate(state, v1)
+
+    def _integrate(self, state: Tensor, v1: Tensor) -> Tensor:
+        """``[q', v']`` by the trapezoid rule from the next velocities ``v1``."""
         nq, half = self.layout.nq, 0.5 * self.layout.dt
         q1 = state[..., :nq] + half * (state[..., nq:] + v1)
-        return torch.cat([q1, v1], dim=-1), torch.cat([half**2 * var_v, var_v], dim=-1)
+        return torch.cat([q1, v1], dim=-1)
 
 
 class SimDynamics:

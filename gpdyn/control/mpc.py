@@ -9,7 +9,12 @@ batch per time step and score them with a task cost:
   (``MPCConfig.uncertainty``): ``"mean"`` ignores it, ``"penalty"`` adds
   ``var_weight * sum(variance)`` to the step cost, ``"sample"`` propagates a sample
   ``mean + sqrt(variance) * eps`` of the predictive distribution (trajectory sampling, as
-  in PETS, Chua et al. 2018).
+  in PETS, Chua et al. 2018). When the cost does not use the variance (``"mean"``, or
+  ``"penalty"`` with ``var_weight = 0``: :meth:`MPCConfig.uses_variance`) and the model has
+  a ``predict_mean(state, action) -> next_state`` method (a learned model,
+  :class:`gpdyn.control.dynamics.LearnedDynamics`), the planner calls that instead: the GP
+  learners' mean-only path, which skips the variance arithmetic (most of a prediction's).
+  ``PlanInfo.variance`` is then 0.
 - cost: ``(state, action, next_state) -> (cost [K], terminated [K] bool)``. A sample that
   terminates pays ``terminal_cost`` once and nothing after (its state is frozen), so that
   losing the per-step reward of a live robot is what termination costs.
@@ -19,8 +24,9 @@ batch per time step and score them with a task cost:
   Lowrey et al. 2019).
 - proposal (optional): ``state [K, nx] -> action [K, nu]``, e.g. the TRPO policy. A
   fraction ``proposal_fraction`` of the samples follows it closed-loop through the model
-  with exploration noise (policy-guided sampling); it also seeds the nominal plan and is
-  the fallback when planning fails.
+  with exploration noise (policy-guided sampling; the proposal is evaluated on those
+  samples only, so it must act on each row alone, as a policy does); it also seeds the
+  nominal plan and is the fallback when planning fails.
 - planning relative to the proposal (``MPCConfig.relative_to_proposal``): the plan is an
   offset sequence added to the proposal's closed-loop actions, ``a_t = pi(x_t) + u_t``,
   and every sample follows the proposal. Zero offsets are the proposal itself and the
@@ -140,6 +146,11 @@ class MPCConfig:
         if not all(math.isfinite(s) and s > 0 for s in stds):
             raise MPCConfigError(f"MPC option noise_std={self.noise_std!r} must be finite and > 0")
 
+    def uses_variance(self) -> bool:
+        """Whether the cost uses the model's predictive variance: ``"sample"``, or ``"penalty"``
+        with ``var_weight > 0``. If not, the planner asks a model that offers it for the mean alone."""
+        return self.uncertainty == "sample" or (self.uncertainty == "penalty" and self.var_weight > 0)
+
     def memory_bytes(self, nx: int, nu: int, itemsize: int = 8) -> int:
         """Bytes a plan holds at once: the ``[K, H, nu]`` noise, actions and their weighted
         copies (about six such arrays) and the ``[K, nx]`` states, predictions and variances
@@ -160,7 +171,7 @@ class PlanInfo:
 
     cost: float  # the best sampled cost
     expected_cost: float  # the weighted (MPPI) or elite (CEM) mean cost
-    variance: float  # mean summed predictive variance along the chosen samples (0 without one)
+    variance: float  # mean summed predictive variance along the chosen samples (0 without one, or when the cost does not use it)
     finite_fraction: float  # samples with a finite cost
     seconds: float
     fallback: str = ""  # why the plan was not used ("" when it was)
@@ -229,6 +240,9 @@ class Planner:
         for option in ("relative_to_proposal", "proposal_tail"):
             if getattr(self.config, option) and proposal is None:
                 raise MPCConfigError(f"MPC option {option} needs a proposal policy")
+        # the model's mean-only path, used when the cost does not need the variance (module docs)
+        mean_only = getattr(dynamics, "predict_mean", None)
+        self._mean_dynamics = mean_only if callable(mean_only) and not self.config.uses_variance() else None
         self.seed = int(seed)
         self.generator = torch.Generator(device=self.device).manual_seed(self.seed)
         self.nominal: Tensor | None = None  # [H, nu]
@@ -301,7 +315,10 @@ class Planner:
         return torch.cat([plan[1:], plan[-1:]], dim=0)
 
     def _model(self, x: Tensor, a: Tensor) -> tuple[Tensor, Tensor | None]:
-        """Next states and the predictive variance ``[K, nx]`` (None for a deterministic model)."""
+        """Next states and the predictive variance ``[K, nx]`` (None for a deterministic model,
+        or when the cost does not use it and the model predicts the mean alone)."""
+        if self._mean_dynamics is not None:
+            return self._mean_dynamics(x, a), None
         out = self.dynamics(x, a)
         if isinstance(out, tuple):
             nxt, var = out
@@ -318,10 +335,9 @@ class Planner:
             noise[0] = 0.0
         relative = cfg.relative_to_proposal
         n_prop = int(round(cfg.proposal_fraction * k)) if self.proposal is not None and not relative else 0
-        # the last n_prop samples follow the proposal closed-loop, with the same noise scale
-        guided = torch.zeros(k, 1, dtype=torch.bool, device=self.device)
-        if n_prop:
-            guided[k - n_prop :] = True
+        # the last n_prop samples follow the proposal closed-loop, with the same noise scale;
+        # the proposal is evaluated on them alone
+        guided = slice(k - n_prop, k)
         x = state.expand(k, -1).clone()
         alive = torch.ones(k, dtype=self.dtype, device=self.device)
         total = torch.zeros(k, dtype=self.dtype, device=self.device)
@@ -339,7 +355,7 @@ class Planner:
                 else:
                     a = mean[t] + noise[:, t]
                     if n_prop:
-                        a = torch.where(guided, self.proposal(x) + noise[:, t], a)
+                        a[guided] = self.proposal(x[guided]) + noise[guided, t]
                     a = torch.clamp(a, self.low, self.high)
                     applied[:, t] = a
                 nxt, var_full = self._model(x, a)
