@@ -55,6 +55,20 @@ OPTIONS = {
 SYNC_FREE_OBSERVE = {"wiski"}
 
 CUDA = [pytest.param("cuda", marks=pytest.mark.gpu)]
+#: host syncs found by reading, in the learners' step (to be fixed in gpdyn/gp, then these
+#: markers go: strict, so a fixed learner fails here until its marker is removed)
+KNOWN_SYNCS = {
+    "wiski": "WISKI.step: torch.linalg.lu_factor checks its result on the host (gpdyn/gp/wiski.py:122, in "
+             "_LogdetSolve.forward; also :637 in _refresh, the first predict after an update) and the loss is "
+             "returned as float(loss) (gpdyn/gp/wiski.py:629)",
+    "exact": "ExactOnlineGP.step returns float(loss) after a refit (gpdyn/gp/exact.py:250)",
+    "residual": "ResidualGP.step is ExactOnlineGP.step on the residuals: float(loss) (gpdyn/gp/exact.py:250)",
+}
+
+
+def learner_params() -> list:
+    return [pytest.param(name, marks=pytest.mark.xfail(reason=KNOWN_SYNCS[name], raises=RuntimeError, strict=True))
+            if name in KNOWN_SYNCS else name for name in LEARNERS]
 
 
 @contextlib.contextmanager
@@ -147,7 +161,7 @@ def check_results(name: str, out: dict[str, torch.Tensor]) -> None:
         assert not torch.equal(out["mean_observed"], out["mean_only_after"]), f"{name}: observe changed nothing"
 
 
-@pytest.mark.parametrize("name", list(LEARNERS))
+@pytest.mark.parametrize("name", learner_params())
 @pytest.mark.parametrize("device", CUDA)
 def test_learner_hot_paths_never_sync(name, device):
     out = exercise(name, torch.device(device), torch.float32)
@@ -164,15 +178,17 @@ def test_learner_hot_paths_cpu(name):
 K = 32  # sampled sequences
 
 
-def walker_planner(name: str, device: torch.device, dtype: torch.dtype, horizon: int):
+def walker_planner(name: str, device: torch.device, dtype: torch.dtype, horizon: int, uncertainty: str = "penalty"):
     """MPPI through a learned walker-1 model of learner ``name`` (as bench mpc builds one, at
-    the small preset) with the Walker2d cost and the TRPO proposal, and a standing state."""
+    the small preset) with the Walker2d cost and the TRPO proposal, and a standing state.
+    ``uncertainty="penalty"`` rolls out through ``predict`` (the cost uses the variance),
+    ``"mean"`` through ``predict_mean``."""
     from gpdyn.sim.policy import load_policy
 
     learner, _, _ = build(name, device, dtype)
     normalizer = Normalizer(np.zeros(D), np.ones(D), np.zeros(P), np.ones(P))
     dynamics = LearnedDynamics.from_learner(learner, normalizer, LAYOUT)
-    cfg = MPCConfig(horizon=horizon, samples=K, uncertainty="penalty", var_weight=1.0)
+    cfg = MPCConfig(horizon=horizon, samples=K, uncertainty=uncertainty, var_weight=1.0)
     planner = make_planner("mppi", dynamics, WalkerCost(), [ACTION_LOW] * NU, [ACTION_HIGH] * NU, cfg,
                            proposal=TorchPolicy(load_policy(), device, dtype), device=device, dtype=dtype, seed=0)
     state = torch.zeros(NX, device=device, dtype=dtype)
@@ -180,8 +196,8 @@ def walker_planner(name: str, device: torch.device, dtype: torch.dtype, horizon:
     return planner, state
 
 
-def plan_and_roll(name: str, device: torch.device, dtype: torch.dtype, horizon: int = 4):
-    planner, state = walker_planner(name, device, dtype, horizon)
+def plan_and_roll(name: str, device: torch.device, dtype: torch.dtype, uncertainty: str, horizon: int = 4):
+    planner, state = walker_planner(name, device, dtype, horizon, uncertainty)
     action, info = planner.plan(state)  # the warm start and the caches exist after it
     mean = planner.nominal
     std = planner.noise_std.expand(horizon, NU)
@@ -190,23 +206,29 @@ def plan_and_roll(name: str, device: torch.device, dtype: torch.dtype, horizon: 
     return action, info, roll
 
 
-def check_plan(action, info, roll, horizon: int = 4) -> None:
+def check_plan(action, info, roll, horizon: int = 4, uncertainty: str = "penalty") -> None:
     assert action.shape == (NU,) and bool(torch.isfinite(action).all())
     assert bool((action >= ACTION_LOW).all() and (action <= ACTION_HIGH).all())
     assert info.finite_fraction > 0
     assert roll.costs.shape == (K,) and roll.actions.shape == (K, horizon, NU)
     assert bool(torch.isfinite(roll.costs).any()) and bool((roll.variance >= 0).all())
+    if uncertainty == "penalty":  # the variance went through the rollout: predict, not predict_mean
+        assert bool((roll.variance > 0).any())
+    else:
+        assert bool((roll.variance == 0).all())
 
 
+@pytest.mark.parametrize("uncertainty", ["penalty", "mean"])
 @pytest.mark.parametrize("name", list(LEARNERS))
 @pytest.mark.parametrize("device", CUDA)
-def test_planner_rollout_never_syncs(name, device):
-    check_plan(*plan_and_roll(name, torch.device(device), torch.float32))
+def test_planner_rollout_never_syncs(name, device, uncertainty):
+    check_plan(*plan_and_roll(name, torch.device(device), torch.float32, uncertainty), uncertainty=uncertainty)
 
 
-@pytest.mark.parametrize("name", ["svdgp", "wiski"])
-def test_planner_rollout_cpu(name):
-    check_plan(*plan_and_roll(name, torch.device("cpu"), torch.float64))
+@pytest.mark.parametrize("uncertainty", ["penalty", "mean"])
+@pytest.mark.parametrize("name", ["svdgp", "wiski", "residual"])
+def test_planner_rollout_cpu(name, uncertainty):
+    check_plan(*plan_and_roll(name, torch.device("cpu"), torch.float64, uncertainty), uncertainty=uncertainty)
 
 
 @pytest.mark.gpu
