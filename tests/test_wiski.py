@@ -11,7 +11,7 @@ import torch
 from gpdyn.gp import make_learner
 from gpdyn.gp.base import LearnerError
 from gpdyn.gp.exact import ExactOnlineGP
-from gpdyn.gp.ski import GridError, SKIKernel
+from gpdyn.gp.ski import AdditiveSKIKernel, GridError, SKIKernel
 from gpdyn.gp.wiski import WISKI
 
 D64 = torch.float64
@@ -111,12 +111,30 @@ def test_bad_input_and_config_raise():
         WISKI(2, 1, grid_size=3)
     with pytest.raises(LearnerError, match="validate"):
         WISKI(2, 1, out_of_grid="error", validate=False)
+    with pytest.raises(LearnerError, match="structure must be"):
+        WISKI(5, 1, structure="sum")
+    with pytest.raises(LearnerError, match="needs a projection"):
+        WISKI(5, 1, structure="additive", projection="none")
+    with pytest.raises(LearnerError, match="components=3 needs structure='additive'"):
+        WISKI(5, 1, structure="single", components=3)
+    with pytest.raises(LearnerError, match="proj_init"):
+        WISKI(5, 1, proj_init="pca")
+    with pytest.raises(LearnerError, match="components >= 1"):
+        WISKI(5, 1, components=0)
+    with pytest.raises(LearnerError, match="basis functions"):
+        WISKI(5, 1, components=200, grid_size=100)
 
 
 def test_registry_builds_wiski_with_projection_for_wide_inputs():
     learner = make_learner("wiski", 5, 3, dtype=D64, grid_size=6)
     assert isinstance(learner, WISKI)
-    assert learner.projection == "per-output" and learner.num_inducing == 36
+    # additive by default for D > 2: C = D one-dimensional grids of 6 plus the linear term [x, 1]
+    assert learner.structure == "additive" and learner.projection == "shared"
+    assert learner.num_inducing == 5 * 6 + 6 and learner.gram.shape == (1, 36, 36)
+    paper = make_learner("wiski", 5, 3, dtype=D64, grid_size=6, structure="single")
+    assert paper.projection == "per-output" and paper.num_inducing == 36 and paper.gram.shape == (3, 36, 36)
+    small = make_learner("wiski", 2, 1, dtype=D64)
+    assert small.structure == "single" and small.projection == "none"
 
 
 def _projected(seed: int = 0) -> WISKI:
@@ -242,3 +260,178 @@ def test_an_empty_first_batch_is_no_data_for_the_exact_gp_either():
     assert not gp.initialized and gp.n == 0
     gp.observe(x, y)
     assert gp.n == 5
+
+
+# -- the additive structure: a sum of SKI kernels on projections plus a linear term --------
+ADD_C, ADD_D = 4, 3
+
+
+def _additive(projection: str = "shared", proj_dim: int = 1, linear: bool = True, **kw) -> WISKI:
+    return WISKI(ADD_D, 2, structure="additive", components=ADD_C, grid_size=6, projection=projection,
+                 proj_dim=proj_dim, linear=linear, proj_init="random", **kw)
+
+
+def _additive_pair(projection: str = "shared", proj_dim: int = 1, linear: bool = True, n: int = 40):
+    """Additive WISKI (points one by one, then a batch: both cache paths) and the exact GP with the
+    dense additive SKI kernel, built per component from SKIKernel (not from WISKI's concatenated rows)."""
+    x, y = _data(n, d=ADD_D)
+    wiski = _additive(projection, proj_dim, linear, learn_hyperparameters=False)
+    for i in range(8):
+        wiski.observe(x[i : i + 1], y[i : i + 1])
+        wiski.step(x[i : i + 1], y[i : i + 1])
+    wiski.observe(x[8:], y[8:])  # >= DENSE_GRAM_ROWS rows: the dense W^T W product
+    g = torch.Generator().manual_seed(3)
+    wiski.set_hyperparameters(
+        lengthscale=0.3 + torch.rand(2, ADD_C, proj_dim, generator=g, dtype=D64),
+        amplitude=0.2 + torch.rand(2, ADD_C, generator=g, dtype=D64),
+        linear=0.1 + torch.rand(2, ADD_D + 1, generator=g, dtype=D64) if linear else None,
+        noise=torch.tensor([0.05, 0.02], dtype=D64),
+    )
+    q = wiski.num_maps
+    kernel = AdditiveSKIKernel(
+        wiski.grid,
+        lambda z: wiski.features(z).view(q, z.shape[0], ADD_C, proj_dim),
+        lambda: (wiski.hp.lengthscale, wiski.hp.amplitude, wiski.hp.linear),
+    )
+    oracle = ExactOnlineGP(ADD_D, 2, kernel=kernel, learn_hyperparameters=False)
+    oracle.observe(x, y)
+    oracle.set_hyperparameters(noise=wiski.hp.noise.detach())
+    return wiski, oracle
+
+
+@pytest.mark.parametrize("projection,proj_dim,linear", [("shared", 1, True), ("per-output", 1, True),
+                                                        ("shared", 2, False)])
+def test_additive_equals_exact_gp_with_dense_additive_ski_kernel(projection, proj_dim, linear):
+    wiski, oracle = _additive_pair(projection, proj_dim, linear)
+    assert wiski.num_inducing == ADD_C * 6**proj_dim + (ADD_D + 1 if linear else 0)
+    xt = torch.rand(3, 10, ADD_D, generator=torch.Generator().manual_seed(9), dtype=D64) * 2 - 1
+    m1, v1 = wiski.predict(xt)
+    m2, v2 = oracle.predict(xt)
+    assert m1.shape == v1.shape == (3, 10, 2)
+    assert _rel(m1, m2) < 1e-8
+    assert _rel(v1, v2) < 1e-7
+    assert _rel(wiski.predict_mean(xt), m2) < 1e-8
+    a, b = wiski.mll(), oracle.mll()
+    assert _rel(a, b) < 1e-8
+    # the gradient in every hyperparameter (the oracle's kernel reads the same leaf tensors)
+    ga = torch.autograd.grad(a.sum(), wiski.hp.parameters(), allow_unused=True)
+    gb = torch.autograd.grad(b.sum(), wiski.hp.parameters()[:-1], allow_unused=True)
+    for x, y in zip(ga[:-1], gb):
+        if x is not None and y is not None and x.numel():
+            assert _rel(x, y) < 1e-6
+    xh, yh = _data(7, d=ADD_D, seed=5)
+    assert _rel(wiski.vlb(xh, yh), oracle.vlb(xh, yh)) < 1e-8
+
+
+def test_additive_prior_products_match_the_dense_prior():
+    wiski = _additive("per-output", proj_dim=2)
+    x, y = _data(50, d=ADD_D)
+    wiski.observe(x, y)
+    dense = wiski.prior_dense()
+    probe = torch.randn(2, wiski.num_inducing, 5, generator=torch.Generator().manual_seed(1), dtype=D64)
+    torch.testing.assert_close(wiski._kmul()(probe), dense @ probe, rtol=1e-12, atol=1e-12)
+    assert torch.equal(dense, dense.transpose(-1, -2))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _additive("shared"),
+    lambda: _additive("per-output", proj_dim=2, linear=False),
+    lambda: WISKI(4, 2, grid_size=8, structure="single", projection="per-output"),
+    lambda: WISKI(2, 2, grid_size=8, bounds=(-1, 1)),
+])
+def test_predict_mean_equals_predict_mean_and_counts_clamps(make):
+    learner = make()
+    d = learner.input_dim
+    x, y = _data(80, d=d)
+    learner.observe(x, y)
+    learner.step(x, y)
+    xt = torch.rand(2, 33, d, generator=torch.Generator().manual_seed(4), dtype=D64) * 3 - 1.5
+    learner.predict_chunk = 16  # several chunks
+    before = int(learner.predict_clamped)
+    mean = learner.predict_mean(xt)
+    assert mean.shape == (2, 33, 2)
+    clamped = int(learner.predict_clamped) - before
+    torch.testing.assert_close(mean, learner.predict(xt)[0], rtol=1e-12, atol=1e-12)
+    assert int(learner.predict_clamped) - before == 2 * clamped  # predict counts the same points
+    with pytest.raises(LearnerError, match="predict_mean: x has"):
+        learner.predict_mean(xt[..., :1])
+
+
+def test_predict_mean_before_data_and_with_nan_raise():
+    learner = _additive()
+    x, y = _data(10, d=ADD_D)
+    with pytest.raises(LearnerError, match="predict_mean: no data"):
+        learner.predict_mean(x)
+    learner.observe(x, y)
+    bad = x.clone()
+    bad[2, 1] = float("nan")
+    with pytest.raises(LearnerError, match="predict_mean: x contains NaN"):
+        learner.predict_mean(bad)
+
+
+def test_additive_caches_keep_their_size_and_match_one_batch():
+    x, y = _data(400, d=ADD_D, seed=2)
+    a, b = _additive(lr=0.05), _additive(lr=0.05)
+    shapes = None
+    for i in range(0, 400, 10):
+        a.observe(x[i : i + 10], y[i : i + 10])
+        a.step(x[i : i + 10], y[i : i + 10])
+        now = [tuple(t.shape) for t in (a.gram, a.wty, a.yty, a._m_cache)]
+        assert shapes is None or now == shapes
+        a.predict(x[:2])
+        shapes = [tuple(t.shape) for t in (a.gram, a.wty, a.yty, a._m_cache)]
+    assert shapes[0] == (1, a.num_inducing, a.num_inducing) and a.n == 400
+    # the caches are sums over points: the scattered (10-row) and dense (390-row) paths agree
+    # (no steps here: a step moves the projection; the first batch sets the BN statistics)
+    c = _additive()
+    for i in range(0, 400, 10):
+        c.observe(x[i : i + 10], y[i : i + 10])
+    b.observe(x[:10], y[:10])
+    b.observe(x[10:], y[10:])
+    torch.testing.assert_close(c.gram, b.gram, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(c.wty, b.wty, rtol=1e-10, atol=1e-10)
+
+
+def test_additive_checkpoint_round_trip_and_options_through_the_registry(tmp_path):
+    from gpdyn.gp.online import load_learner, save_learner
+
+    x, y = _data(120, d=ADD_D)
+    a = make_learner("wiski", ADD_D, 2, dtype=D64, preset="cpu", components=5, projection="per-output",
+                     proj_init="random", linear=True, proj_lr=0.01)
+    assert a.config["structure"] == "additive" and a.config["components"] == 5
+    a.pretrain(x[:40], y[:40], iterations=3, progress=False)
+    for i in range(40, 80, 8):
+        a.observe(x[i : i + 8], y[i : i + 8])
+        a.step(x[i : i + 8], y[i : i + 8])
+    b, _ = load_learner(save_learner(a, tmp_path / "additive.pt"))  # weights_only=True inside
+    assert isinstance(b, WISKI) and b.structure == "additive" and b.components == 5 and b.projection == "per-output"
+    for got, want in zip(b.predict(x[80:]), a.predict(x[80:])):
+        assert torch.equal(got, want)
+    for i in range(80, 112, 8):
+        for learner in (a, b):
+            learner.observe(x[i : i + 8], y[i : i + 8])
+            learner.step(x[i : i + 8], y[i : i + 8])
+    assert torch.equal(b.predict_mean(x[112:]), a.predict_mean(x[112:]))
+    # a state of another structure does not load
+    other = WISKI(ADD_D, 2, structure="single", projection="per-output")
+    with pytest.raises(LearnerError, match="WISKI.load_state_dict: grid_state.sizes"):
+        other.load_state_dict(a.state_dict())
+
+
+def test_additive_learns_a_non_additive_function_better_than_the_paper_2d():
+    """f = x0 x1 + sin(2 x2) on 6-D inputs: the additive kernel over axes and random directions
+    (products are sums of squares of projections) beats one learned 2-D projection."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(1200, 6, generator=g, dtype=D64) * 2 - 1
+    f = x[:, :1] * x[:, 1:2] + torch.sin(2 * x[:, 2:3]) + 0.5 * x[:, 3:4]
+    y = f + 0.05 * torch.randn(1200, 1, generator=g, dtype=D64)
+    xt, ft = x[1000:], f[1000:]
+    errs = {}
+    for structure, extra in (("additive", {"components": 12}), ("single", {})):
+        learner = WISKI(6, 1, structure=structure, lr=0.05, proj_lr=0.005, seed=0, **extra)
+        for i in range(0, 1000, 100):
+            learner.observe(x[i : i + 100], y[i : i + 100])
+            for _ in range(3):
+                learner.step(x[i : i + 100], y[i : i + 100])
+        errs[structure] = float(((learner.predict_mean(xt) - ft) ** 2).mean() / ft.var())
+    assert errs["additive"] < 0.05 and errs["additive"] < 0.5 * errs["single"], errs

@@ -245,3 +245,45 @@ class SKIKernel:
         w = self._w(x)  # [N, m]
         kuu = kron_dense(toeplitz_factors(self.grid, lengthscale), amplitude)
         return ((w @ kuu) * w).sum(-1)
+
+
+class AdditiveSKIKernel:
+    """The dense additive SKI kernel of WISKI's ``structure="additive"``, as an exact-GP kernel:
+
+    ``k(x, x') = sum_c W(z_c(x)) K_c W(z_c(x'))^T + [x, 1] diag(v) [x', 1]^T``, a sum of the
+    SKI kernels of WISKI Sec. 3.2 on the features ``z_c`` of each component (randomly
+    projected additive GPs, Delbridge et al. 2020), plus a Bayesian linear term.
+
+    ``features(x)`` gives ``z [Q, N, C, d]`` (Q = 1 or P); ``hyper()`` gives ``(lengthscale
+    [P, C, d], amplitude [P, C], linear [P, L])`` (L = 0: no linear term) and is called on
+    every evaluation, so the kernel follows (and differentiates into) the hyperparameters
+    of the learner it mirrors. The ``lengthscale`` / ``amplitude`` arguments that
+    :class:`gpdyn.gp.exact.ExactOnlineGP` passes are ignored. Built independently of
+    WISKI's concatenated rows: one :class:`SKIKernel` per component, summed; dense, for
+    small ``N`` only (the test oracle).
+    """
+
+    def __init__(self, grid: Grid, features, hyper) -> None:
+        self.grid = grid
+        self.ski = SKIKernel(grid)
+        self.features = features
+        self.hyper = hyper
+
+    def _parts(self, x1: Tensor, x2: Tensor) -> Tensor:
+        lengthscale, amplitude, linear = self.hyper()
+        z1, z2 = self.features(x1), self.features(x2)
+        out = 0.0
+        for c in range(amplitude.shape[1]):
+            kuu = kron_dense(toeplitz_factors(self.grid, lengthscale[:, c]), amplitude[:, c])
+            out = out + self.ski._w(z1[:, :, c]) @ kuu @ self.ski._w(z2[:, :, c]).transpose(-1, -2)
+        if linear.shape[-1]:
+            a1 = torch.cat([x1, x1.new_ones(x1.shape[0], 1)], dim=-1)
+            a2 = torch.cat([x2, x2.new_ones(x2.shape[0], 1)], dim=-1)
+            out = out + (a1 * linear[:, None, :]) @ a2.T
+        return out
+
+    def __call__(self, x1: Tensor, x2: Tensor, lengthscale: Tensor | None = None, amplitude: Tensor | None = None) -> Tensor:
+        return self._parts(x1, x2)
+
+    def diag(self, x: Tensor, lengthscale: Tensor | None = None, amplitude: Tensor | None = None) -> Tensor:
+        return self._parts(x, x).diagonal(dim1=-2, dim2=-1)

@@ -1,49 +1,71 @@
 """WISKI: Woodbury inversion with structured kernel interpolation (Stanton et al. 2021).
 
-Exact inference under the SKI kernel ``W K_UU W^T`` (WISKI Sec. 3.2), conditioned online
-from caches whose size does not depend on the number of points ``n``: ``A = W^T W``
-``[m, m]``, ``v = W^T y`` ``[P, m]``, ``y^T y`` ``[P]`` and ``n`` (WISKI eqs. (7), (16),
-(17)). Every quantity of the model comes from those caches and the hyperparameters:
+Exact inference under a SKI kernel, conditioned online from caches whose size does not
+depend on the number of points ``n`` (WISKI eqs. (7), (16), (17)). Two kernel
+structures share all of the algebra below:
 
-- WISKI eqs. (5)-(6): ``M = (sigma^2 K_UU^{-1} + A)^{-1}``. We never form ``K_UU^{-1}``
-  (the SE Gram matrix on a grid is numerically singular, WISKI Sec. 4); instead
-  ``M = B^{-1} K_UU`` with ``B = sigma^2 I + K_UU A``, which is eq. (11) with the full
-  root ``A = L L^T`` (``r = m``) pushed through the Woodbury identity. By Sylvester's
-  determinant identity ``log|B| = m log sigma^2 + log|Q|`` with ``Q`` of eq. (12).
+- ``structure="single"`` (the paper's, WISKI Sec. 3.2 and 5.1): ``k(x, x') = w(x)^T
+  K_UU w(x')`` on one regular grid over ``d <= 2`` features (the inputs themselves, or a
+  learned projection ``tanh(BN(x A))`` per output or shared). ``W`` has ``4^d`` non-zeros
+  per row and ``K_UU`` is a Kronecker product of Toeplitz factors.
+- ``structure="additive"`` (default for ``input_dim > 2``): a sum of ``C`` SKI kernels,
+  each on its own low-dimensional projection ``z_c = tanh(BN(x a_c))`` (randomly
+  projected additive GPs, Delbridge, Bindel & Wilson 2020; WISKI Sec. 3.3 names random
+  projections as the alternative to a learned one), plus a Bayesian linear term
+  ``[x, 1]^T beta`` with ``beta ~ N(0, diag(v))``:
+  ``k(x, x') = sum_c w_c(x)^T K_c w_c(x') + [x, 1]^T diag(v) [x', 1]``. This is the SKI
+  kernel ``phi(x)^T K phi(x')`` of the concatenated interpolation row
+  ``phi(x) = [w_1(x), ..., w_C(x), x, 1]`` (``C 4^d + D + 1`` non-zeros) and the
+  block-diagonal prior ``K = blockdiag(K_1, ..., K_C, diag(v))``, each ``K_c`` Kronecker
+  / Toeplitz. Every equation below holds with ``W = Phi`` and ``K_UU = K``, so the caches
+  ``A = Phi^T Phi`` ``[Q, M, M]`` (``M = C g^d + D + 1``), ``Phi^T y``, ``y^T y`` and ``n``
+  stay constant-size. Inverse dynamics ``tau = M(q) qdd + h(q, qd)`` is far from
+  additive in the inputs; the linear term carries its large linear part and the
+  components fit the rest along many directions (products such as ``q_i qdd_j`` are
+  sums of squares of projections: ``4ab = (a + b)^2 - (a - b)^2``).
+
+The equations, with ``B = sigma^2 I + K A``:
+
+- WISKI eqs. (5)-(6): ``M = (sigma^2 K^{-1} + A)^{-1}``. We never form ``K^{-1}`` (the
+  SE Gram matrix on a grid is numerically singular, WISKI Sec. 4); instead
+  ``M = B^{-1} K``, which is eq. (11) with the full root ``A = L L^T`` (``r = m``) pushed
+  through the Woodbury identity. By Sylvester's determinant identity
+  ``log|B| = m log sigma^2 + log|Q|`` with ``Q`` of eq. (12).
 - Log marginal likelihood, eq. (8) / (13):
   ``-(y^T y - v^T M v) / (2 sigma^2) - (log|B| - m log sigma^2) / 2 - n log(sigma^2) / 2 - n log(2 pi) / 2``.
 - Predictive mean eq. (9) / (14): ``w(x)^T M v``; latent variance eq. (10) / (15):
-  ``sigma^2 w(x)^T M w(x)``, read from ``M`` at the ``4^d x 4^d`` entries that the
-  sparse row touches.
+  ``sigma^2 w(x)^T M w(x)``. :meth:`WISKI.predict_mean` reads only the mean cache
+  ``a = M v`` (eq. (14)'s cache) with one gather.
 
 Why the full ``A`` rather than the paper's rank-``r`` root ``L`` with the ``J``
 pseudo-inverse update (WISKI Sec. 4.2, App. A.3): that update only rotates within the
 range of ``L``, so while ``W^T W`` is singular (any grid cell not yet visited) a new
 point's component outside the range is lost. Adding ``w w^T`` into ``A`` is exact and
-costs ``O(16^d)`` per point.
+costs ``O(K^2)`` per point (``K`` non-zeros per row).
 
-Costs (``P`` outputs, ``m`` grid points, ``d`` interpolated dimensions, ``D`` inputs),
-none depending on ``n``:
+Costs (``P`` outputs, ``M`` basis functions, ``K`` non-zeros per row, ``D`` inputs), none
+depending on ``n``:
 
-- ``observe`` of ``q`` points: ``O(P q (D d + 16^d))`` (interpolation rows and scatter
-  into the caches).
-- ``step``: ``O(P m^2 sum_k g_k)`` for ``K_UU A`` by Kronecker mode products, plus one LU
-  of ``B``, ``O(P m^3)``; the LU dominates (m = 256: ~1e7 flops per output).
-- ``predict`` of ``N`` points: ``O(P N 16^d)`` after a cache refresh (``M``, ``M v``:
-  one LU and solve, ``O(P m^3)``) once per hyperparameter change.
+- ``observe`` of ``q`` points: ``O(Q q (D F + K^2))`` by scatter, or ``O(Q q M^2)`` as one
+  dense ``Phi^T Phi`` product for large batches (``F`` projected features).
+- ``step``: ``K A`` by block / Kronecker mode products, ``O(P M^2 g)``, plus one LU of
+  ``B`` and its backward, ``O(P M^3)``; the LU dominates.
+- ``predict`` of ``N`` points: ``O(P N K^2)`` (single) or ``O(P N M^2)`` (additive, a
+  dense product) after a cache refresh (one LU and solve, ``O(P M^3)``) once per
+  hyperparameter change; ``predict_mean``: ``O(P N K)``.
 
-Memory: ``O(P m^2)``; ``m = prod(grid sizes)`` grows as ``g^d``, so inputs with more than
-two dimensions go through a learned projection to ``proj_dim`` (default 2): linear map,
-batch normalisation (statistics fixed after pretraining), ``tanh`` into ``[-1, 1]``
-(WISKI Sec. 5.1). Its parameters are trained with the new-point gradient of WISKI eq.
-(18): only the rows of the newest batch depend on them, the rows already in the caches
-stay as they were.
+Memory: ``O(Q M^2 + P M^2)``. In the single structure ``M = prod(grid sizes)`` grows as
+``g^d``, so inputs with more than two dimensions go through a learned projection to
+``proj_dim`` (default 2): linear map, batch normalisation (statistics fixed after the
+first data), ``tanh`` into ``[-1, 1]`` (WISKI Sec. 5.1). Projection parameters are
+trained with the new-point gradient of WISKI eq. (18): only the rows of the newest batch
+depend on them, the rows already in the caches stay as they were.
 
 Online protocol (WISKI Algorithm 1), in the interface of docs/architecture.md: ``observe(x, y)`` adds
 the rows to the caches, then ``step(x, y)`` takes one Adam step on ``theta`` (eq. (13))
 and ``phi`` (eq. (18), ``x, y`` being the batch just observed). :meth:`WISKI.pretrain`
 is the batch phase on the first 5% of the stream; :meth:`WISKI.learn_stream` runs the
-whole protocol point by point.
+whole protocol point by point. Design and measurements: docs/wiski.md.
 """
 
 from __future__ import annotations
@@ -57,11 +79,13 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from gpdyn.gp.base import LOG_2PI, Learner, LearnerError
-from gpdyn.gp.hyperparams import SEHyperparameters
+from gpdyn.gp.base import LOG_2PI, Learner, LearnerError, Stateful
+from gpdyn.gp.hyperparams import SEHyperparameters, initial_noise_variance
+from gpdyn.gp.kernels import median_lengthscale
 from gpdyn.gp.ski import (
     Grid,
     GridError,
+    dense_rows,
     interp_weights,
     kron_dense,
     kron_matmul,
@@ -71,6 +95,12 @@ from gpdyn.gp.ski import (
 )
 
 PROJECTIONS = ("auto", "none", "shared", "per-output")
+STRUCTURES = ("auto", "single", "additive")
+PROJ_INITS = ("axes", "random")
+#: observe batches of at least this many rows build ``Phi^T Phi`` as one dense product
+DENSE_GRAM_ROWS = 32
+#: elements of the dense ``[P, N, M]`` block of the additive variance per chunk
+VARIANCE_BLOCK = 1 << 22
 
 
 def _bn_stats(a: Tensor) -> tuple[Tensor, Tensor]:
@@ -104,33 +134,158 @@ class _LogdetSolve(torch.autograd.Function):
         return g_logdet[:, None, None] * binv_t - y @ x.transpose(-1, -2), y
 
 
-def woodbury_mll(
-    factors: list[Tensor], amplitude: Tensor, noise: Tensor, gram: Tensor, wty: Tensor, yty: Tensor, n: int
+def woodbury_mll_k(
+    kmul: Callable[[Tensor], Tensor], noise: Tensor, gram: Tensor, wty: Tensor, yty: Tensor, n: int
 ) -> Tensor:
-    """Log marginal likelihood of the SKI GP from the caches (WISKI eqs. (8), (13)), ``[P]``.
+    """Log marginal likelihood of a SKI GP from the caches (WISKI eqs. (8), (13)), ``[P]``.
 
-    ``factors``/``amplitude``: ``K_UU`` in Kronecker form; ``noise [P]``; ``gram`` =
-    ``W^T W`` ``[Q, m, m]`` (Q = 1 or P); ``wty`` = ``W^T y`` ``[P, m]``; ``yty [P]``.
+    ``kmul(X)``: ``K X`` for ``X [Q, m, c]`` (Q = 1 or P), giving ``[P, m, c]``; ``noise
+    [P]``; ``gram`` = ``W^T W`` ``[Q, m, m]``; ``wty`` = ``W^T y`` ``[P, m]``; ``yty [P]``.
     Differentiable in the hyperparameters and in the caches (for eq. (18)).
     """
     p, m = wty.shape
     eye = torch.eye(m, dtype=wty.dtype, device=wty.device)
-    b = noise[:, None, None] * eye + kron_matmul(factors, amplitude, gram)
-    logdet_b, mv = _LogdetSolve.apply(b, kron_matmul(factors, amplitude, wty.unsqueeze(-1)))
+    b = noise[:, None, None] * eye + kmul(gram)
+    logdet_b, mv = _LogdetSolve.apply(b, kmul(wty.unsqueeze(-1)))
     quad = yty - (wty * mv.squeeze(-1)).sum(-1)
     log_noise = noise.log()
     return -0.5 * quad / noise - 0.5 * (logdet_b - m * log_noise) - 0.5 * n * log_noise - 0.5 * n * LOG_2PI
+
+
+def woodbury_mll(
+    factors: list[Tensor], amplitude: Tensor, noise: Tensor, gram: Tensor, wty: Tensor, yty: Tensor, n: int
+) -> Tensor:
+    """:func:`woodbury_mll_k` with ``K_UU`` in Kronecker form (``factors``, ``amplitude``)."""
+    return woodbury_mll_k(lambda x: kron_matmul(factors, amplitude, x), noise, gram, wty, yty, n)
+
+
+def additive_kmul(factors: list[Tensor], amplitude: Tensor, linear: Tensor, x: Tensor) -> Tensor:
+    """``K X`` for the block-diagonal additive prior ``K = blockdiag(K_1..K_C, diag(v))``.
+
+    ``factors``: the ``d`` Toeplitz factors of every component, ``[P*C, g, g]`` each
+    (unit amplitude); ``amplitude [P, C]``; ``linear`` = ``v`` ``[P, L]`` (L may be 0);
+    ``x [Q, M, c]`` with ``M = C g^d + L``. ``O(P M c g d)``.
+    """
+    p, comps = amplitude.shape
+    mc = math.prod(f.shape[-1] for f in factors)
+    _, big_m, c = x.shape
+    x = x.expand(p, big_m, c)
+    grid = x[:, : comps * mc].reshape(p * comps, mc, c)
+    out = kron_matmul(factors, amplitude.reshape(-1), grid).reshape(p, comps * mc, c)
+    if linear.shape[-1]:
+        out = torch.cat([out, linear.unsqueeze(-1) * x[:, comps * mc :]], dim=1)
+    return out
+
+
+def additive_kdense(factors: list[Tensor], amplitude: Tensor, linear: Tensor) -> Tensor:
+    """Dense ``K = blockdiag(K_1..K_C, diag(v))`` ``[P, M, M]`` (refresh and reference code)."""
+    p, comps = amplitude.shape
+    mc = math.prod(f.shape[-1] for f in factors)
+    blocks = kron_dense(factors, amplitude.reshape(-1)).reshape(p, comps, mc, mc)
+    big_m = comps * mc + linear.shape[-1]
+    out = torch.zeros(p, big_m, big_m, dtype=amplitude.dtype, device=amplitude.device)
+    for c in range(comps):
+        out[:, c * mc : (c + 1) * mc, c * mc : (c + 1) * mc] = blocks[:, c]
+    if linear.shape[-1]:
+        idx = torch.arange(comps * mc, big_m, device=amplitude.device)
+        out[:, idx, idx] = linear
+    return out
+
+
+class AdditiveHyperparameters(Stateful):
+    """Hyperparameters of the additive SKI kernel, batched over P outputs, as ``exp`` of raw tensors.
+
+    ``lengthscale [P, C, d]`` and ``amplitude [P, C]`` (signal variance) of each component's
+    SE kernel, ``linear [P, L]`` the prior variances of the linear term's weights (L = D + 1,
+    or 0 without it) and ``noise [P]`` (plus ``noise_floor``).
+    """
+
+    state_fields = ("raw_lengthscale", "raw_amplitude", "raw_linear", "raw_noise", "noise_floor")
+
+    def __init__(self, num_outputs: int, components: int, dim: int, linear: int, *, device: torch.device,
+                 dtype: torch.dtype, noise_floor: float = 1e-6) -> None:
+        if noise_floor < 0:
+            raise LearnerError(f"noise_floor must be >= 0, got {noise_floor}")
+        self.noise_floor = float(noise_floor)
+        kw = {"device": device, "dtype": dtype}
+        self.raw_lengthscale = torch.zeros(num_outputs, components, dim, **kw, requires_grad=True)
+        self.raw_amplitude = torch.zeros(num_outputs, components, **kw, requires_grad=True)
+        self.raw_linear = torch.zeros(num_outputs, linear, **kw, requires_grad=True)
+        self.raw_noise = torch.zeros(num_outputs, **kw, requires_grad=True)
+
+    def parameters(self) -> list[Tensor]:
+        return [self.raw_lengthscale, self.raw_amplitude, self.raw_linear, self.raw_noise]
+
+    @property
+    def lengthscale(self) -> Tensor:
+        return self.raw_lengthscale.exp()
+
+    @property
+    def amplitude(self) -> Tensor:
+        return self.raw_amplitude.exp()
+
+    @property
+    def linear(self) -> Tensor:
+        return self.raw_linear.exp()
+
+    @property
+    def noise(self) -> Tensor:
+        return self.raw_noise.exp() + self.noise_floor
+
+    @torch.no_grad()
+    def init_from_data(self, z: Tensor, y: Tensor, generator: torch.Generator | None = None) -> None:
+        """Median-trick lengthscales per component from ``z [Q, N, C, d]``; noise = var(y); half
+        of the unit prior variance spread over the components, half over the linear weights."""
+        q, n, comps, d = z.shape
+        ls = torch.stack([median_lengthscale(zq.reshape(n, comps * d), max_points=256, generator=generator) for zq in z])
+        self.raw_lengthscale.copy_(ls.view(q, comps, d).expand_as(self.raw_lengthscale).log())
+        share = 0.5 if self.raw_linear.shape[-1] else 1.0
+        self.raw_amplitude.fill_(math.log(share / comps))
+        if self.raw_linear.shape[-1]:
+            self.raw_linear.fill_(math.log(0.5 / self.raw_linear.shape[-1]))
+        var = initial_noise_variance(y)
+        self.raw_noise.copy_((var.clamp_min(2 * self.noise_floor + 1e-12) - self.noise_floor).log())
+
+    @torch.no_grad()
+    def set(self, *, lengthscale: Any = None, amplitude: Any = None, linear: Any = None, noise: Any = None) -> None:
+        """Set values (broadcast to the raw shapes); ``noise`` must exceed the floor."""
+        like = self.raw_noise
+        kw = {"dtype": like.dtype, "device": like.device}
+        for value, raw in ((lengthscale, self.raw_lengthscale), (amplitude, self.raw_amplitude), (linear, self.raw_linear)):
+            if value is not None:
+                value = torch.as_tensor(value, **kw)
+                if bool((value <= 0).any()):
+                    raise LearnerError(f"AdditiveHyperparameters.set: values must be > 0, got {value.tolist()}")
+                raw.copy_(value.log().expand_as(raw))
+        if noise is not None:
+            noise_t = torch.as_tensor(noise, **kw)
+            if bool((noise_t <= self.noise_floor).any()):
+                raise LearnerError(f"noise variance must exceed the floor {self.noise_floor}, got {noise}")
+            self.raw_noise.copy_((noise_t - self.noise_floor).log().expand_as(like))
+
+    def as_dict(self) -> dict[str, Tensor]:
+        return {"lengthscale": self.lengthscale.detach(), "amplitude": self.amplitude.detach(),
+                "linear": self.linear.detach(), "noise": self.noise.detach()}
 
 
 class WISKI(Learner):
     """Online SKI GP with constant-time updates, batched over P outputs.
 
     Options (all keyword):
+        structure: ``"auto"`` (``"single"`` for ``input_dim <= 2``, else ``"additive"``),
+            ``"single"`` (one grid, the paper's) or ``"additive"`` (a sum of ``components``
+            SKI kernels on ``proj_dim``-D projections plus a linear term; module docs).
         grid_size: grid points per interpolated dimension, int or one per dimension
-            (default 16: m = 256 in 2-D).
-        projection: ``"auto"`` (``"none"`` for ``input_dim <= 2``, else ``"per-output"``),
-            ``"none"``, ``"shared"`` (one projection for all outputs) or ``"per-output"``.
-        proj_dim: dimension of the projected features (default 2).
+            (default 16: m = 256 in 2-D; with ``"additive"`` the grid of each component).
+        projection: ``"auto"`` (``"none"`` for ``input_dim <= 2``; ``"per-output"`` with
+            the single structure; ``"shared"`` with the additive one), ``"none"``,
+            ``"shared"`` (one projection for all outputs) or ``"per-output"``.
+        proj_dim: dimension of each projected feature map (default 2 for ``"single"``, 1
+            for ``"additive"``).
+        components: additive components C (default: ``input_dim``).
+        linear: the additive structure's Bayesian linear term ``[x, 1]^T beta`` (default True).
+        proj_init: additive projections start as ``"axes"`` (default: component c < D
+            looks along input c, the rest along random directions) or ``"random"``.
         bounds: ``(lo, hi)`` of the inputs without projection (scalars or per dimension);
             default: the range of the first batch (pretraining data). With a projection
             the features lie in ``[-1, 1]``.
@@ -153,7 +308,8 @@ class WISKI(Learner):
     capabilities = frozenset({"pretrain", "step_on_observed"})
     # small: the WISKI paper's 16 points per projected dimension (m = 256); cpu the same;
     # paper: the grid of the SVDGP Table 2 replays (docs/results). lr 0.1: the gamma_0
-    # chosen by the step-size selection (docs/results/*-select).
+    # chosen by the step-size selection (docs/results/*-select). With the additive
+    # structure (input_dim > 2) grid_size is per component: M = C g + D + 1.
     presets = {"small": {"grid_size": 16}, "cpu": {"grid_size": 16, "lr": 0.1}, "paper": {"grid_size": 32, "lr": 0.1}}
     # the caches of eqs. (7), (16), (17), the hyperparameters, the grid, the clamp counters,
     # the projection (PROJECTION_FIELDS, with a projection) and the optimiser
@@ -166,9 +322,13 @@ class WISKI(Learner):
         input_dim: int,
         output_dim: int,
         *,
+        structure: str = "auto",
         grid_size: int | Sequence[int] = 16,
         projection: str = "auto",
-        proj_dim: int = 2,
+        proj_dim: int | None = None,
+        components: int | None = None,
+        linear: bool = True,
+        proj_init: str = "axes",
         bounds: tuple[Any, Any] | None = None,
         margin: float = 0.1,
         out_of_grid: str = "clamp",
@@ -184,42 +344,68 @@ class WISKI(Learner):
         **kwargs: Any,
     ) -> None:
         super().__init__(input_dim, output_dim, **kwargs)  # device, dtype, seed
+        if structure not in STRUCTURES:
+            raise LearnerError(f"WISKI: structure must be one of {', '.join(STRUCTURES)}, got '{structure}'")
+        if structure == "auto":
+            structure = "single" if input_dim <= 2 else "additive"
         if projection not in PROJECTIONS:
             raise LearnerError(f"WISKI: projection must be one of {', '.join(PROJECTIONS)}, got '{projection}'")
+        additive = structure == "additive"
         if projection == "auto":
-            projection = "none" if input_dim <= 2 else "per-output"
+            projection = "shared" if additive else ("none" if input_dim <= 2 else "per-output")
+        if additive and projection == "none":
+            raise LearnerError("WISKI: structure='additive' needs a projection ('shared' or 'per-output'), got 'none'")
+        if proj_init not in PROJ_INITS:
+            raise LearnerError(f"WISKI: proj_init must be one of {', '.join(PROJ_INITS)}, got '{proj_init}'")
+        if proj_dim is None:
+            proj_dim = 1 if additive else 2
+        if components is None:
+            components = input_dim if additive else 1
+        if not additive and components != 1:
+            raise LearnerError(f"WISKI: components={components} needs structure='additive' (the single grid has one)")
+        linear = bool(linear) and additive
         if out_of_grid not in ("clamp", "error"):
             raise LearnerError(f"WISKI: out_of_grid must be 'clamp' or 'error', got '{out_of_grid}'")
         if out_of_grid == "error" and not validate:
             raise LearnerError("WISKI: out_of_grid='error' needs validate=True (the check is the host sync)")
-        if proj_dim < 1 or pretrain_iters < 0 or predict_chunk < 1 or min(lr, proj_lr, pretrain_lr, pretrain_proj_lr) < 0:
+        if (proj_dim < 1 or components < 1 or pretrain_iters < 0 or predict_chunk < 1
+                or min(lr, proj_lr, pretrain_lr, pretrain_proj_lr) < 0):
             raise LearnerError(
-                f"WISKI: need proj_dim >= 1, pretrain_iters >= 0, predict_chunk >= 1 and learning rates >= 0; got "
-                f"{proj_dim}, {pretrain_iters}, {predict_chunk}, {(lr, proj_lr, pretrain_lr, pretrain_proj_lr)}"
+                f"WISKI: need proj_dim >= 1, components >= 1, pretrain_iters >= 0, predict_chunk >= 1 and learning "
+                f"rates >= 0; got {proj_dim}, {components}, {pretrain_iters}, {predict_chunk}, "
+                f"{(lr, proj_lr, pretrain_lr, pretrain_proj_lr)}"
             )
         if noise_floor is None:
             noise_floor = 1e-6 if self.dtype == torch.float64 else 1e-4
         self.config.update({
+            "structure": structure,
             "grid_size": grid_size if isinstance(grid_size, int) else [int(g) for g in grid_size],
-            "projection": projection, "proj_dim": int(proj_dim), "bounds": bounds, "margin": float(margin),
+            "projection": projection, "proj_dim": int(proj_dim), "components": int(components), "linear": linear,
+            "proj_init": proj_init, "bounds": bounds, "margin": float(margin),
             "out_of_grid": out_of_grid, "lr": float(lr), "proj_lr": float(proj_lr), "pretrain_lr": float(pretrain_lr),
             "pretrain_proj_lr": float(pretrain_proj_lr), "pretrain_iters": int(pretrain_iters),
             "noise_floor": float(noise_floor), "learn_hyperparameters": bool(learn_hyperparameters),
             "validate": bool(validate), "predict_chunk": int(predict_chunk),
         })
+        self.structure = structure
         self.projection = projection
-        self.feature_dim = input_dim if projection == "none" else int(proj_dim)
-        sizes = (int(grid_size),) * self.feature_dim if isinstance(grid_size, int) else tuple(int(g) for g in grid_size)
-        if len(sizes) != self.feature_dim or min(sizes) < 4:
+        self.components = int(components)
+        self.linear_dim = input_dim + 1 if linear else 0
+        # grid_dim: dimensions of one grid; feature_dim: all projected features (C grids)
+        self.grid_dim = input_dim if projection == "none" else int(proj_dim)
+        self.feature_dim = self.components * self.grid_dim
+        sizes = (int(grid_size),) * self.grid_dim if isinstance(grid_size, int) else tuple(int(g) for g in grid_size)
+        if len(sizes) != self.grid_dim or min(sizes) < 4:
             raise LearnerError(
-                f"WISKI: grid_size {grid_size} must give >= 4 points for each of the {self.feature_dim} interpolated dimensions"
+                f"WISKI: grid_size {grid_size} must give >= 4 points for each of the {self.grid_dim} interpolated dimensions"
             )
         self.grid_sizes = sizes
-        self.num_inducing = math.prod(sizes)
+        self.grid_points = math.prod(sizes)  # m of one grid
+        self.num_inducing = self.components * self.grid_points + self.linear_dim  # M, the basis size
         if self.num_inducing > 16384:
             raise LearnerError(
-                f"WISKI: {self.num_inducing} grid points need {self.num_inducing**2 * 8 / 1e9:.1f} GB per output; "
-                "use a smaller grid_size or a projection"
+                f"WISKI: {self.num_inducing} basis functions need {self.num_inducing**2 * 8 / 1e9:.1f} GB per output; "
+                "use a smaller grid_size, fewer components or a projection"
             )
         self.margin = float(margin)
         self.out_of_grid = out_of_grid
@@ -232,11 +418,22 @@ class WISKI(Learner):
         kw = {"device": self.device, "dtype": self.dtype}
         # Q: how many distinct feature maps (1 when every output sees the same features)
         self.num_maps = output_dim if projection == "per-output" else 1
-        self.hp = SEHyperparameters(output_dim, self.feature_dim, device=self.device, dtype=self.dtype, noise_floor=noise_floor)
+        if additive:
+            self.hp: SEHyperparameters | AdditiveHyperparameters = AdditiveHyperparameters(
+                output_dim, self.components, self.grid_dim, self.linear_dim, device=self.device, dtype=self.dtype,
+                noise_floor=noise_floor)
+        else:
+            self.hp = SEHyperparameters(output_dim, self.grid_dim, device=self.device, dtype=self.dtype,
+                                        noise_floor=noise_floor)
         self.proj_params: list[Tensor] = []
         if projection != "none":
             weight = torch.randn(self.num_maps, input_dim, self.feature_dim, generator=self.generator, dtype=self.dtype)
-            self.proj_weight = (weight / math.sqrt(input_dim)).to(self.device).requires_grad_(True)
+            weight = weight / math.sqrt(input_dim)
+            if additive and proj_init == "axes":  # component c < D looks along input c (an additive GP over inputs)
+                axes = min(input_dim, self.components) * self.grid_dim
+                eye = torch.eye(input_dim, dtype=self.dtype).repeat_interleave(self.grid_dim, dim=1)[:, :axes]
+                weight[:, :, :axes] = eye + 0.1 * weight[:, :, :axes]
+            self.proj_weight = weight.to(self.device).requires_grad_(True)
             self.bn_gamma = torch.ones(self.num_maps, self.feature_dim, **kw, requires_grad=True)
             self.bn_beta = torch.zeros(self.num_maps, self.feature_dim, **kw, requires_grad=True)
             self.proj_params = [self.proj_weight, self.bn_gamma, self.bn_beta]
@@ -245,11 +442,15 @@ class WISKI(Learner):
             bounds = (-1.0, 1.0)  # the tanh range
         self.grid: Grid | None = None
         if bounds is not None:
-            lo = torch.as_tensor(bounds[0], **kw).expand(self.feature_dim)
-            hi = torch.as_tensor(bounds[1], **kw).expand(self.feature_dim)
+            lo = torch.as_tensor(bounds[0], **kw).expand(self.grid_dim)
+            hi = torch.as_tensor(bounds[1], **kw).expand(self.grid_dim)
             if not bool((hi > lo).all()):
                 raise LearnerError(f"WISKI: bounds need lo < hi in every dimension, got {bounds}")
             self.grid = Grid.from_bounds(lo, hi, sizes, self.margin)
+        # the additive row's layout: component c's grid indices are offset by c m; the
+        # linear term's columns [x, 1] sit at C m .. C m + D
+        self._offsets = (torch.arange(self.components, device=self.device) * self.grid_points).view(-1, 1)
+        self._linear_idx = torch.arange(self.components * self.grid_points, self.num_inducing, device=self.device)
         self.optimizer = self._make_optimizer(self.lr, self.proj_lr)
         self.initialized = False
         self.n = 0
@@ -262,6 +463,7 @@ class WISKI(Learner):
         self._stale = True
         self._m_cache = torch.zeros(0, **kw)
         self._mean_cache = torch.zeros(0, **kw)
+        self._mean_rows = torch.zeros(0, **kw)
 
     # -- features and interpolation -------------------------------------------------------
     def _make_optimizer(self, lr: float, proj_lr: float) -> torch.optim.Optimizer:
@@ -271,19 +473,72 @@ class WISKI(Learner):
         return torch.optim.Adam(groups)
 
     def features(self, x: Tensor, batch_stats: bool = False) -> Tensor:
-        """Interpolated features ``[Q, N, d]``: ``x`` itself, or ``tanh(BN(x A))`` (WISKI Sec. 5.1)."""
+        """Interpolated features ``[Q, N, F]``: ``x`` itself, or ``tanh(BN(x A))`` (WISKI Sec. 5.1).
+
+        With the additive structure ``F = C d``: feature ``c d + k`` is dimension ``k`` of component ``c``.
+        """
         if self.projection == "none":
             return x.unsqueeze(0)
-        a = x @ self.proj_weight  # [Q, N, d]
+        a = x @ self.proj_weight  # [Q, N, F]
         mean, std = _bn_stats(a) if batch_stats else (self.bn_mean, self.bn_std)
-        return torch.tanh((a - mean.unsqueeze(1)) / std.unsqueeze(1) * self.bn_gamma.unsqueeze(1) + self.bn_beta.unsqueeze(1))
+        scale = self.bn_gamma / std  # [Q, F]: BN folded into one multiply-add
+        return torch.tanh(a * scale.unsqueeze(1) + (self.bn_beta - mean * scale).unsqueeze(1))
 
     def _rows(self, x: Tensor, batch_stats: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """Sparse rows ``(idx, w)`` ``[Q, N, K]`` of ``W`` (or ``Phi``) and the out-of-grid mask ``[Q, N]``."""
         assert self.grid is not None
-        return interp_weights(self.features(x, batch_stats), self.grid)
+        z = self.features(x, batch_stats)
+        if self.structure == "single":
+            return interp_weights(z, self.grid)
+        q, n = z.shape[:2]
+        idx, w, outside = interp_weights(z.view(q, n, self.components, self.grid_dim), self.grid)  # [Q, N, C, 4^d]
+        idx = (idx + self._offsets).flatten(-2)
+        w = w.flatten(-2)
+        if self.linear_dim:
+            idx = torch.cat([idx, self._linear_idx.expand(q, n, self.linear_dim)], dim=-1)
+            w = torch.cat([w, torch.cat([x, x.new_ones(n, 1)], dim=-1).expand(q, n, self.linear_dim)], dim=-1)
+        return idx, w, outside.any(dim=-1)
 
     def _per_output(self, t: Tensor) -> Tensor:
         return t.expand(self.output_dim, *t.shape[1:])
+
+    def _caches_of(self, idx: Tensor, w: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """``(W^T W [Q, M, M], W^T y [P, M])`` of one batch (WISKI eqs. (7), (16)), differentiable in ``w``.
+
+        Small batches scatter ``O(N K^2)``; from :data:`DENSE_GRAM_ROWS` rows one dense ``W``
+        and a matrix product, ``O(N M^2)`` flops at BLAS speed, is faster.
+        """
+        m = self.num_inducing
+        if idx.shape[-2] < DENSE_GRAM_ROWS:
+            return scatter_gram(idx, w, m), scatter_rhs(self._per_output(idx), self._per_output(w), y.T, m)
+        phi = dense_rows(idx, w, m)  # [Q, N, M]
+        gram = phi.transpose(-1, -2) @ phi
+        wty = y.T @ phi[0] if self.num_maps == 1 else (y.T.unsqueeze(1) @ phi).squeeze(1)
+        return gram, wty
+
+    def _kmul(self) -> Callable[[Tensor], Tensor]:
+        """``X -> K X`` for the current hyperparameters (the prior of the basis weights)."""
+        assert self.grid is not None
+        if self.structure == "single":
+            factors = toeplitz_factors(self.grid, self.hp.lengthscale)
+            amp = self.hp.amplitude
+            return lambda x: kron_matmul(factors, amp, x)
+        factors = toeplitz_factors(self.grid, self.hp.lengthscale.reshape(-1, self.grid_dim))
+        amp, lin = self.hp.amplitude, self.hp.linear
+        return lambda x: additive_kmul(factors, amp, lin, x)
+
+    def prior_dense(self) -> Tensor:
+        """Dense prior covariance ``K`` ``[P, M, M]`` of the basis weights (``K_UU`` for the single grid)."""
+        assert self.grid is not None
+        if self.structure == "single":
+            return kron_dense(toeplitz_factors(self.grid, self.hp.lengthscale), self.hp.amplitude)
+        factors = toeplitz_factors(self.grid, self.hp.lengthscale.reshape(-1, self.grid_dim))
+        return additive_kdense(factors, self.hp.amplitude, self.hp.linear)
+
+    def dense_rows(self, x: Tensor) -> Tensor:
+        """Dense interpolation rows ``W(x)`` ``[Q, N, M]`` (reference code and tests)."""
+        idx, w, _ = self._rows(x)
+        return dense_rows(idx, w, self.num_inducing)
 
     @torch.no_grad()
     def _initialize(self, x: Tensor, y: Tensor) -> None:
@@ -292,7 +547,11 @@ class WISKI(Learner):
             self.bn_mean, self.bn_std = _bn_stats(x @ self.proj_weight)
         elif self.grid is None:
             self.grid = Grid.from_bounds(x.min(dim=0).values, x.max(dim=0).values, self.grid_sizes, self.margin)
-        self.hp.init_from_data(self.features(x), y, self.generator)
+        z = self.features(x)
+        if self.structure == "single":
+            self.hp.init_from_data(z, y, self.generator)
+        else:
+            self.hp.init_from_data(z.view(*z.shape[:2], self.components, self.grid_dim), y, self.generator)
         self.gram.zero_()
         self.wty.zero_()
         self.yty.zero_()
@@ -321,7 +580,7 @@ class WISKI(Learner):
 
     # -- the contract ----------------------------------------------------------------------
     def observe(self, x: Tensor, y: Tensor) -> None:
-        """Add ``x [q, D]``, ``y [q, P]`` to the caches (WISKI eqs. (7), (16), (17)): ``O(P q 16^d)``."""
+        """Add ``x [q, D]``, ``y [q, P]`` to the caches (WISKI eqs. (7), (16), (17)): ``O(Q q K^2)``."""
         self.check_xy(x, y, "observe")
         if x.shape[0] == 0:
             return
@@ -333,9 +592,9 @@ class WISKI(Learner):
             if self.validate:
                 self._check_observe(x, y, outside)
             self.observe_clamped += outside.any(dim=0).sum()
-            m = self.num_inducing
-            self.gram += scatter_gram(idx, w, m)
-            self.wty += scatter_rhs(self._per_output(idx), self._per_output(w), y.T, m)
+            gram, wty = self._caches_of(idx, w, y)
+            self.gram += gram
+            self.wty += wty
             self.yty += (y * y).sum(dim=0)
         self.n += x.shape[0]
         self._stale = True
@@ -345,9 +604,7 @@ class WISKI(Learner):
         return self._mll(self.gram, self.wty, self.yty, self.n)
 
     def _mll(self, gram: Tensor, wty: Tensor, yty: Tensor, n: int) -> Tensor:
-        assert self.grid is not None
-        factors = toeplitz_factors(self.grid, self.hp.lengthscale)
-        return woodbury_mll(factors, self.hp.amplitude, self.hp.noise, gram, wty, yty, n)
+        return woodbury_mll_k(self._kmul(), self.hp.noise, gram, wty, yty, n)
 
     def step(self, x: Tensor, y: Tensor) -> dict[str, float]:
         """One Adam step on theta (eq. (13)) and the projection (eq. (18)); ``x, y`` = the batch just observed."""
@@ -358,12 +615,11 @@ class WISKI(Learner):
             return {}
         self.optimizer.zero_grad()
         gram, wty = self.gram, self.wty
-        if self.proj_params:
+        if self.proj_params and self.proj_lr > 0:
             # WISKI eq. (18): the newest rows carry the gradient of phi; their values are
             # already in the caches, so G - G.detach() adds zero but keeps the graph
             idx, w, _ = self._rows(x)
-            new_gram = scatter_gram(idx, w, self.num_inducing)
-            new_wty = scatter_rhs(self._per_output(idx), self._per_output(w), y.T, self.num_inducing)
+            new_gram, new_wty = self._caches_of(idx, w, y)
             gram = gram + (new_gram - new_gram.detach())
             wty = wty + (new_wty - new_wty.detach())
         loss = -self._mll(gram, wty, self.yty, self.n).sum() / self.n
@@ -374,62 +630,98 @@ class WISKI(Learner):
 
     @torch.no_grad()
     def _refresh(self) -> None:
-        """Prediction caches ``M`` (eq. (6)) and ``M W^T y`` (eq. (9)) for the current hyperparameters."""
-        assert self.grid is not None
-        factors = toeplitz_factors(self.grid, self.hp.lengthscale)
-        amp, noise = self.hp.amplitude, self.hp.noise
-        kuu = kron_dense(factors, amp)
+        """Prediction caches ``M = B^{-1} K`` (eq. (6)) and ``a = M W^T y`` (eqs. (9), (14))."""
+        kmul = self._kmul()
         m = self.num_inducing
-        b = noise[:, None, None] * torch.eye(m, dtype=self.dtype, device=self.device) + kron_matmul(factors, amp, self.gram)
+        b = self.hp.noise[:, None, None] * torch.eye(m, dtype=self.dtype, device=self.device) + kmul(self.gram)
         lu, piv = torch.linalg.lu_factor(b)
-        mm = torch.linalg.lu_solve(lu, piv, kuu)
+        mm = torch.linalg.lu_solve(lu, piv, self.prior_dense())
         mm = 0.5 * (mm + mm.transpose(-1, -2))
         self._m_cache = mm
-        self._mean_cache = (mm @ self.wty.unsqueeze(-1)).squeeze(-1)
+        self._mean_cache = (mm @ self.wty.unsqueeze(-1)).squeeze(-1)  # [P, M]
+        self._mean_rows = self._mean_cache.T.contiguous()  # [M, P]: one gathered row holds every output
         self._stale = False
+
+    def _check_predict(self, x: Tensor, where: str) -> None:
+        if not self.initialized:
+            raise LearnerError(f"WISKI.{where}: no data yet (call pretrain or observe first)")
+        self.check_xy(x, None, where)
+        if self.device.type == "cpu":  # on a GPU a NaN input gives NaN outputs (interp_weights), with no sync
+            self.check_finite(where, x=x)
+        if self._stale:
+            self._refresh()
+
+    def _gather_mean(self, idx: Tensor, w: Tensor) -> Tensor:
+        """``w(x)^T a`` (eq. (14)) ``[N, P]`` from rows ``[Q, N, K]``: one gather over the mean cache.
+
+        Shared rows (Q = 1) gather whole rows of ``a^T [M, P]`` (every output at once, no
+        per-output copy of the indices); per-output rows gather ``a [P, M]`` along ``M``.
+        """
+        if idx.shape[0] == 1:
+            n, k = idx.shape[1:]
+            vals = self._mean_rows.index_select(0, idx.reshape(-1)).view(n, k, self.output_dim)
+            return (vals * w[0].unsqueeze(-1)).sum(1)
+        vals = self._mean_cache.gather(1, idx.flatten(1)).view_as(w)
+        return (vals * w).sum(-1).T
+
+    @torch.no_grad()
+    def predict_mean(self, x: Tensor) -> Tensor:
+        """Latent predictive mean only (eq. (9) / (14)), ``[..., P]``: no variance arithmetic, one gather per chunk."""
+        self._check_predict(x, "predict_mean")
+        lead = x.shape[:-1]
+        xf = x.reshape(-1, self.input_dim)
+        means = []
+        for start in range(0, xf.shape[0], self.predict_chunk):
+            idx, w, outside = self._rows(xf[start : start + self.predict_chunk])
+            self.predict_clamped += outside.any(dim=0).sum()
+            means.append(self._gather_mean(idx, w))
+        mean = torch.cat(means) if len(means) != 1 else means[0]
+        return mean.reshape(*lead, self.output_dim)
 
     @torch.no_grad()
     def predict(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Latent predictive mean (eq. (9)) and variance (eq. (10)), ``[..., P]`` each."""
-        if not self.initialized:
-            raise LearnerError("WISKI.predict: no data yet (call pretrain or observe first)")
-        self.check_xy(x, None, "predict")
-        if self.device.type == "cpu":  # on a GPU a NaN input gives NaN outputs (interp_weights), with no sync
-            self.check_finite("predict", x=x)
-        if self._stale:
-            self._refresh()
+        self._check_predict(x, "predict")
         lead = x.shape[:-1]
         xf = x.reshape(-1, self.input_dim)
         m, p = self.num_inducing, self.output_dim
-        mflat = self._m_cache.reshape(p, m * m)
         noise = self.hp.noise.unsqueeze(-1)
+        chunk = self.predict_chunk
+        if self.structure == "additive":  # the variance is a dense [P, N, M] product here
+            chunk = max(1, min(chunk, VARIANCE_BLOCK // (p * m)))
         means, variances = [], []
-        for start in range(0, xf.shape[0], self.predict_chunk):
-            idx, w, outside = self._rows(xf[start : start + self.predict_chunk])
+        mflat = self._m_cache.reshape(p, m * m)
+        for start in range(0, xf.shape[0], chunk):
+            idx, w, outside = self._rows(xf[start : start + chunk])
             self.predict_clamped += outside.any(dim=0).sum()
-            idx, w = self._per_output(idx), self._per_output(w)  # [P, N, K]
-            means.append((self._mean_cache.gather(1, idx.flatten(1)).view_as(w) * w).sum(-1))
-            pair = (idx.unsqueeze(-1) * m + idx.unsqueeze(-2)).flatten(1)
-            mg = mflat.gather(1, pair).view(*w.shape, w.shape[-1])
-            variances.append(noise * torch.einsum("pnk,pnkl,pnl->pn", w, mg, w))
-        mean = torch.cat(means, dim=1) if means else xf.new_zeros(p, 0)
-        var = torch.cat(variances, dim=1).clamp_min(0.0) if variances else xf.new_zeros(p, 0)
-        return mean.T.reshape(*lead, p), var.T.reshape(*lead, p)
+            means.append(self._gather_mean(idx, w))
+            if self.structure == "additive":
+                # sigma^2 phi^T M phi with phi = [w_1..w_C, x, 1] dense: (Phi M) . Phi, O(P N M^2) at BLAS speed
+                phi = dense_rows(idx, w, m)  # [Q, N, M]
+                variances.append((noise * ((phi @ self._m_cache) * phi).sum(-1)).T)
+            else:
+                idx, w = self._per_output(idx), self._per_output(w)  # [P, N, K]
+                pair = (idx.unsqueeze(-1) * m + idx.unsqueeze(-2)).flatten(1)
+                mg = mflat.gather(1, pair).view(*w.shape, w.shape[-1])
+                variances.append((noise * torch.einsum("pnk,pnkl,pnl->pn", w, mg, w)).T)
+        mean = torch.cat(means) if means else xf.new_zeros(0, p)
+        var = torch.cat(variances).clamp_min(0.0) if variances else xf.new_zeros(0, p)
+        return mean.reshape(*lead, p), var.reshape(*lead, p)
 
     @torch.no_grad()
     def vlb(self, x: Tensor, y: Tensor) -> Tensor:
         """Held-out log marginal likelihood per point, ``log p(y | x, data) / N``, ``[P]``.
 
         The difference of eq. (13) with and without the batch in the caches; the learner
-        is not changed. ``O(P (N 16^d + m^3))``.
+        is not changed. ``O(P (N K^2 + M^3))``.
         """
         if not self.initialized:
             raise LearnerError("WISKI.vlb: no data yet (call pretrain or observe first)")
         self.check_xy(x, y, "vlb")
         idx, w, _ = self._rows(x)
-        m = self.num_inducing
-        gram = self.gram + scatter_gram(idx, w, m)
-        wty = self.wty + scatter_rhs(self._per_output(idx), self._per_output(w), y.T, m)
+        new_gram, new_wty = self._caches_of(idx, w, y)
+        gram = self.gram + new_gram
+        wty = self.wty + new_wty
         yty = self.yty + (y * y).sum(dim=0)
         after = self._mll(gram, wty, yty, self.n + x.shape[0])
         before = self.mll() if self.n > 0 else torch.zeros_like(after)
@@ -455,13 +747,12 @@ class WISKI(Learner):
         loss = torch.zeros((), dtype=self.dtype, device=self.device)
         if self.learn_hyperparameters and iterations > 0:
             opt = self._make_optimizer(self.pretrain_lr, self.pretrain_proj_lr)
-            m, n = self.num_inducing, x.shape[0]
+            n = x.shape[0]
             yty = (y * y).sum(dim=0)
             for _ in tqdm(range(iterations), desc="WISKI pretrain", disable=not progress, leave=False):
                 opt.zero_grad()
                 idx, w, _ = self._rows(x, batch_stats=True)
-                gram = scatter_gram(idx, w, m)
-                wty = scatter_rhs(self._per_output(idx), self._per_output(w), y.T, m)
+                gram, wty = self._caches_of(idx, w, y)
                 loss = -self._mll(gram, wty, yty, n).sum() / n
                 loss.backward()
                 opt.step()
@@ -494,7 +785,8 @@ class WISKI(Learner):
 
     # -- hyperparameters -------------------------------------------------------------------------
     def set_hyperparameters(self, **values: Any) -> None:
-        """Set lengthscale / amplitude / noise (the caches do not depend on them)."""
+        """Set lengthscale / amplitude / noise (and ``linear`` with the additive structure);
+        the caches do not depend on them."""
         self.hp.set(**values)
         self._stale = True
 
@@ -525,9 +817,9 @@ class WISKI(Learner):
         if tuple(grid["sizes"]) != self.grid_sizes:
             raise LearnerError(f"{where}.sizes: {grid['sizes']}, expected {list(self.grid_sizes)}")
         for key in ("lower", "spacing"):
-            if not isinstance(grid[key], Tensor) or tuple(grid[key].shape) != (self.feature_dim,):
+            if not isinstance(grid[key], Tensor) or tuple(grid[key].shape) != (self.grid_dim,):
                 raise LearnerError(f"{where}.{key}: shape {tuple(getattr(grid[key], 'shape', ()))}, "
-                                   f"expected ({self.feature_dim},)")
+                                   f"expected ({self.grid_dim},)")
         return {}
 
     def _after_load(self) -> None:
