@@ -1,4 +1,4 @@
-"""``gpdyn bench learners --peer gpytorch``: GPyTorch's SVGP beside gpdyn's learners (issue #23).
+"""``gpdyn bench learners --peer gpytorch``: GPyTorch's SVGP beside gpdyn's learners.
 
 gpytorch is a benchmark-only peer, never a dependency: the tests that run it skip where it
 is not installed (CI), and the refusal without it is always tested, by making its import fail.

@@ -1,5 +1,5 @@
 """No host sync on CUDA in the hot paths: every learner's predict, predict_mean and step, and
-the planner's rollout (issue #23).
+the planner's rollout.
 
 ``torch.cuda.set_sync_debug_mode("error")`` makes every operation that waits for the device
 raise ``RuntimeError("called a synchronizing CUDA operation")``: reading a value back

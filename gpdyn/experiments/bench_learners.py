@@ -14,7 +14,7 @@ runtime are in that base). On a GPU each timed step is also measured with CUDA e
 (``step_gpu_s``). Results go to ``bench.json`` and ``report.md`` in the run folder, with the
 device's name (``torch.cuda.get_device_name`` on a GPU).
 
-The peer (``--peer gpytorch``, issue #23): GPyTorch's SVGP (an ``ApproximateGP`` with a
+The peer (``--peer gpytorch``): GPyTorch's SVGP (an ``ApproximateGP`` with a
 ``VariationalStrategy`` over a ``CholeskyVariationalDistribution``, learned inducing
 locations, the P outputs as a batch of independent GPs, a Gaussian likelihood per output,
 Adam on everything) joins the step-time table as ``gpytorch-svgp-1024`` (M = 1024, SVI's
