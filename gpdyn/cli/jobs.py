@@ -13,6 +13,7 @@ from typing import Any
 
 from gpdyn.cli.common import (
     COUNT,
+    DTYPE_NAMES,
     LEARNER_NAMES,
     POSITIVE,
     POSITIVE_LIST,
@@ -264,12 +265,16 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     add_out(p)
     p.set_defaults(handler=run_bench_wiski)
 
-    p = bench.add_parser("mpc", help="MPC control steps per second with learned models")
+    p = bench.add_parser("mpc", help="MPC planning steps per CPU second with every learned model, mean only and with variance")
     p.add_argument("--samples", type=Number(int, 2), default=1000, help="K sampled sequences (default 1000)")
     p.add_argument("--horizon", type=COUNT, default=30, help="H steps (default 30)")
-    p.add_argument("--repeats", type=COUNT, default=1, help="timed control steps per model after a warm-up")
-    p.add_argument("--models", type=comma_list, default=None, metavar="A,B",
-                   help="svdgp (M_alpha 128^2), wiski or both (default both)")
+    p.add_argument("--repeats", type=COUNT, default=1, help="timed planning steps per model and mode after a warm-up")
+    p.add_argument("--models", type=learner_list, default=None, metavar="A,B,...",
+                   help="learners to time (default every registered learner)")
+    p.add_argument("--preset", choices=PRESET_NAMES, default="small", metavar="NAME",
+                   help="the learners' size: one of %(choices)s (default small, the control runs' size)")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32", metavar="DTYPE",
+                   help="one of %(choices)s (default float32, a controller's hot path)")
     add_device(p)
     add_out(p)
     p.set_defaults(handler=run_bench_mpc)
@@ -297,7 +302,17 @@ def run_bench_wiski(args: argparse.Namespace) -> int:
 def run_bench_mpc(args: argparse.Namespace) -> int:
     from gpdyn.experiments.bench_mpc import run_benchmark
 
-    run_benchmark(args.models, args.samples, args.horizon, args.repeats, args.device, args.out)
+    import torch
+
+    from gpdyn.device import resolve_dtype
+
+    # the command as parsed, every option spelt out (what reruns this table)
+    command = (f"gpdyn --threads {torch.get_num_threads()} bench mpc --samples {args.samples} --horizon {args.horizon} "
+               f"--repeats {args.repeats} --preset {args.preset} --dtype {args.dtype} --device {args.device}"
+               + (f" --models {','.join(args.models)}" if args.models else "")
+               + (f" --out {args.out}" if args.out else ""))
+    run_benchmark(args.models, args.samples, args.horizon, args.repeats, args.device, args.out, preset=args.preset,
+                  dtype=resolve_dtype(args.dtype, args.device), command=command)
     return 0
 
 

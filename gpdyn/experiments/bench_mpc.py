@@ -1,17 +1,38 @@
-"""``gpdyn bench mpc``: MPC control steps per second with learned Walker2d models.
+"""``gpdyn bench mpc``: MPC planning steps per CPU second with every learned Walker2d model.
 
-One control step is one :meth:`~gpdyn.control.mpc.Planner.plan` call: K sampled sequences
-of H steps through the learned walker-1 dynamics (H batched ``predict`` calls on K
-points), the Walker2d cost and the TRPO proposal. Models: SVDGP with M_alpha = 128^2
-(M_beta = 128, the paper's sizes) and WISKI (its defaults: 16 x 16 grid on a learned 2-D
-projection per output), both with full bases, on random normalised inputs (the cost of
-``predict`` does not depend on the values). Walker2d real time is 125 control steps per
-second (dt = 8 ms); the table gives the ratio.
+One planning step is one :meth:`~gpdyn.control.mpc.Planner.plan` call of MPPI: K sampled
+sequences of H steps through the learned walker-1 dynamics (H batched predictions on K
+points), the Walker2d cost and the TRPO proposal on half of the samples. Each registered
+learner is built at one preset of its size table (default ``"small"``, the size the
+control runs use, ``gpdyn control walker --scale small``) with every basis function in
+place, from random normalised inputs (the cost of a prediction does not depend on the
+values), and its outputs are then given different length scales, as training leaves
+them: a fresh model's outputs share their starting hyperparameters and points, and the
+learners would then build one kernel for all of them (``fresh`` rows show that case).
+
+Each model plans twice: with the cost ignoring the variance (``uncertainty="mean"``: the
+planner asks the learner's mean-only path, :meth:`~gpdyn.gp.base.Learner.predict_mean`) and
+with a variance penalty (``"penalty"``, mean and variance). Times are the process's CPU
+time (``time.process_time``) per planning step after one warm-up step, so that other jobs
+on a shared machine do not count; ``gpdyn --threads`` sets torch's thread count (default 1).
+
+In the same run it measures what bounds the rates:
+
+- the planner alone (an identity model): sampling, the proposal and the cost;
+- float32 matrix multiply (sgemm) throughput, and SVDGP's mean path in the same units: a
+  prediction at N points with M basis functions costs ``2 N M D + 2 N M`` flops per output
+  (the feature matmul and the matvec); effective GFLOP/s and its share of sgemm;
+- WISKI's mean prediction against a plain 16-weight gather: ``torch.gather`` of 16 indices
+  per point and output from a ``[P, m]`` table, times weights, summed, on the same N.
+
+Walker2d real time is 125 control steps per second (dt = 8 ms).
 """
 
 from __future__ import annotations
 
+import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,95 +42,331 @@ import torch
 from gpdyn.control.dynamics import LearnedDynamics
 from gpdyn.control.mpc import MPCConfig, make_planner
 from gpdyn.data.problems import Normalizer
-from gpdyn.device import resolve_device, sync
+from gpdyn.device import resolve_device, set_threads
 from gpdyn.errors import InputError
-from gpdyn.gp import make_learner
+from gpdyn.gp import LEARNERS, PRESETS, make_learner
+from gpdyn.gp.base import Learner
 from gpdyn.robots.walker import ACTION_HIGH, ACTION_LOW, DT, LAYOUT, NU, NX, TorchPolicy, WalkerCost
 from gpdyn.runs import RunDir
 
 REAL_TIME_HZ = 1.0 / DT  # 125 control steps per second
-BENCH_MODELS = ("svdgp", "wiski")  # at their "paper" preset
+BENCH_MODELS = tuple(LEARNERS)  # every registered learner
+#: points the residual learner's GP holds in the bench: between the half window it keeps
+#: after a rebuild and its full window (400 at every preset)
+RESIDUAL_POINTS = 300
+#: rows of the random data that fill the bases
+FILL_ROWS = 2048
 
 
-def filled_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LearnedDynamics:
-    """A walker-1 model of bench size with every basis function in place (random inputs)."""
+def cpu_seconds(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
+    """CPU seconds of this process per call of ``fn``, after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    t0 = time.process_time()
+    for _ in range(repeats):
+        fn()
+    return (time.process_time() - t0) / repeats
+
+
+def _distinct_outputs(learner: Learner, gen: torch.Generator) -> None:
+    """Give each output its own length scales (log-normal, 10 %), as training leaves them."""
+    from gpdyn.gp.exact import ExactOnlineGP
+    from gpdyn.gp.residual import ResidualGP
+    from gpdyn.gp.variational import VariationalLearner
+
+    p, d = learner.output_dim, learner.input_dim
+    factor = torch.exp(0.1 * torch.randn(p, d, generator=gen, dtype=torch.float64)).to(learner.device, learner.dtype)
+    with torch.no_grad():
+        if isinstance(learner, VariationalLearner):
+            learner.params["log_ls"].add_(torch.log(factor))
+            learner._cache = None
+        elif isinstance(learner, ExactOnlineGP):
+            learner.set_hyperparameters(lengthscale=learner.hp.lengthscale.detach() * factor)
+        elif isinstance(learner, ResidualGP):
+            _distinct_outputs(learner.prior, gen)
+            if isinstance(learner.residual, ExactOnlineGP):
+                _distinct_outputs(learner.residual, gen)
+
+
+def filled_learner(name: str, device: torch.device, dtype: torch.dtype, preset: str = "small", seed: int = 0,
+                   distinct: bool = True) -> Learner:
+    """A walker-1 learner at ``preset`` with every basis function in place (random inputs);
+    ``distinct``: each output with its own length scales (:func:`_distinct_outputs`)."""
     d, p = LAYOUT.input_dim, LAYOUT.nv
-    learner = make_learner(name, d, p, preset="paper", device=device, dtype=dtype, seed=seed)
     gen = torch.Generator().manual_seed(seed)
-    n = 2048
-    per_round = n // 2 if learner.can("n_delta") else n
-    if learner.can("n_delta"):
-        learner.set_n_delta(per_round)  # fill the bases in a few rounds
-    rounds = max(1, -(-max(learner.basis_capacity.values(), default=n) // per_round))
-    for _ in range(rounds):
+
+    def batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.randn(n, d, generator=gen, dtype=dtype).to(device)
-        y = torch.randn(n, p, generator=gen, dtype=dtype).to(device)
+        return x, torch.randn(n, p, generator=gen, dtype=dtype).to(device)
+
+    if name == "residual":  # a frozen SVDGP of the same preset plus the residual GP of control
+        prior = filled_learner("svdgp", device, dtype, preset, seed, distinct=False)
+        x, y = batch(RESIDUAL_POINTS)
+        learner = make_learner("residual", d, p, preset=preset, prior=prior, reference_x=x, device=device, dtype=dtype,
+                               seed=seed)
         learner.observe(x, y)
+    else:
+        learner = make_learner(name, d, p, preset=preset, device=device, dtype=dtype, seed=seed)
+        if learner.can("point_limit"):  # the exact GP at its limit
+            learner.observe(*batch(learner.room()))
+        else:
+            if learner.can("n_delta"):
+                learner.set_n_delta(FILL_ROWS)  # fill the bases in a few rounds
+            rounds = max(1, -(-max(learner.basis_capacity.values(), default=FILL_ROWS) // FILL_ROWS))
+            for _ in range(rounds):
+                learner.observe(*batch(FILL_ROWS))
+    if distinct:
+        _distinct_outputs(learner, gen)
+    return learner
+
+
+def filled_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0, preset: str = "small",
+                 distinct: bool = True) -> LearnedDynamics:
+    """Walker dynamics on :func:`filled_learner` (identity normaliser, delta target)."""
+    d, p = LAYOUT.input_dim, LAYOUT.nv
+    learner = filled_learner(name, device, dtype, preset, seed, distinct)
     normalizer = Normalizer(np.zeros(d), np.ones(d), np.zeros(p), np.ones(p))
     return LearnedDynamics.from_learner(learner, normalizer, LAYOUT)
 
 
+def _state(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    state = torch.zeros(NX, device=device, dtype=dtype)
+    state[1] = 1.25  # standing height: the rollouts stay healthy
+    return state
+
+
+def planning_seconds(dynamics: Any, proposal: TorchPolicy, cfg: MPCConfig, repeats: int, device: torch.device,
+                     dtype: torch.dtype, seed: int = 0) -> float:
+    """CPU seconds per MPPI planning step of ``dynamics`` (after one warm-up step)."""
+    planner = make_planner("mppi", dynamics, WalkerCost(), [ACTION_LOW] * NU, [ACTION_HIGH] * NU, cfg, proposal=proposal,
+                           device=device, dtype=dtype, seed=seed)
+    state = _state(device, dtype)
+    return cpu_seconds(lambda: planner.plan(state), repeats)
+
+
+def basis_sizes(learner: Learner) -> str:
+    """The sizes that set a prediction's cost, e.g. ``alpha 512, beta 64``."""
+    from gpdyn.gp.exact import ExactOnlineGP
+    from gpdyn.gp.residual import ResidualGP
+
+    if isinstance(learner, ResidualGP):
+        return f"prior ({basis_sizes(learner.prior)}) + {learner.residual.n} points"
+    if isinstance(learner, ExactOnlineGP):
+        return f"{learner.n} points"
+    counts = learner.basis_counts
+    if counts:
+        return ", ".join(f"{k} {v}" for k, v in counts.items())
+    sizes = getattr(learner, "num_inducing", None)
+    return f"m = {sizes}" if sizes is not None else ""
+
+
+def sgemm_gflops(dtype: torch.dtype, repeats: int = 5, n: int = 2048) -> float:
+    """Matrix-multiply throughput (GFLOP/s of CPU time) of two ``n x n`` matrices in ``dtype``."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=gen, dtype=dtype)
+    b = torch.randn(n, n, generator=gen, dtype=dtype)
+    out = torch.empty(n, n, dtype=dtype)
+    return 2.0 * n**3 / cpu_seconds(lambda: torch.mm(a, b, out=out), repeats) / 1e9
+
+
+def svdgp_mean_rate(learner: Learner, n: int, repeats: int) -> dict[str, Any]:
+    """SVDGP's mean path at ``n`` points: CPU seconds per ``predict_mean`` and effective
+    GFLOP/s at ``2 N M D + 2 N M`` flops per output."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(n, learner.input_dim, generator=gen, dtype=learner.dtype).to(learner.device)
+    m, d, p = learner.basis_counts["alpha"], learner.input_dim, learner.output_dim
+    with torch.no_grad():
+        sec = cpu_seconds(lambda: learner.predict_mean(x), repeats)
+        full = cpu_seconds(lambda: learner.predict(x), repeats)
+    flops = p * (2.0 * n * m * d + 2.0 * n * m)
+    return {"M_alpha": m, "N": n, "mean_seconds": sec, "predict_seconds": full, "gflops": flops / sec / 1e9}
+
+
+def gather_seconds(p: int, m: int, n: int, repeats: int, dtype: torch.dtype, k: int = 16) -> float:
+    """CPU seconds of a plain ``k``-weight gather: ``k`` indices per point and output from a
+    ``[p, m]`` table, times weights, summed (what an interpolated mean must at least do)."""
+    gen = torch.Generator().manual_seed(2)
+    table = torch.randn(p, m, generator=gen, dtype=dtype)
+    idx = torch.randint(0, m, (p, n * k), generator=gen)
+    w = torch.randn(p, n, k, generator=gen, dtype=dtype)
+    return cpu_seconds(lambda: (table.gather(1, idx).view(p, n, k) * w).sum(-1), repeats)
+
+
 def bench_mpc(
-    models: list[str], samples: int, horizon: int, repeats: int, device: torch.device, dtype: torch.dtype, seed: int = 0
-) -> list[dict[str, Any]]:
-    """Seconds per control step and steps per second for each model."""
+    models: list[str], samples: int, horizon: int, repeats: int, device: torch.device, dtype: torch.dtype,
+    preset: str = "small", seed: int = 0, fresh: bool = True, progress: Callable[[str], None] = print,
+    ratio_presets: tuple[str, ...] | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Planning rows per model and mode, and the ratios (see the module docs; SVDGP's mean
+    path is measured at ``ratio_presets``, default ``preset`` and "paper")."""
     from gpdyn.sim.policy import load_policy
 
     proposal = TorchPolicy(load_policy(), device, dtype)
-    cfg = MPCConfig(horizon=horizon, samples=samples, uncertainty="penalty", var_weight=1.0)
-    state = torch.zeros(NX, device=device, dtype=dtype)
-    state[1] = 1.25  # standing height: the rollouts stay healthy
-    rows = []
-    for name in models:
-        dyn = filled_model(name, device, dtype, seed)
-        planner = make_planner("mppi", dyn, WalkerCost(), [ACTION_LOW] * NU, [ACTION_HIGH] * NU, cfg, proposal=proposal,
-                               device=device, dtype=dtype, seed=seed)
-        planner.plan(state)  # warm-up: caches, allocator
-        sync(device)
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            planner.plan(state)
-        sync(device)
-        sec = (time.perf_counter() - t0) / repeats
-        rows.append({"model": name, "device": str(device), "dtype": str(dtype).replace("torch.", ""), "K": samples,
-                     "H": horizon, "seconds_per_step": sec, "steps_per_second": 1.0 / sec,
-                     "real_time_ratio": (1.0 / sec) / REAL_TIME_HZ})
-    return rows
+    modes = {"mean": MPCConfig(horizon=horizon, samples=samples, uncertainty="mean"),
+             "mean+variance": MPCConfig(horizon=horizon, samples=samples, uncertainty="penalty", var_weight=1.0)}
+    rows: list[dict[str, Any]] = []
+
+    def row(model: str, sizes: str, mode: str, sec: float, **extra: Any) -> dict[str, Any]:
+        r = {"model": model, "sizes": sizes, "mode": mode, "preset": preset, "K": samples, "H": horizon,
+             "cpu_seconds_per_step": sec, "steps_per_second": 1.0 / sec, "real_time_ratio": (1.0 / sec) / REAL_TIME_HZ,
+             **extra}
+        rows.append(r)
+        progress(f"  {model:<16} {mode:<14} {sec:8.3f} CPU-s/step  {1.0 / sec:8.2f} steps/s")
+        return r
+
+    identity = lambda x, a: x  # noqa: E731  the planner alone: no model cost
+    row("(planner alone)", "identity model", "mean", planning_seconds(identity, proposal, modes["mean"], repeats, device,
+                                                                        dtype, seed))
+    variants = [(name, True) for name in models]
+    if fresh and "svdgp" in models:
+        variants.append(("svdgp", False))
+    for name, distinct in variants:
+        label = name if distinct else f"{name} (fresh)"
+        try:
+            dyn = filled_model(name, device, dtype, seed, preset, distinct)
+        except Exception as err:  # noqa: BLE001  reported in the table, the other models still run
+            rows.append({"model": label, "sizes": "", "mode": "error", "error": f"{type(err).__name__}: {err}"})
+            progress(f"  {label}: {type(err).__name__}: {err}")
+            continue
+        sizes = basis_sizes(dyn.model.learner)
+        for mode, cfg in modes.items():
+            try:
+                row(label, sizes, mode, planning_seconds(dyn, proposal, cfg, repeats, device, dtype, seed))
+            except Exception as err:  # noqa: BLE001
+                rows.append({"model": label, "sizes": sizes, "mode": mode, "error": f"{type(err).__name__}: {err}"})
+                progress(f"  {label} {mode}: {type(err).__name__}: {err}")
+    ratios = measure_ratios(models, samples, device, dtype, ratio_presets or (preset, "paper"), seed, max(3, repeats),
+                            progress)
+    return rows, ratios
+
+
+def measure_ratios(models: list[str], n: int, device: torch.device, dtype: torch.dtype, presets: tuple[str, ...],
+                   seed: int, repeats: int, progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """sgemm throughput, SVDGP's mean path against it (at each of ``presets``), and WISKI's
+    mean prediction (at ``presets[0]``) against a 16-weight gather, all at ``n`` points."""
+    ratios: dict[str, Any] = {"sgemm_gflops": sgemm_gflops(dtype) if device.type == "cpu" else None, "svdgp": [],
+                              "wiski": None}
+    progress(f"  sgemm ({str(dtype).replace('torch.', '')}): {ratios['sgemm_gflops']:.1f} GFLOP/s")
+    if "svdgp" in models and device.type == "cpu":
+        for size in dict.fromkeys(presets):
+            for distinct in (True, False):
+                learner = filled_learner("svdgp", device, dtype, size, seed, distinct)
+                rate = svdgp_mean_rate(learner, n, repeats)
+                rate.update(preset=size, features="per output" if distinct else "shared (fresh model)",
+                            share_of_sgemm=rate["gflops"] / ratios["sgemm_gflops"])
+                ratios["svdgp"].append(rate)
+                progress(f"  svdgp {size} {rate['features']}: mean {rate['mean_seconds'] * 1e3:.2f} ms, "
+                         f"{rate['gflops']:.1f} GFLOP/s = {100 * rate['share_of_sgemm']:.0f} % of sgemm")
+    if "wiski" in models:
+        try:
+            learner = filled_learner("wiski", device, dtype, presets[0], seed)
+            gen = torch.Generator().manual_seed(3)
+            x = torch.randn(n, learner.input_dim, generator=gen, dtype=dtype).to(device)
+            with torch.no_grad():
+                mean_sec = cpu_seconds(lambda: learner.predict_mean(x), repeats)
+            m = int(getattr(learner, "num_inducing", 256))
+            gather = gather_seconds(learner.output_dim, m, n, repeats, dtype)
+            ratios["wiski"] = {"N": n, "m": m, "mean_seconds": mean_sec, "gather_seconds": gather, "ratio": mean_sec / gather}
+            progress(f"  wiski mean {mean_sec * 1e3:.2f} ms vs 16-weight gather {gather * 1e3:.2f} ms: "
+                     f"{mean_sec / gather:.2f}x")
+        except Exception as err:  # noqa: BLE001
+            ratios["wiski"] = {"error": f"{type(err).__name__}: {err}"}
+    return ratios
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (or the platform's word for it)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """Markdown table of :func:`bench_mpc`'s rows."""
-    lines = ["| model | device | dtype | K | H | s/step | steps/s | x real time (125/s) |", "|---|---|---|---|---|---|---|---|"]
+    """Markdown table: one line per model, mean-only and mean+variance side by side."""
+    lines = ["| model | sizes | mean only: CPU-s/step | steps/s | mean+variance: CPU-s/step | steps/s | speed-up |",
+             "|---|---|---|---|---|---|---|"]
+    by_model: dict[str, dict[str, dict[str, Any]]] = {}
     for r in rows:
-        lines.append(f"| {r['model']} | {r['device']} | {r['dtype']} | {r['K']} | {r['H']} | {r['seconds_per_step']:.3f} "
-                     f"| {r['steps_per_second']:.3g} | {r['real_time_ratio']:.3g} |")
+        by_model.setdefault(r["model"], {})[r["mode"]] = r
+    for model, modes in by_model.items():
+        if "error" in modes:
+            lines.append(f"| {model} | | error: {modes['error']['error']} | | | | |")
+            continue
+        cells = []
+        for mode in ("mean", "mean+variance"):
+            r = modes.get(mode)
+            cells += [f"{r['cpu_seconds_per_step']:.3f}", f"{r['steps_per_second']:.2f}"] if r and "error" not in r else \
+                [f"error: {r['error']}" if r else "", ""]
+        a, b = modes.get("mean"), modes.get("mean+variance")
+        speed = f"{b['cpu_seconds_per_step'] / a['cpu_seconds_per_step']:.2f}x" if a and b and "error" not in a and \
+            "error" not in b else ""
+        sizes = next(iter(modes.values()))["sizes"]
+        lines.append(f"| {model} | {sizes} | {' | '.join(cells)} | {speed} |")
     return "\n".join(lines)
+
+
+def ratio_text(ratios: dict[str, Any]) -> str:
+    """The ratios as markdown."""
+    out = []
+    if ratios.get("sgemm_gflops"):
+        out.append(f"- sgemm (2048 x 2048, this dtype): **{ratios['sgemm_gflops']:.1f} GFLOP/s** of CPU time.")
+    for r in ratios.get("svdgp", []):
+        out.append(f"- SVDGP mean path, {r['preset']} preset (M_alpha = {r['M_alpha']}), {r['features']} features, "
+                   f"N = {r['N']}: {r['mean_seconds'] * 1e3:.2f} CPU-ms per `predict_mean` "
+                   f"({r['predict_seconds'] * 1e3:.2f} ms per `predict`), **{r['gflops']:.1f} GFLOP/s = "
+                   f"{100 * r['share_of_sgemm']:.0f} % of sgemm**.")
+    w = ratios.get("wiski")
+    if w and "error" in w:
+        out.append(f"- WISKI mean vs gather: error: {w['error']}")
+    elif w:
+        out.append(f"- WISKI `predict_mean` at N = {w['N']}: {w['mean_seconds'] * 1e3:.3f} CPU-ms; a plain 16-weight "
+                   f"gather from a [P, {w['m']}] table: {w['gather_seconds'] * 1e3:.3f} ms; **ratio {w['ratio']:.2f}**.")
+    return "\n".join(out)
 
 
 def run_benchmark(
     models: list[str] | None = None, samples: int = 1000, horizon: int = 30, repeats: int = 1,
-    device: str | torch.device = "cpu", out: str | Path | None = None,
+    device: str | torch.device = "cpu", out: str | Path | None = None, preset: str = "small", threads: int | None = None,
+    dtype: torch.dtype = torch.float32, command: str | None = None,
 ) -> RunDir:
-    """``gpdyn bench mpc``: the planning-rate table of ``models`` (default all of
-    :data:`BENCH_MODELS`) into a run folder's ``report.md`` and on screen."""
+    """``gpdyn bench mpc``: the planning-rate table of ``models`` (default every learner) into a
+    run folder's ``report.md`` and on screen. ``threads``: torch's CPU threads (None: as set,
+    e.g. by the command's ``--threads``, default 1); ``command``: the command line, for the report."""
     device = resolve_device(device)
     models = list(models or BENCH_MODELS)
     bad = [m for m in models if m not in BENCH_MODELS]
-    if bad or samples < 2 or horizon < 1 or repeats < 1:
-        raise InputError(f"bench mpc: models from {', '.join(BENCH_MODELS)} (got {bad}), samples >= 2, horizon >= 1, repeats >= 1")
-    dtype = torch.float32  # the hot path of a controller; float64 doubles memory and time
+    if bad or samples < 2 or horizon < 1 or repeats < 1 or preset not in PRESETS:
+        raise InputError(f"bench mpc: models from {', '.join(BENCH_MODELS)} (got {bad}), presets from {', '.join(PRESETS)} "
+                         f"(got {preset}), samples >= 2, horizon >= 1, repeats >= 1")
+    if threads is not None:
+        set_threads(threads)
+    threads = torch.get_num_threads()
+    dtype_name = str(dtype).replace("torch.", "")
     MPCConfig(horizon=horizon, samples=samples).check_memory(NX, NU, dtype, device)  # before the run folder
     run = RunDir.create("bench-mpc", {"models": models, "samples": samples, "horizon": horizon, "repeats": repeats,
-                                      "device": str(device), "dtype": "float32", "threads": torch.get_num_threads()},
-                        out=out)
+                                      "preset": preset, "device": str(device), "dtype": dtype_name, "threads": threads,
+                                      "cpu": cpu_model(), "torch": torch.__version__, "command": command}, out=out)
     print(f"gpdyn bench mpc: run folder {run.path}")
-    rows = bench_mpc(models, samples, horizon, repeats, device, dtype)
+    rows, ratios = bench_mpc(models, samples, horizon, repeats, device, dtype, preset)
     for r in rows:
         run.log(**r)
-    text = table(rows)
-    (run.path / "report.md").write_text(f"# MPC planning rate\n\nWalker2d real time: {REAL_TIME_HZ:.0f} control steps/s.\n\n{text}\n")
+    run.write_json("ratios.json", ratios)
+    text, rtext = table(rows), ratio_text(ratios)
+    header = (f"# MPC planning rate, CPU time\n\n"
+              f"MPPI, K = {samples}, H = {horizon}, TRPO proposal on half of the samples, learners at their "
+              f"`{preset}` preset; {dtype_name}, {threads} torch thread(s), device {device}; CPU: {cpu_model()}; "
+              f"torch {torch.__version__}. CPU seconds of this process (`time.process_time`) per planning step after "
+              f"one warm-up step, {repeats} timed step(s) per row. Walker2d real time: {REAL_TIME_HZ:.0f} control "
+              f"steps/s.\n\n" + (f"Command: `{command}`\n\n" if command else ""))
+    (run.path / "report.md").write_text(f"{header}{text}\n\n## What bounds the rates (same run)\n\n{rtext}\n")
     print(text)
+    print(rtext)
     return run
 
 
-__all__ = ["BENCH_MODELS", "REAL_TIME_HZ", "bench_mpc", "filled_model", "run_benchmark", "table"]
+__all__ = ["BENCH_MODELS", "REAL_TIME_HZ", "bench_mpc", "cpu_model", "cpu_seconds", "filled_learner", "filled_model",
+           "gather_seconds", "measure_ratios", "run_benchmark", "sgemm_gflops", "svdgp_mean_rate", "table"]

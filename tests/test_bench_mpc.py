@@ -1,0 +1,48 @@
+"""``gpdyn bench mpc``: the planning-rate table of every learner, mean only and with variance
+(tiny K and H here: what is checked is the table, not the speed)."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from gpdyn.cli import main
+from gpdyn.experiments.bench_mpc import BENCH_MODELS, bench_mpc, filled_learner, table
+from gpdyn.gp import LEARNERS
+
+
+def test_every_learner_is_benched_and_the_bench_model_has_distinct_outputs() -> None:
+    assert set(BENCH_MODELS) == set(LEARNERS)
+    learner = filled_learner("svdgp", torch.device("cpu"), torch.float64, "small")
+    assert learner.basis_counts == learner.basis_capacity  # every basis function in place
+    ls = learner.lengthscale
+    assert not torch.equal(ls[0], ls[1])  # outputs as after training: no shared kernel
+    fresh = filled_learner("svdgp", torch.device("cpu"), torch.float64, "small", distinct=False)
+    assert torch.equal(fresh.lengthscale[0], fresh.lengthscale[1])
+
+
+def test_bench_rows_modes_and_ratios() -> None:
+    torch.set_num_threads(1)
+    models = ["svdgp", "orth", "exact", "residual"]
+    rows, ratios = bench_mpc(models, 8, 2, 1, torch.device("cpu"), torch.float32, ratio_presets=("small",),
+                             progress=lambda _: None)
+    seen = {(r["model"], r["mode"]) for r in rows}
+    for name in models:
+        assert {(name, "mean"), (name, "mean+variance")} <= seen
+    assert ("svdgp (fresh)", "mean") in seen and ("(planner alone)", "mean") in seen
+    assert all(r["cpu_seconds_per_step"] > 0 and "error" not in r for r in rows)
+    assert ratios["sgemm_gflops"] > 0
+    assert [r["features"] for r in ratios["svdgp"]] == ["per output", "shared (fresh model)"]
+    text = table(rows)
+    assert all(f"| {name} |" in text for name in models)
+
+
+def test_cli_bench_mpc_writes_its_report(tmp_path) -> None:
+    out = tmp_path / "bench"
+    assert main(["bench", "mpc", "--samples", "4", "--horizon", "2", "--models", "orth", "--out", str(out)]) == 0
+    report = (out / "report.md").read_text()
+    assert "| orth |" in report and "CPU" in report and "float32" in report and "Command: `gpdyn --threads" in report
+    config = json.loads((out / "config.json").read_text())
+    assert config["dtype"] == "float32" and config["threads"] == torch.get_num_threads() and config["preset"] == "small"
+    assert main(["bench", "mpc", "--models", "nope", "--out", str(tmp_path / "x")]) == 2
