@@ -101,6 +101,9 @@ PROJ_INITS = ("axes", "random")
 DENSE_GRAM_ROWS = 32
 #: elements of the dense ``[P, N, M]`` block of the additive variance per chunk
 VARIANCE_BLOCK = 1 << 22
+#: the cubic Lagrange weights of :func:`gpdyn.gp.ski.cubic_weights` as polynomials in t:
+#: ``[w_0..w_3] = [t, t^2, t^3] @ CUBIC[1:] + CUBIC[0]``
+CUBIC = ((0.0, 1.0, 0.0, 0.0), (-1 / 3, -0.5, 1.0, -1 / 6), (0.5, -1.0, 0.5, 0.0), (-1 / 6, 0.5, -0.5, 1 / 6))
 
 
 def _bn_stats(a: Tensor) -> tuple[Tensor, Tensor]:
@@ -451,6 +454,14 @@ class WISKI(Learner):
         # linear term's columns [x, 1] sit at C m .. C m + D
         self._offsets = (torch.arange(self.components, device=self.device) * self.grid_points).view(-1, 1)
         self._linear_idx = torch.arange(self.components * self.grid_points, self.num_inducing, device=self.device)
+        # constants of predict_mean's patch tables, made once here: a tensor built from a list
+        # later would be a host-to-device copy in the hot path on a GPU
+        cells = math.prod(g - 3 for g in sizes)
+        self._cubic = torch.tensor(CUBIC, **kw)
+        self._cell_strides = torch.tensor([math.prod(g - 3 for g in sizes[k + 1 :]) for k in range(self.grid_dim)], **kw)
+        self._cell_offsets = (torch.arange(self.num_maps * self.components, device=self.device) * cells).view(
+            self.num_maps, self.components)
+        self._one = torch.ones((), **kw)
         self.optimizer = self._make_optimizer(self.lr, self.proj_lr)
         self.initialized = False
         self.n = 0
@@ -464,6 +475,7 @@ class WISKI(Learner):
         self._m_cache = torch.zeros(0, **kw)
         self._mean_cache = torch.zeros(0, **kw)
         self._mean_rows = torch.zeros(0, **kw)
+        self._fast: dict[str, Tensor] = {}
 
     # -- features and interpolation -------------------------------------------------------
     def _make_optimizer(self, lr: float, proj_lr: float) -> torch.optim.Optimizer:
@@ -640,13 +652,104 @@ class WISKI(Learner):
         self._m_cache = mm
         self._mean_cache = (mm @ self.wty.unsqueeze(-1)).squeeze(-1)  # [P, M]
         self._mean_rows = self._mean_cache.T.contiguous()  # [M, P]: one gathered row holds every output
+        self._fast = self._mean_tables()
         self._stale = False
+
+    def _mean_tables(self) -> dict[str, Tensor]:
+        """The tables of :meth:`predict_mean`'s fused gather, from the mean cache ``a = M W^T y`` (eq. (14)).
+
+        Cubic interpolation in a cell reads the ``4^d`` grid values of the patch that starts
+        one node before the cell. The table holds every cell's patch contiguously, mapped to
+        the coefficients of its interpolating polynomial (the cubic weights are polynomials
+        in the offset ``t``, :data:`CUBIC`),
+        ``[C cells, 4^d, P]`` (one map: each row holds all outputs) or ``[P C cells, 4^d]``
+        (per-output maps), so one point of one component costs one gathered row and no
+        ``[..., 4^d]`` index tensor is built. The projection with its batch normalisation
+        folded in (``x (A gamma / std) + (beta - mu gamma / std)``), the grid scaling and the
+        linear term's weights ``a_lin [D + 1, P]`` come along.
+        """
+        assert self.grid is not None
+        p, q, c, d, m = self.output_dim, self.num_maps, self.components, self.grid_dim, self.grid_points
+        patches = self._mean_cache[:, : c * m].reshape(p, c, *self.grid_sizes)
+        for k in range(d):
+            patches = patches.unfold(2 + k, 4, 1)  # [P, C, g_0 - 3, .., g_{d-1} - 3, 4, .., 4]
+        cells = math.prod(g - 3 for g in self.grid_sizes)
+        # the patch in the power basis: w_j(t) = sum_a t^a CUBIC[a, j] along each axis, so the
+        # interpolant of a cell is sum_ab t_0^a t_1^b coef_ab, and only powers of t are needed
+        cubic = self._cubic
+        patches = patches.reshape(p, c, cells, *([4] * d))
+        for k in range(d):
+            patches = (patches.movedim(3 + k, -1) @ cubic.T).movedim(-1, 3 + k)
+        patches = patches.reshape(p, c, cells, 4**d)
+        table = patches.permute(1, 2, 3, 0).reshape(c * cells, 4**d, p) if q == 1 else patches.reshape(p * c * cells, 4**d)
+        out = {
+            "table": table.contiguous(),
+            "cell_strides": self._cell_strides,
+            "cell_offsets": self._cell_offsets,
+            "inv_spacing": 1.0 / self.grid.spacing,
+            "offset": -self.grid.lower / self.grid.spacing,
+            "upper": self.grid.counts - 2.0,
+            "last_cell": self.grid.counts - 3.0,
+            "one": self._one,
+            "linear": self._mean_rows[c * m :],  # [D + 1, P]
+        }
+        if self.projection != "none":
+            scale = (self.bn_gamma / self.bn_std).detach()  # [Q, F]
+            out["proj"] = (self.proj_weight.detach() * scale.unsqueeze(1)).permute(1, 0, 2).reshape(self.input_dim, -1)
+            out["shift"] = (self.bn_beta.detach() - self.bn_mean * scale).reshape(-1)
+        return out
+
+    def _fused_mean(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``w(x)^T a`` ``[N, P]`` (eq. (14)) for ``x [N, D]`` and the count of points clamped onto the grid.
+
+        The rows are never formed: features (one GEMM), grid coordinates, the cell of each
+        point and its offset ``t`` in the cell per dimension, then one gather of patches (in
+        the power basis) from the table of :meth:`_mean_tables` and the polynomial's value:
+        a batched product with the powers of ``t`` (one map, all outputs at once) or
+        Horner's rule per axis (per-output maps); the linear term is a GEMM.
+        """
+        f = self._fast
+        n, q, c, d = x.shape[0], self.num_maps, self.components, self.grid_dim
+        if self.projection == "none":
+            u = x.view(n, 1, 1, d)
+        else:
+            u = torch.tanh(torch.addmm(f["shift"], x, f["proj"])).view(n, q, c, d)
+        s = torch.addcmul(f["offset"], u, f["inv_spacing"])  # grid units
+        sc = torch.clamp(s, min=f["one"], max=f["upper"])
+        outside = (sc != s).flatten(1).any(-1).sum()
+        i0 = torch.nan_to_num(torch.minimum(torch.floor(sc), f["last_cell"]), nan=1.0)
+        t = sc - i0
+        cell = (i0 - 1.0) @ f["cell_strides"] if d > 1 else (i0 - 1.0).squeeze(-1)  # [N, Q, C]
+        cell = cell.long() + f["cell_offsets"]
+        vals = f["table"].index_select(0, cell.view(-1))  # one row (patch) per point, map and component
+        if q == 1:  # [N, C 4^d, P]: every output at once, weights = products of powers of t
+            pw = torch.linalg.vander(t, N=4)  # [N, 1, C, d, 4]: 1, t, t^2, t^3
+            w = pw[..., 0, :]
+            for k in range(1, d):
+                w = (w.unsqueeze(-1) * pw[..., k, None, :]).flatten(-2)  # [N, 1, C, 4^d], first axis major
+            mean = torch.bmm(w.reshape(n, 1, -1), vals.view(n, -1, self.output_dim)).view(n, self.output_dim)
+        else:  # per-output maps: Horner's rule along each axis, last first (no weight tensor at all)
+            v = vals.view(n, q, c, *([4] * d))
+            for k in reversed(range(d)):
+                tk = t[..., k].reshape(n, q, c, *([1] * k))
+                acc = v[..., 3]
+                for j in (2, 1, 0):
+                    acc = torch.addcmul(v[..., j], acc, tk)
+                v = acc
+            mean = v.sum(-1) if c > 1 else v.view(n, q)
+        if self.linear_dim:
+            lin = f["linear"]
+            mean = mean + torch.addmm(lin[-1], x, lin[:-1])
+        return mean, outside
 
     def _check_predict(self, x: Tensor, where: str) -> None:
         if not self.initialized:
             raise LearnerError(f"WISKI.{where}: no data yet (call pretrain or observe first)")
         self.check_xy(x, None, where)
-        if self.device.type == "cpu":  # on a GPU a NaN input gives NaN outputs (interp_weights), with no sync
+        # on a GPU a NaN input gives NaN outputs (interp_weights), with no sync; on the CPU a
+        # finite sum proves every entry finite (one reduction), and only a non-finite sum
+        # (a NaN, an inf, or an overflow) pays for the entrywise check that names the fault
+        if self.device.type == "cpu" and not bool(torch.isfinite(x.sum())):
             self.check_finite(where, x=x)
         if self._stale:
             self._refresh()
@@ -666,15 +769,19 @@ class WISKI(Learner):
 
     @torch.no_grad()
     def predict_mean(self, x: Tensor) -> Tensor:
-        """Latent predictive mean only (eq. (9) / (14)), ``[..., P]``: no variance arithmetic, one gather per chunk."""
+        """Latent predictive mean only (eq. (9) / (14)), ``[..., P]``: no variance arithmetic.
+
+        Per chunk of ``predict_chunk`` points one fused gather over the mean cache's patch
+        table (:meth:`_fused_mean`); equal to ``predict(x)[0]`` up to rounding.
+        """
         self._check_predict(x, "predict_mean")
         lead = x.shape[:-1]
         xf = x.reshape(-1, self.input_dim)
         means = []
         for start in range(0, xf.shape[0], self.predict_chunk):
-            idx, w, outside = self._rows(xf[start : start + self.predict_chunk])
-            self.predict_clamped += outside.any(dim=0).sum()
-            means.append(self._gather_mean(idx, w))
+            mean, outside = self._fused_mean(xf[start : start + self.predict_chunk])
+            self.predict_clamped += outside
+            means.append(mean)
         mean = torch.cat(means) if len(means) != 1 else means[0]
         return mean.reshape(*lead, self.output_dim)
 
