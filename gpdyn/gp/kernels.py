@@ -14,10 +14,11 @@ chunks, so no ``[P, N, M]`` tensor is ever stored and memory stays linear in M.
 Prediction (no gradient) goes through :func:`exp2_matvec` on base-2 features: the basis
 side is scaled by ``log2(e)`` once, when a learner caches its features
 (``basis_features(..., base2=True)``), so each kernel entry costs one ``exp2``, about
-1.7x faster than ``exp`` on the CPU, and the kernel is built in blocks of test points and
-basis functions that stay in the L2 cache through the matmul, the ``exp2`` and the
-matvec. Where the kernel is the same for every output (equal length scales, amplitudes
-and bases: :func:`same_across_outputs`), one block serves all P outputs.
+1.7x faster than ``exp`` on the CPU, and the kernel is built in blocks of test points
+and basis functions that stay in the cache through the matmul, the ``exp2`` and the
+matvec (:data:`PREDICT_BLOCK_ELEMENTS`). Where the kernel is the same for every output
+(equal length scales, amplitudes and bases: :func:`same_across_outputs`), one block
+serves all P outputs.
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ from torch import Tensor
 #: each block goes through about ten passes, and blocks that stay in the L2/L3 caches
 #: made an SVDGP step 2-3x faster than 64 MiB blocks on the 2-core CPU
 CHUNK_ELEMENTS = 2**20
-#: elements of one ``[P, rows, cols]`` block in :func:`exp2_matvec` (prediction): 1 MiB of
-#: float32, what measured fastest on the 2-core EPYC (512 KiB L2 per core) between
-#: 2^16 and 2^20 elements for the walker's sizes (docs/results/planning-rate-cpu)
-PREDICT_BLOCK_ELEMENTS = 2**18
+#: elements of one ``[P, rows, cols]`` block in :func:`exp2_matvec` (prediction): 2 MiB of
+#: float32 (227 test points x 256 basis functions x 9 outputs). Measured in CPU time on the
+#: 2-core EPYC (512 KiB L2 per core, 32 MiB L3) at N = 1000, P = 9, D = 23 and M = 512 or
+#: 4096, against 2^16 to 2^20: blocks of one L2 (2^17 floats) lose 10-30 % to the per-block
+#: dispatch of the three torch calls; 2^19 was fastest or level with the best
+PREDICT_BLOCK_ELEMENTS = 2**19
 #: basis functions per block of :func:`exp2_matvec` (the matmul's output width)
 PREDICT_BLOCK_COLUMNS = 256
 #: ``exp(s) = exp2(s log2(e))``
@@ -177,34 +180,36 @@ def exp2_matvec(
     if u.dim() == 2 and v.dim() == 2:  # one kernel for every output
         n = u.shape[0]
         rows, cols = _block_shape(1, n, m, block_elements, block_columns)
-        vt = vec.transpose(0, 1).contiguous()  # [M, P]
-        out = vec.new_zeros(n, p)
+        out = vec.new_zeros(p, n)
         buf = u.new_empty(rows * cols)
         for lo in range(0, n, rows):
             uc = u[lo : lo + rows]
-            oc = out[lo : lo + rows]
+            oc = out[:, lo : lo + rows]
             for mo in range(0, m, cols):
                 vc = v[mo : mo + cols]
                 k = buf[: uc.shape[0] * vc.shape[0]].view(uc.shape[0], vc.shape[0])
                 torch.mm(uc, vc.transpose(0, 1), out=k).exp2_()
-                oc.addmm_(k, vt[mo : mo + cols])
-        return out.transpose(0, 1)
+                oc.addmm_(vec[:, mo : mo + cols], k.transpose(0, 1))  # out^T += vec K^T: all outputs at once
+        return out
     n = u.shape[-2]
     u = u.expand(p, n, u.shape[-1])
     v = v.expand(p, m, v.shape[-1])
     rows, cols = _block_shape(p, n, m, block_elements, block_columns)
-    out = vec.new_zeros(p, n, 1)
+    out = vec.new_empty(p, n)
     buf = u.new_empty(p * rows * cols)
-    vec = vec.unsqueeze(-1)
+    acc_buf = vec.new_empty(p * rows)
+    vec = vec.unsqueeze(-2)  # [P, 1, M]
     for lo in range(0, n, rows):
         uc = u[:, lo : lo + rows]
-        oc = out[:, lo : lo + rows]
+        acc = acc_buf[: p * uc.shape[1]].view(p, 1, uc.shape[1]).zero_()  # contiguous: one batched gemm, not P
         for mo in range(0, m, cols):
             vc = v[:, mo : mo + cols]
             k = buf[: p * uc.shape[1] * vc.shape[1]].view(p, uc.shape[1], vc.shape[1])
             torch.bmm(uc, vc.transpose(1, 2), out=k).exp2_()
-            oc.baddbmm_(k, vec[:, mo : mo + cols])
-    return out.squeeze(-1)
+            # as a row vector times K^T: MKL's batched gemv on K itself is several times slower
+            acc.baddbmm_(vec[..., mo : mo + cols], k.transpose(1, 2))
+        out[:, lo : lo + rows] = acc[:, 0]
+    return out
 
 
 def gen_se_ard(
