@@ -462,6 +462,7 @@ class WISKI(Learner):
         self._cell_offsets = (torch.arange(self.num_maps * self.components, device=self.device) * cells).view(
             self.num_maps, self.components)
         self._one = torch.ones((), **kw)
+        self._zero = torch.zeros((), dtype=torch.int64, device=self.device)
         self.optimizer = self._make_optimizer(self.lr, self.proj_lr)
         self.initialized = False
         self.n = 0
@@ -685,7 +686,8 @@ class WISKI(Learner):
         out = {
             "table": table.contiguous(),
             "cell_strides": self._cell_strides,
-            "cell_offsets": self._cell_offsets,
+            "cell_offsets": self._cell_offsets - int(sum(math.prod(g - 3 for g in self.grid_sizes[k + 1 :])
+                                                            for k in range(d))),
             "inv_spacing": 1.0 / self.grid.spacing,
             "offset": -self.grid.lower / self.grid.spacing,
             "upper": self.grid.counts - 2.0,
@@ -715,12 +717,19 @@ class WISKI(Learner):
         else:
             u = torch.tanh(torch.addmm(f["shift"], x, f["proj"])).view(n, q, c, d)
         s = torch.addcmul(f["offset"], u, f["inv_spacing"])  # grid units
-        sc = torch.clamp(s, min=f["one"], max=f["upper"])
-        outside = (sc != s).flatten(1).any(-1).sum()
-        i0 = torch.nan_to_num(torch.minimum(torch.floor(sc), f["last_cell"]), nan=1.0)
+        if self.projection == "none":  # clamp onto the interior [1, g - 2] and count the points clamped
+            sc = torch.clamp(s, min=f["one"], max=f["upper"])
+            outside = (sc != s).flatten(1).any(-1).sum()
+            i0 = torch.minimum(torch.floor(sc), f["last_cell"])
+        else:
+            # tanh features lie in (-1, 1), inside the grid interior by construction (Grid.from_bounds
+            # with bounds (-1, 1)): nothing to clamp or count; the cell is kept in range all the same
+            sc, outside = s, self._zero
+            i0 = torch.clamp(torch.floor(s), min=f["one"], max=f["last_cell"])
+        i0 = torch.nan_to_num(i0, nan=1.0)  # a NaN feature (GPU: no input check) gives NaN, never a bad index
         t = sc - i0
-        cell = (i0 - 1.0) @ f["cell_strides"] if d > 1 else (i0 - 1.0).squeeze(-1)  # [N, Q, C]
-        cell = cell.long() + f["cell_offsets"]
+        # the cell's patch starts at node i0 - 1: row of the table = sum_k (i0_k - 1) stride_k + offset
+        cell = (i0 @ f["cell_strides"] if d > 1 else i0.squeeze(-1)).long() + f["cell_offsets"]
         vals = f["table"].index_select(0, cell.view(-1))  # one row (patch) per point, map and component
         if q == 1:  # [N, C 4^d, P]: every output at once, weights = products of powers of t
             pw = torch.linalg.vander(t, N=4)  # [N, 1, C, d, 4]: 1, t, t^2, t^3
