@@ -520,7 +520,8 @@ def bench_learners(
                   f"{'wall' if cuda else 'CPU'} time; wall-time ratio {summary['svdgp_wall_ratio_16384_over_4096']:.2f})"]
     if race_lines:
         first = next(iter(summary["race"].values()))
-        lines += ["", f"## nMSE at equal time: {problem} ({first['rows']['train']} training rows, {first['rows']['test']} "
+        dims = f"D={first['problem']['input_dim']}, P={first['problem']['output_dim']}"
+        lines += ["", f"## nMSE at equal time: {problem} ({dims}; {first['rows']['train']} training rows, {first['rows']['test']} "
                   f"held out, iid), {budget:g} {'wall' if cuda else 'CPU'} s each", "",
                   f"Every learner takes the same seeded minibatches of N_m = {N_M} rows; gpdyn's at their "
                   f"'{preset}' preset, {PEER_SVGP} with SVI's M and Adam at lr {peer_lr:g}. Cells: held-out nMSE "
