@@ -8,6 +8,7 @@ import torch
 from gpdyn.errors import InputError
 from gpdyn.gp.kernels import se_ard
 from gpdyn.gp.ski import (
+    AdditiveSKIKernel,
     Grid,
     GridError,
     SKIKernel,
@@ -109,3 +110,25 @@ def test_ski_kernel_approximates_se_kernel():
     k = SKIKernel(grid)
     torch.testing.assert_close(k(x, x, ls, amp), se_ard(x, x, ls, amp), atol=2e-4, rtol=0)
     torch.testing.assert_close(k.diag(x, ls, amp), k(x, x, ls, amp).diagonal(dim1=-2, dim2=-1))
+
+
+def test_additive_ski_kernel_is_a_sum_of_ski_kernels_plus_a_linear_kernel():
+    """Two 1-D components on the columns of x and a linear term: the sum of the parts, each built here."""
+    grid = Grid.from_bounds(torch.tensor([-1.0], dtype=D64), torch.tensor([1.0], dtype=D64), 8, 0.1)
+    g = torch.Generator().manual_seed(0)
+    x1 = torch.rand(5, 2, generator=g, dtype=D64) * 2 - 1
+    x2 = torch.rand(4, 2, generator=g, dtype=D64) * 2 - 1
+    ls = torch.tensor([[[0.5], [0.8]]], dtype=D64)  # [P=1, C=2, d=1]
+    amp = torch.tensor([[1.5, 0.4]], dtype=D64)
+    lin = torch.tensor([[0.3, 0.2, 0.1]], dtype=D64)  # [P, D + 1]
+    kernel = AdditiveSKIKernel(grid, lambda x: x.view(1, x.shape[0], 2, 1), lambda: (ls, amp, lin))
+    ski = SKIKernel(grid)
+    want = sum(ski(x1[:, c : c + 1], x2[:, c : c + 1], ls[:, c], amp[:, c]) for c in range(2))
+    want = want + (x1 * lin[0, :2]) @ x2.T + lin[0, 2]
+    torch.testing.assert_close(kernel(x1, x2), want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(kernel.diag(x1), kernel(x1, x1).diagonal(dim1=-2, dim2=-1), rtol=1e-12, atol=1e-12)
+    # each component alone is the SE kernel up to the interpolation error of a fine grid
+    fine = Grid.from_bounds(torch.tensor([-1.0], dtype=D64), torch.tensor([1.0], dtype=D64), 64, 0.1)
+    one = AdditiveSKIKernel(fine, lambda x: x[:, :1].view(1, x.shape[0], 1, 1),
+                            lambda: (ls[:, :1], amp[:, :1], lin[:, :0]))
+    torch.testing.assert_close(one(x1, x2), se_ard(x1[:, :1], x2[:, :1], ls[:, 0], amp[:, 0]), rtol=1e-3, atol=1e-4)

@@ -33,7 +33,8 @@ def test_nmse(learner: Learner, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
 
 
 def run_wiski(projection: str, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int, grid_size: int) -> WISKI:
-    learner = WISKI(x.shape[1], y.shape[1], seed=seed, projection=projection, grid_size=grid_size, pretrain_iters=100)
+    learner = WISKI(x.shape[1], y.shape[1], seed=seed, structure="single", projection=projection, grid_size=grid_size,
+                    pretrain_iters=100)
     n0 = max(1, int(0.05 * x.shape[0]))
     learner.pretrain(x[:n0], y[:n0])
     for start in tqdm(range(n0, x.shape[0], batch), desc=f"wiski {projection}", leave=False):
