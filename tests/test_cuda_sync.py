@@ -8,7 +8,9 @@ copy (``torch.tensor(..., device="cuda")``, ``.to("cuda")`` of pageable memory),
 synchronisation, and the operations that do one inside (``nonzero``, boolean-mask
 indexing, ``torch.linalg.cholesky``/``lu_factor``/``inv``/``solve``, which check their
 result on the host). ``torch.cuda.synchronize()`` itself is not flagged, so the setup
-ends with one, and its work never counts against the calls under test.
+ends with one, and its work never counts against the calls under test. Syncs inside a
+library that bypass torch's stream calls (MAGMA's host-side routines) are not flagged
+either; a profiler (Nsight Systems) sees those.
 
 What each call promises (docs/architecture.md "Learners"; gpdyn.gp.base): ``predict``,
 ``predict_mean`` and ``step`` never wait for the device, including the cache rebuild of
@@ -255,5 +257,5 @@ def test_the_check_catches_a_sync():
     with no_host_sync(device):
         y = (x * 2).sum()  # queued, never read: no sync
     assert float(y) == 8.0
-    assert count_syncs(lambda: float(x.sum()), device) == 1
+    assert count_syncs(lambda: float(x.sum()), device) >= 1
     assert count_syncs(lambda: x * 2, device) == 0
