@@ -6,6 +6,7 @@ is not installed (CI), and the refusal without it is always tested, by making it
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import subprocess
@@ -137,3 +138,17 @@ def test_cli_peer_table_and_race(kuka_store, tmp_path, monkeypatch):
     assert config["peer"] == "gpytorch" and config["race"]["budget_s"] == 0.3 and config["race"]["clock"] == "process CPU"
     report = (out / "report.md").read_text()
     assert "| gpytorch-svgp-16 |" in report and "nMSE at equal time" in report and "| gpytorch-svgp |" in report
+
+
+def test_the_report_names_the_device():
+    assert bl.device_name("cpu")  # the processor or machine name, never empty
+
+
+@pytest.mark.gpu
+def test_steps_on_cuda_are_timed_by_events_too():
+    assert bl.device_name("cuda") == torch.cuda.get_device_name(torch.cuda.current_device())
+    r = bl.bench_one("svi", {"m": 16}, "cuda", torch.float32, 2)
+    assert r["step_gpu_s"] > 0 and r["peak_mb"] >= r["base_mb"] > 0
+    if importlib.util.find_spec("gpytorch") is not None:
+        r = bl.bench_one("gpytorch-svgp", {"m": 16}, "cuda", torch.float32, 2)
+        assert r["step_gpu_s"] > 0
