@@ -149,8 +149,10 @@ def same_across_outputs(*tensors: Tensor | None) -> bool:
 
 
 def _block_shape(p: int, n: int, m: int, block_elements: int, block_columns: int) -> tuple[int, int]:
-    """Rows (test points) and columns (basis functions) of one ``[p, rows, cols]`` block."""
+    """Rows (test points) and columns (basis functions) of one ``[p, rows, cols]`` block: at
+    most ``block_columns`` columns, spread evenly over the column blocks (no narrow last block)."""
     cols = max(1, min(m, block_columns))
+    cols = -(-m // -(-m // cols))  # e.g. 320 -> two blocks of 160, not 256 + 64
     rows = max(1, min(n, block_elements // max(1, p * cols)))
     return rows, cols
 
