@@ -132,3 +132,30 @@ def test_cholesky_marks_failure_with_nan_on_cuda_without_raising():
     a[1, 2, 2] = -1.0
     factor = cholesky(a)
     assert torch.isnan(factor[1]).all() and torch.equal(factor[0], torch.eye(3, dtype=torch.float64, device="cuda"))
+
+
+def test_predict_mean_shares_one_kernel_across_outputs_while_their_hyperparameters_agree(monkeypatch):
+    """The data are every output's basis: with equal length scales and amplitudes one kernel
+    serves all outputs (features without the output axis); the numbers are those of the
+    per-output path and of predict's mean."""
+    import gpdyn.gp.exact as exact_module
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(40, 3, generator=g, dtype=torch.float64)
+    y = torch.randn(40, 2, generator=g, dtype=torch.float64)
+    xt = torch.randn(2, 7, 3, generator=g, dtype=torch.float64)
+    gp = ExactOnlineGP(3, 2, learn_hyperparameters=False)
+    gp.set_hyperparameters(lengthscale=1.3, amplitude=0.7, noise=0.1)
+    gp.observe(x, y)
+    shared = gp.predict_mean(xt)
+    assert gp._features[0].shape[0] == 1 and gp._features[1].dim() == 2
+    torch.testing.assert_close(shared, gp.predict(xt)[0], rtol=1e-12, atol=1e-12)
+    monkeypatch.setattr(exact_module, "same_across_outputs", lambda *t: False)
+    gp._features = None
+    torch.testing.assert_close(gp.predict_mean(xt), shared, rtol=1e-12, atol=1e-12)
+    assert gp._features[0].shape[0] == 2
+    monkeypatch.undo()
+    gp.set_hyperparameters(lengthscale=torch.tensor([[1.3, 1.0, 0.9], [0.8, 1.1, 1.2]], dtype=torch.float64))
+    assert gp._features is None  # new hyperparameters drop the features
+    torch.testing.assert_close(gp.predict_mean(xt), gp.predict(xt)[0], rtol=1e-12, atol=1e-12)
+    assert gp._features[0].shape[0] == 2

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from gpdyn.gp.base import LOG_2PI, Learner, LearnerError, cholesky
 from gpdyn.gp.hyperparams import SEHyperparameters
-from gpdyn.gp.kernels import basis_features, exp2_matvec, input_features, se_ard, se_ard_diag
+from gpdyn.gp.kernels import basis_features, exp2_matvec, input_features, same_across_outputs, se_ard, se_ard_diag
 
 
 
@@ -103,6 +103,7 @@ class ExactOnlineGP(Learner):
         # and z = L^{-1} y [P, cap]; grown by doubling
         self.buffer_size = 0
         self._alpha: Tensor | None = None  # (K + sigma^2 I)^{-1} y, refreshed lazily
+        self._features: tuple[Tensor, Tensor] | None = None  # predict_mean's length scales and base-2 data features
 
     # -- helpers ---------------------------------------------------------------------
     def _k(self, x1: Tensor, x2: Tensor) -> Tensor:
@@ -159,7 +160,7 @@ class ExactOnlineGP(Learner):
         return {"inputs": (n, d), "targets": (n, p), "chol": (p, n, n), "whitened": (p, n)}
 
     def _after_load(self) -> None:
-        self._alpha = None
+        self._alpha = self._features = None
 
     # -- the point limit -----------------------------------------------------------------
     @property
@@ -213,7 +214,7 @@ class ExactOnlineGP(Learner):
         self._L[:, n : n + q, n : n + q] = l22
         self._z[:, n : n + q] = z2
         self.n = n + q
-        self._alpha = None
+        self._alpha = self._features = None
 
     def mll(self) -> Tensor:
         """Log marginal likelihood of all observed data per output, ``[P]`` (WISKI eq. (1)); differentiable."""
@@ -232,7 +233,7 @@ class ExactOnlineGP(Learner):
         k = self._k(x, x) + self.hp.noise[:, None, None] * torch.eye(n, device=self.device, dtype=self.dtype)
         self._L[:, :n, :n] = cholesky(k)
         self._z[:, :n] = torch.linalg.solve_triangular(self.chol, y.T.unsqueeze(-1), upper=False).squeeze(-1)
-        self._alpha = None
+        self._alpha = self._features = None
 
     def step(self, x: Tensor, y: Tensor) -> dict[str, float]:
         """Count a step; every ``refit_every`` steps refit the hyperparameters on all data."""
@@ -273,6 +274,20 @@ class ExactOnlineGP(Learner):
             var = (prior - (v * v).sum(-2)).clamp_min(0.0)
         return mean.T.reshape(*lead, self.output_dim), var.T.reshape(*lead, self.output_dim)
 
+    def _mean_features(self) -> tuple[Tensor, Tensor]:
+        """Length scales of the input features and base-2 features of the data, kept until the
+        data or the hyperparameters change. The data are the basis of every output, so when
+        the outputs also share length scale and amplitude (as they start, and as the residual
+        learner's GP keeps them until a refit) the kernel is one for all outputs: ``ls [1, D]``
+        and features ``[n, R]``. Telling that reads values back: on the CPU only."""
+        if self._features is None:
+            ls, amp = self.hp.lengthscale.detach(), self.hp.amplitude.detach()
+            if self.device.type == "cpu" and self.output_dim > 1 and same_across_outputs(ls, amp):
+                self._features = (ls[:1], basis_features(self.inputs, None, ls[:1], amp[:1], base2=True)[0])
+            else:
+                self._features = (ls, basis_features(self.inputs, None, ls, amp, base2=True))
+        return self._features
+
     @torch.no_grad()
     def predict_mean(self, x: Tensor) -> Tensor:
         """Latent predictive mean ``k_{x,X} alpha``, ``[..., P]`` (WISKI eq. (2)), ``O(P n N)``:
@@ -287,9 +302,9 @@ class ExactOnlineGP(Learner):
         if self.n == 0:
             mean = xf.new_zeros(self.output_dim, xf.shape[0])
         elif isinstance(self.kernel, SEARDKernel):
-            ls, amp = self.hp.lengthscale, self.hp.amplitude
-            mean = exp2_matvec(input_features(xf, ls), basis_features(self.inputs, None, ls, amp, base2=True),
-                               self._alpha_cache())
+            ls, feats = self._mean_features()
+            u = input_features(xf, ls)
+            mean = exp2_matvec(u[0] if ls.shape[0] == 1 else u, feats, self._alpha_cache())
         else:
             mean = (self._k(self.inputs, xf) * self._alpha_cache().unsqueeze(-1)).sum(-2)
         return mean.T.reshape(*lead, self.output_dim)
