@@ -435,3 +435,17 @@ def test_additive_learns_a_non_additive_function_better_than_the_paper_2d():
                 learner.step(x[i : i + 100], y[i : i + 100])
         errs[structure] = float(((learner.predict_mean(xt) - ft) ** 2).mean() / ft.var())
     assert errs["additive"] < 0.05 and errs["additive"] < 0.5 * errs["single"], errs
+
+
+def test_init_iters_runs_the_batch_phase_on_the_first_observed_batch():
+    x, y = _data(64, d=ADD_D)
+    a, b, c = _additive(init_iters=5), _additive(init_iters=0), _additive(init_iters=0)
+    a.observe(x, y)
+    b.observe(x, y)
+    c.pretrain(x, y, iterations=5, progress=False)
+    assert a.n == b.n == c.n == 64
+    assert not torch.equal(a.hp.raw_lengthscale, b.hp.raw_lengthscale)  # the batch phase moved them
+    assert torch.equal(a.gram, c.gram) and torch.equal(a.predict_mean(x), c.predict_mean(x))
+    assert _additive().init_iters == 50 and WISKI(4, 1, structure="single").init_iters == 0
+    with pytest.raises(LearnerError, match="init_iters >= 0"):
+        _additive(init_iters=-1)

@@ -298,8 +298,14 @@ class WISKI(Learner):
             ``observe``) or ``"error"`` (raise GridError in ``observe``). ``predict``
             always clamps (no host sync) and counts such points in ``predict_clamped``.
         lr, proj_lr: Adam learning rates of the online steps for the kernel
-            hyperparameters and the projection (default 5e-3, 5e-4; WISKI Table C.1).
+            hyperparameters and the projection (default 5e-3, and 5e-4 (WISKI Table C.1)
+            for ``"single"``, 2e-2 for ``"additive"``).
         pretrain_lr, pretrain_proj_lr, pretrain_iters: the batch phase (5e-2, 5e-3, 200).
+        init_iters: when ``observe`` starts the learner (no :meth:`pretrain` call before), run
+            the batch phase for this many iterations on that first batch (default 0 for
+            ``"single"``, 50 for ``"additive"``).
+            A replay or a controller never calls ``pretrain``; this gives them WISKI's
+            batch phase (Sec. 5.1) on the first minibatch.
         noise_floor: added to the noise variance (default 1e-6 in float64, 1e-4 otherwise).
         learn_hyperparameters: False keeps the hyperparameters fixed.
         validate: True (default) checks ``observe`` inputs for NaN/inf and out-of-grid
@@ -336,10 +342,11 @@ class WISKI(Learner):
         margin: float = 0.1,
         out_of_grid: str = "clamp",
         lr: float = 5e-3,
-        proj_lr: float = 5e-4,
+        proj_lr: float | None = None,
         pretrain_lr: float = 5e-2,
         pretrain_proj_lr: float = 5e-3,
         pretrain_iters: int = 200,
+        init_iters: int | None = None,
         noise_floor: float | None = None,
         learn_hyperparameters: bool = True,
         validate: bool = True,
@@ -362,6 +369,12 @@ class WISKI(Learner):
             raise LearnerError(f"WISKI: proj_init must be one of {', '.join(PROJ_INITS)}, got '{proj_init}'")
         if proj_dim is None:
             proj_dim = 1 if additive else 2
+        # the additive structure learns its projections faster and from a batch phase on the
+        # first data (docs/wiski.md, measured); the single structure keeps WISKI Table C.1's rate
+        if proj_lr is None:
+            proj_lr = 2e-2 if additive else 5e-4
+        if init_iters is None:
+            init_iters = 50 if additive else 0
         if components is None:
             components = input_dim if additive else 1
         if not additive and components != 1:
@@ -371,11 +384,11 @@ class WISKI(Learner):
             raise LearnerError(f"WISKI: out_of_grid must be 'clamp' or 'error', got '{out_of_grid}'")
         if out_of_grid == "error" and not validate:
             raise LearnerError("WISKI: out_of_grid='error' needs validate=True (the check is the host sync)")
-        if (proj_dim < 1 or components < 1 or pretrain_iters < 0 or predict_chunk < 1
+        if (proj_dim < 1 or components < 1 or pretrain_iters < 0 or init_iters < 0 or predict_chunk < 1
                 or min(lr, proj_lr, pretrain_lr, pretrain_proj_lr) < 0):
             raise LearnerError(
-                f"WISKI: need proj_dim >= 1, components >= 1, pretrain_iters >= 0, predict_chunk >= 1 and learning "
-                f"rates >= 0; got {proj_dim}, {components}, {pretrain_iters}, {predict_chunk}, "
+                f"WISKI: need proj_dim >= 1, components >= 1, pretrain_iters >= 0, init_iters >= 0, predict_chunk >= 1 "
+                f"and learning rates >= 0; got {proj_dim}, {components}, {pretrain_iters}, {init_iters}, {predict_chunk}, "
                 f"{(lr, proj_lr, pretrain_lr, pretrain_proj_lr)}"
             )
         if noise_floor is None:
@@ -387,7 +400,7 @@ class WISKI(Learner):
             "proj_init": proj_init, "bounds": bounds, "margin": float(margin),
             "out_of_grid": out_of_grid, "lr": float(lr), "proj_lr": float(proj_lr), "pretrain_lr": float(pretrain_lr),
             "pretrain_proj_lr": float(pretrain_proj_lr), "pretrain_iters": int(pretrain_iters),
-            "noise_floor": float(noise_floor), "learn_hyperparameters": bool(learn_hyperparameters),
+            "init_iters": int(init_iters), "noise_floor": float(noise_floor), "learn_hyperparameters": bool(learn_hyperparameters),
             "validate": bool(validate), "predict_chunk": int(predict_chunk),
         })
         self.structure = structure
@@ -415,6 +428,7 @@ class WISKI(Learner):
         self.lr, self.proj_lr = float(lr), float(proj_lr)
         self.pretrain_lr, self.pretrain_proj_lr = float(pretrain_lr), float(pretrain_proj_lr)
         self.pretrain_iters = int(pretrain_iters)
+        self.init_iters = int(init_iters)
         self.learn_hyperparameters = bool(learn_hyperparameters)
         self.validate = bool(validate)
         self.predict_chunk = int(predict_chunk)
@@ -599,6 +613,9 @@ class WISKI(Learner):
             return
         if not self.initialized:
             self.check_finite("observe", x=x, y=y)
+            if self.init_iters and self.learn_hyperparameters and x.shape[0] > 1:
+                self.pretrain(x, y, iterations=self.init_iters, progress=False)  # conditions on x, y at its end
+                return
             self._initialize(x, y)
         with torch.no_grad():
             idx, w, outside = self._rows(x)
