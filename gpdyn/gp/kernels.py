@@ -152,7 +152,8 @@ def _block_shape(p: int, n: int, m: int, block_elements: int, block_columns: int
     """Rows (test points) and columns (basis functions) of one ``[p, rows, cols]`` block: at
     most ``block_columns`` columns, spread evenly over the column blocks (no narrow last block)."""
     cols = max(1, min(m, block_columns))
-    cols = -(-m // -(-m // cols))  # e.g. 320 -> two blocks of 160, not 256 + 64
+    if m > 0:
+        cols = -(-m // -(-m // cols))  # e.g. 320 -> two blocks of 160, not 256 + 64
     rows = max(1, min(n, block_elements // max(1, p * cols)))
     return rows, cols
 
@@ -179,6 +180,8 @@ def exp2_matvec(
     result while they are in the cache; nothing of size ``N x M`` is stored.
     """
     p, m = vec.shape
+    if m == 0 or u.shape[-2] == 0:  # an empty sum, or no points
+        return vec.new_zeros(p, u.shape[-2])
     if u.dim() == 2 and v.dim() == 2:  # one kernel for every output
         n = u.shape[0]
         rows, cols = _block_shape(1, n, m, block_elements, block_columns)
