@@ -53,7 +53,7 @@ class SamplerConfig:
     stride: int = 2  # control steps per planning step
     knots: int = 5  # spline knots over the horizon
     noise_std: float = 0.3  # knot noise, action units
-    temperature: float = 0.2  # softmax temperature in units of the cost spread; 0: the best sample alone
+    temperature: float = 0.3  # softmax temperature in units of the cost spread; 0: the best sample alone
     integrator: str = "implicitfast"  # of the planning model
 
     def validate(self) -> None:

@@ -131,7 +131,7 @@ class WalkingCost:
     pitch_weight: float = 3.0
     speed_weight: float = 1.0
     control_weight: float = 0.1
-    min_height: float = 0.95
+    min_height: float = 1.0
     max_pitch: float = 1.0
     fall_penalty: float = 1000.0
     fall_step_penalty: float = 200.0
