@@ -208,3 +208,25 @@ def test_residual_without_a_prior_is_a_window_gp_on_y() -> None:
         make_learner("residual", 3, 2, prior=3.5)
     with pytest.raises(InputError, match="maps 3 -> 2"):
         make_learner("residual", 4, 2, prior=make_learner("exact", 3, 2))
+
+
+@pytest.mark.parametrize("options", [{}, {"gated": True}, {"kernel": "linear", "linear_inputs": [0, 2]}])
+def test_residual_predict_mean_is_prior_mean_plus_residual_mean(options) -> None:
+    """``predict_mean`` goes through the prior's and the residual's mean-only paths and equals
+    ``predict``'s mean, with or without the gate and for either residual kernel."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(90, 3, generator=g, dtype=torch.float64)
+    y = torch.sin(x[:, :2]) + 0.05 * torch.randn(90, 2, generator=g, dtype=torch.float64)
+    prior = make_learner("svdgp", 3, 2, m_alpha=32, m_beta=8, n_delta=32)
+    prior.observe(x[:40], y[:40])
+    learner = make_learner("residual", 3, 2, prior=prior, reference_x=x[:40], window=60, **options)
+    xt = torch.randn(3, 5, 3, generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(learner.predict_mean(xt), prior.predict_mean(xt))  # nothing observed yet
+    for lo in range(40, 90, 10):
+        learner.observe(x[lo : lo + 10], y[lo : lo + 10] + 0.3)
+    with torch.no_grad():
+        mean, _ = learner.predict(xt)
+        got = learner.predict_mean(xt)
+    torch.testing.assert_close(got, mean, rtol=1e-10, atol=1e-10)
+    assert not torch.allclose(got, prior.predict_mean(xt))  # the residual is in
