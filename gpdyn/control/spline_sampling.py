@@ -40,6 +40,8 @@ from gpdyn.errors import InputError
 #: ``(qpos [K, H, nq], qvel [K, H, nv], controls [K, H, nu]) -> cost [K]``, the states after each
 #: planning step; non-finite costs (a diverged rollout) count as the worst
 PathCost = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+#: a planning model other than MuJoCo's: ``(qpos, qvel, controls [K, H, nu]) -> (qpos [K, H, nq], qvel [K, H, nv])``
+Forward = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 INTEGRATORS = {"euler": mujoco.mjtIntegrator.mjINT_EULER, "rk4": mujoco.mjtIntegrator.mjINT_RK4,
                "implicit": mujoco.mjtIntegrator.mjINT_IMPLICIT, "implicitfast": mujoco.mjtIntegrator.mjINT_IMPLICITFAST}
 
@@ -84,10 +86,13 @@ class SplineSampler:
 
     ``model``: the plant's ``MjModel`` (copied; the copy gets the planning time step and
     integrator). ``control_dt``: the plant's control period. ``low``/``high``: the action box.
+    ``forward``: another planning model in place of MuJoCo's, ``(qpos [nq], qvel [nv],
+    controls [K, H, nu]) -> (qpos [K, H, nq], qvel [K, H, nv])`` with each control held for
+    ``stride`` control steps (e.g. :class:`LearnedForward`, a learned model).
     """
 
     def __init__(self, model: mujoco.MjModel, cost: PathCost, control_dt: float, low: np.ndarray, high: np.ndarray,
-                 config: SamplerConfig | None = None, seed: int = 0) -> None:
+                 config: SamplerConfig | None = None, seed: int = 0, forward: Forward | None = None) -> None:
         self.config = config or SamplerConfig()
         self.config.validate()
         if model.na:
@@ -112,6 +117,7 @@ class SplineSampler:
         from mujoco import rollout
 
         self._rollout_fn = rollout.rollout
+        self.forward = forward
         self.reset()
 
     def reset(self) -> None:
@@ -121,6 +127,8 @@ class SplineSampler:
     def rollout(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """States after each planning step, ``(qpos [K, H, nq], qvel [K, H, nv])``, of ``controls [K, H, nu]``
         from ``(qpos, qvel)``."""
+        if self.forward is not None:
+            return self.forward(qpos, qvel, controls)
         init = np.zeros((controls.shape[0], self.nstate))
         init[:, self._q], init[:, self._v] = qpos, qvel
         states, _ = self._rollout_fn(self.model, self.data, init, controls)
@@ -203,4 +211,38 @@ class SamplingController:
     def summary(self) -> dict[str, Any]:
         cpu = np.asarray(self._cpu) if self._cpu else np.zeros(1)
         return {"plan_cpu_ms_mean": float(cpu.mean() * 1e3), "plan_cpu_ms_p95": float(np.percentile(cpu, 95) * 1e3)}
-__all__ = ["INTEGRATORS", "PathCost", "SamplerConfig", "SamplingController", "SplineSampler", "linear_spline_matrix"]
+
+
+
+class LearnedForward:
+    """A learned forward model as the sampler's planning model (``SplineSampler(forward=...)``).
+
+    ``dynamics``: ``(state [K, nx], action [K, nu]) -> next_state [K, nx]`` over one control
+    step in torch, e.g. ``LearnedDynamics.predict_mean`` (:mod:`gpdyn.control.dynamics`;
+    the state is ``[qpos, qvel]``). Each planning step holds its control for ``stride``
+    control steps, as the MuJoCo planning model does with its longer time step.
+    """
+
+    def __init__(self, dynamics: Callable[[Any, Any], Any], nq: int, stride: int, device: Any = "cpu",
+                 dtype: Any = None) -> None:
+        import torch
+
+        self.torch, self.dynamics, self.nq, self.stride = torch, dynamics, int(nq), int(stride)
+        self.device, self.dtype = torch.device(device), dtype or torch.float64
+
+    def __call__(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        torch = self.torch
+        k, h, _ = controls.shape
+        kw = {"device": self.device, "dtype": self.dtype}
+        state = torch.as_tensor(np.concatenate([qpos, qvel]), **kw).expand(k, -1)
+        u = torch.as_tensor(controls, **kw)
+        path = torch.empty(k, h, state.shape[-1], **kw)
+        with torch.no_grad():
+            for t in range(h):
+                for _ in range(self.stride):
+                    state = self.dynamics(state, u[:, t])
+                path[:, t] = state
+        out = path.cpu().numpy().astype(np.float64)
+        return out[..., : self.nq], out[..., self.nq :]
+__all__ = ["INTEGRATORS", "Forward", "LearnedForward", "PathCost", "SamplerConfig", "SamplingController", "SplineSampler",
+           "linear_spline_matrix"]
