@@ -128,13 +128,15 @@ def test_bad_input_and_config_raise():
 def test_registry_builds_wiski_with_projection_for_wide_inputs():
     learner = make_learner("wiski", 5, 3, dtype=D64, grid_size=6)
     assert isinstance(learner, WISKI)
-    # additive by default for D > 2: C = D one-dimensional grids of 6 plus the linear term [x, 1]
-    assert learner.structure == "additive" and learner.projection == "shared"
-    assert learner.num_inducing == 5 * 6 + 6 and learner.gram.shape == (1, 36, 36)
+    # additive by default for D > 2: C = 2D one-dimensional grids of 6 plus the linear term [x, 1]
+    assert learner.structure == "additive" and learner.projection == "shared" and learner.components == 10
+    assert learner.num_inducing == 10 * 6 + 6 and learner.gram.shape == (1, 66, 66)
+    default = make_learner("wiski", 21, 7, preset="cpu")
+    assert default.grid_sizes == (8,) and default.num_inducing == 42 * 8 + 22 and default.config["grid_size"] == 8
     paper = make_learner("wiski", 5, 3, dtype=D64, grid_size=6, structure="single")
     assert paper.projection == "per-output" and paper.num_inducing == 36 and paper.gram.shape == (3, 36, 36)
-    small = make_learner("wiski", 2, 1, dtype=D64)
-    assert small.structure == "single" and small.projection == "none"
+    small = make_learner("wiski", 2, 1, dtype=D64, preset="cpu")
+    assert small.structure == "single" and small.projection == "none" and small.num_inducing == 256
 
 
 def _projected(seed: int = 0) -> WISKI:

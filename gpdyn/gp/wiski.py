@@ -279,13 +279,13 @@ class WISKI(Learner):
             ``"single"`` (one grid, the paper's) or ``"additive"`` (a sum of ``components``
             SKI kernels on ``proj_dim``-D projections plus a linear term; module docs).
         grid_size: grid points per interpolated dimension, int or one per dimension
-            (default 16: m = 256 in 2-D; with ``"additive"`` the grid of each component).
+            (default 16 for ``"single"``: m = 256 in 2-D; 8 per component for ``"additive"``).
         projection: ``"auto"`` (``"none"`` for ``input_dim <= 2``; ``"per-output"`` with
             the single structure; ``"shared"`` with the additive one), ``"none"``,
             ``"shared"`` (one projection for all outputs) or ``"per-output"``.
         proj_dim: dimension of each projected feature map (default 2 for ``"single"``, 1
             for ``"additive"``).
-        components: additive components C (default: ``input_dim``).
+        components: additive components C (default: ``2 * input_dim``).
         linear: the additive structure's Bayesian linear term ``[x, 1]^T beta`` (default True).
         proj_init: additive projections start as ``"axes"`` (default: component c < D
             looks along input c, the rest along random directions) or ``"random"``.
@@ -299,7 +299,7 @@ class WISKI(Learner):
             always clamps (no host sync) and counts such points in ``predict_clamped``.
         lr, proj_lr: Adam learning rates of the online steps for the kernel
             hyperparameters and the projection (default 5e-3, and 5e-4 (WISKI Table C.1)
-            for ``"single"``, 2e-2 for ``"additive"``).
+            for ``"single"``, 5e-2 for ``"additive"``).
         pretrain_lr, pretrain_proj_lr, pretrain_iters: the batch phase (5e-2, 5e-3, 200).
         init_iters: when ``observe`` starts the learner (no :meth:`pretrain` call before), run
             the batch phase for this many iterations on that first batch (default 0 for
@@ -315,11 +315,12 @@ class WISKI(Learner):
 
     name = "wiski"
     capabilities = frozenset({"pretrain", "step_on_observed"})
-    # small: the WISKI paper's 16 points per projected dimension (m = 256); cpu the same;
-    # paper: the grid of the SVDGP Table 2 replays (docs/results). lr 0.1: the gamma_0
-    # chosen by the step-size selection (docs/results/*-select). With the additive
-    # structure (input_dim > 2) grid_size is per component: M = C g + D + 1.
-    presets = {"small": {"grid_size": 16}, "cpu": {"grid_size": 16, "lr": 0.1}, "paper": {"grid_size": 32, "lr": 0.1}}
+    # small and cpu: the default grids, the WISKI paper's 16 points per projected dimension
+    # (m = 256) for "single", 8 per component for "additive" (C = 2D components: M = 16 D +
+    # D + 1, 358 at D = 21; docs/wiski.md); paper: 32 points, the grid of the SVDGP Table 2
+    # replays (docs/results), per component when additive. lr 0.1: the gamma_0 chosen by
+    # the step-size selection (docs/results/*-select).
+    presets = {"small": {}, "cpu": {"lr": 0.1}, "paper": {"grid_size": 32, "lr": 0.1}}
     # the caches of eqs. (7), (16), (17), the hyperparameters, the grid, the clamp counters,
     # the projection (PROJECTION_FIELDS, with a projection) and the optimiser
     state_fields = ("initialized", "n", "grid_state", "gram", "wty", "yty", "observe_clamped", "predict_clamped", "hp",
@@ -332,7 +333,7 @@ class WISKI(Learner):
         output_dim: int,
         *,
         structure: str = "auto",
-        grid_size: int | Sequence[int] = 16,
+        grid_size: int | Sequence[int] | None = None,
         projection: str = "auto",
         proj_dim: int | None = None,
         components: int | None = None,
@@ -372,11 +373,13 @@ class WISKI(Learner):
         # the additive structure learns its projections faster and from a batch phase on the
         # first data (docs/wiski.md, measured); the single structure keeps WISKI Table C.1's rate
         if proj_lr is None:
-            proj_lr = 2e-2 if additive else 5e-4
+            proj_lr = 5e-2 if additive else 5e-4
         if init_iters is None:
             init_iters = 50 if additive else 0
         if components is None:
-            components = input_dim if additive else 1
+            components = 2 * input_dim if additive else 1
+        if grid_size is None:
+            grid_size = 8 if additive else 16
         if not additive and components != 1:
             raise LearnerError(f"WISKI: components={components} needs structure='additive' (the single grid has one)")
         linear = bool(linear) and additive
