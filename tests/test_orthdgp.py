@@ -142,3 +142,50 @@ def test_closed_form_natural_step_equals_autograd_natural_step(basis):
     ref.natural_step(x[batch], y[batch], tau=fast.nat_step_size())
     torch.testing.assert_close(fast.params["S"], ref.params["S"])
     torch.testing.assert_close(fast.params["m_beta"], ref.params["m_beta"])
+
+
+@pytest.mark.parametrize("name", ["orth", "orthnat", "svi", "gpr"])
+def test_orth_predictions_are_the_same_whether_outputs_share_features_or_not(name, monkeypatch):
+    """Before any step, a model's outputs share hyperparameters and points: one kernel serves
+    them all (features without the output axis, beta and gamma concatenated for the mean);
+    mean, variance and the mean alone equal the per-output path's."""
+    import gpdyn.gp.variational as variational
+    from gpdyn.gp import make_learner
+    from learner_data import random_data
+
+    x, y = random_data(64, 3, 2, seed=5)
+    sizes = {"orth": {"m_gamma": 16, "m_beta": 8}, "orthnat": {"m_gamma": 16, "m_beta": 8}, "svi": {"m": 12},
+             "gpr": {"n_subset": 24}}[name]
+    model = make_learner(name, 3, 2, n_delta=32, **sizes) if name != "gpr" else make_learner(name, 3, 2, **sizes)
+    model.observe(x, y)
+    with torch.no_grad():
+        shared = (*model.predict(x), model.predict_mean(x))
+    assert model._cache["fb"].dim() == 2 and model._cache["fm"].dim() == 2
+    monkeypatch.setattr(variational, "same_across_outputs", lambda *t: False)
+    model._cache = None
+    with torch.no_grad():
+        per_output = (*model.predict(x), model.predict_mean(x))
+    assert model._cache["fm"].dim() == 3
+    for got, want in zip(shared, per_output):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(shared[2], shared[0], rtol=1e-10, atol=1e-10)
+
+
+def test_orth_mean_with_one_basis_shared_and_the_other_per_output():
+    """Length scales shared, beta the same for every output but gamma not: the mean's
+    concatenated features take the output axis, and the numbers stay predict's."""
+    from gpdyn.gp import make_learner
+    from learner_data import random_data
+
+    x, y = random_data(64, 3, 2, seed=6)
+    model = make_learner("orth", 3, 2, m_gamma=16, m_beta=8, n_delta=32)
+    model.observe(x, y)
+    with torch.no_grad():
+        model.params["gamma_z"][1] += 0.05
+        model.params["a_gamma"].normal_(generator=torch.Generator().manual_seed(1))
+    model._cache = None
+    with torch.no_grad():
+        mean, _ = model.predict(x)
+        got = model.predict_mean(x)
+    assert model._cache["fb"].dim() == 2 and model._cache["fg"].dim() == 3 and model._cache["fm"].dim() == 3
+    torch.testing.assert_close(got, mean, rtol=1e-10, atol=1e-10)
