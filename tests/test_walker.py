@@ -201,3 +201,24 @@ def test_shipped_critic_estimates_the_policys_discounted_return(tmp_path):
     toy = load_policy(_toy_policy(tmp_path / "toy.pt", 17, 6))
     with pytest.raises(PolicyError, match="no critic"):
         toy.value(obs)
+
+
+def test_torch_policy_acts_as_the_numpy_policy_with_its_fast_tanh():
+    from gpdyn.robots.walker import FastTanh, TorchPolicy
+
+    x = torch.linspace(-20, 20, 4001, dtype=torch.float64)
+    torch.testing.assert_close(FastTanh()(x), torch.tanh(x), rtol=0, atol=1e-15)
+    policy = load_policy()
+    torch_policy = TorchPolicy(policy, "cpu", torch.float64)
+    assert not any(isinstance(m, torch.nn.Tanh) for m in torch_policy.net.modules())
+    env = make_env()
+    obs, _ = env.reset(seed=3)
+    states = []
+    for _ in range(20):
+        data = env.unwrapped.data
+        states.append(np.concatenate([data.qpos, data.qvel]))
+        obs, *_ = env.step(policy.act(obs))
+    states = np.stack(states)
+    observations = np.concatenate([states[:, 1:9], np.clip(states[:, 9:], -10, 10)], axis=1)
+    want = np.stack([policy.act(o) for o in observations])
+    np.testing.assert_allclose(torch_policy(torch.as_tensor(states)).numpy(), want, atol=1e-12)

@@ -188,6 +188,25 @@ class NominalTrackingCost:
 
 
 # ---------------------------------------------------------------------------- policy
+class FastTanh(torch.nn.Module):
+    """``tanh(x) = 2 sigmoid(2x) - 1``: the same function (to 2e-7 in float32), 2-3x faster than
+    torch's CPU ``tanh`` (0.25 G elements/s against 1.0 for ``sigmoid`` on this AVX2 CPU), which
+    made the TRPO proposal most of a planning step (``gpdyn bench mpc``, planner alone)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.sigmoid(2.0 * x).mul_(2.0).sub_(1.0)
+
+
+def _fast_activations(net: torch.nn.Module) -> torch.nn.Module:
+    """``net`` with every ``nn.Tanh`` replaced by :class:`FastTanh` (in place)."""
+    for name, child in net.named_children():
+        if isinstance(child, torch.nn.Tanh):
+            setattr(net, name, FastTanh())
+        else:
+            _fast_activations(child)
+    return net
+
+
 class TorchPolicy:
     """The TRPO policy, batched in torch on any device: ``state [K, 18] -> action [K, 6]``.
 
@@ -197,8 +216,9 @@ class TorchPolicy:
 
     def __init__(self, policy: WalkerPolicy, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float64) -> None:
         kw = {"device": torch.device(device), "dtype": dtype}
-        self.net = copy.deepcopy(policy.net).to(**kw).eval()
-        self.value_net = copy.deepcopy(policy.value_net).to(**kw).eval() if policy.value_net is not None else None
+        self.net = _fast_activations(copy.deepcopy(policy.net)).to(**kw).eval()
+        self.value_net = (_fast_activations(copy.deepcopy(policy.value_net)).to(**kw).eval()
+                          if policy.value_net is not None else None)
         self.value_scale = float(policy.value_scale)
         for net in (self.net, self.value_net):
             for p in net.parameters() if net is not None else ():
