@@ -63,8 +63,6 @@ KNOWN_SYNCS = {
     "wiski": "WISKI.step: torch.linalg.lu_factor checks its result on the host (gpdyn/gp/wiski.py:125, "
              "_LogdetSolve.forward; also :650 in _refresh, the first predict after an update) and the loss is "
              "returned as float(loss) (gpdyn/gp/wiski.py:642)",
-    "exact": "ExactOnlineGP.step returns float(loss) after a refit (gpdyn/gp/exact.py:250)",
-    "residual": "ResidualGP.step is ExactOnlineGP.step on the residuals: float(loss) (gpdyn/gp/exact.py:250)",
 }
 
 

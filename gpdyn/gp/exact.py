@@ -248,7 +248,7 @@ class ExactOnlineGP(Learner):
             loss.backward()
             self.optimizer.step()
         self.refactor()
-        return {"refit": 1.0, "loss": float(loss.detach())}
+        return {"refit": 1.0, "loss": loss.detach()}  # a 0-d tensor: float() would sync a GPU every refit
 
     def _alpha_cache(self) -> Tensor:
         if self._alpha is None:
