@@ -6,7 +6,7 @@ additive structure, WISKI's default for D > 2) and once with ``wiski`` alone at
 ``structure=single`` (the paper's learned 2-D projection per output, WISKI Sec. 5.1).
 Every learner therefore sees the same T x 1024 streamed points. It then writes
 ``OUT/report.md`` (nMSE and NLL, mean ± std over outputs at the last iteration, the ratio
-of each WISKI's nMSE to SVI's, the training CPU seconds) and ``OUT/results.json``.
+of each WISKI's nMSE to SVI's, the training wall seconds of the replay records) and ``OUT/results.json``.
 
     .venv/bin/python scripts/wiski_table.py --work /tmp/wiski --out docs/results/wiski-table \
         [--iterations 300] [--datasets sarcos,kuka,walker-1] [--size wiski.components=42 ...]
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     lines = [
-        f"| dataset | learner | nMSE | NLL | nMSE / SVI's | training s (1 thread) |",
+        "| dataset | learner | nMSE | NLL | nMSE / SVI's | training wall s (1 thread, shared machine) |",
         "| --- | --- | ---: | ---: | ---: | ---: |",
     ]
     for name, rows in results.items():

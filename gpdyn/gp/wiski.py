@@ -319,8 +319,9 @@ class WISKI(Learner):
     # (m = 256) for "single", 8 per component for "additive" (C = 2D components: M = 16 D +
     # D + 1, 358 at D = 21; docs/wiski.md); paper: 32 points, the grid of the SVDGP Table 2
     # replays (docs/results), per component when additive. lr 0.1: the gamma_0 chosen by
-    # the step-size selection (docs/results/*-select).
-    presets = {"small": {}, "cpu": {"lr": 0.1}, "paper": {"grid_size": 32, "lr": 0.1}}
+    # the step-size selection (docs/results/*-select). small: a 10-iteration batch phase on
+    # the first batch (the control runs' minutes; 50 at the other scales for "additive").
+    presets = {"small": {"init_iters": 10}, "cpu": {"lr": 0.1}, "paper": {"grid_size": 32, "lr": 0.1}}
     # the caches of eqs. (7), (16), (17), the hyperparameters, the grid, the clamp counters,
     # the projection (PROJECTION_FIELDS, with a projection) and the optimiser
     state_fields = ("initialized", "n", "grid_state", "gram", "wty", "yty", "observe_clamped", "predict_clamped", "hp",
