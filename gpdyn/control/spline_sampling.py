@@ -50,7 +50,7 @@ INTEGRATORS = {"euler": mujoco.mjtIntegrator.mjINT_EULER, "rk4": mujoco.mjtInteg
 class SamplerConfig:
     """Sizes and noise of :class:`SplineSampler` (the defaults walk Walker2d; docs/control.md)."""
 
-    samples: int = 16  # K sequences per plan, the nominal among them
+    samples: int = 20  # K sequences per plan, the nominal among them
     horizon: int = 32  # planning steps (of ``stride`` control steps each)
     stride: int = 2  # control steps per planning step
     knots: int = 5  # spline knots over the horizon
