@@ -18,9 +18,9 @@ actions with free samples' made a plan that neither follows nor improves it).
 
 The planning model is a copy of the plant's ``MjModel`` with a longer time step
 (``stride`` control steps per planning step) and MuJoCo's implicit-in-velocity
-integrator (``implicitfast``), which stays stable at the longer step where Euler and
-RK4 would need the plant's 2 ms. One planning step then costs one ``mj_step`` instead of
-the plant's four RK4 steps: 16 samples x 0.5 s of horizon in about 7 ms of one core for
+integrator (``implicitfast``, damping taken implicitly; at 24 ms, 3 control steps, it
+diverged on some rollouts, which then count as the worst). One planning step costs one ``mj_step`` instead of
+the plant's eight RK4 steps: 20 samples x 0.5 s of horizon in about 7-8 ms of one core for
 Walker2d (``scripts/walk_true_model.py`` measures it). The plant itself is untouched.
 """
 
