@@ -452,3 +452,20 @@ def test_init_iters_runs_the_batch_phase_on_the_first_observed_batch():
     assert WISKI(4, 1).init_iters == 50 and WISKI(4, 1, structure="single").init_iters == 0
     with pytest.raises(LearnerError, match="init_iters >= 0"):
         _additive(init_iters=-1)
+
+
+def test_dense_cache_blocks_equal_the_scatter(monkeypatch):
+    import gpdyn.gp.wiski as wiski_module
+
+    x, y = _data(300, d=ADD_D, seed=6)
+    for projection in ("shared", "per-output"):
+        a, b = _additive(projection), _additive(projection)
+        a.observe(x[:10], y[:10])
+        b.observe(x[:10], y[:10])
+        monkeypatch.setattr(wiski_module, "DENSE_BLOCK", 1000)  # 32-row blocks: 9 of them
+        a.observe(x[10:], y[10:])
+        monkeypatch.setattr(wiski_module, "DENSE_GRAM_ROWS", 10_000)  # the scatter path
+        b.observe(x[10:], y[10:])
+        monkeypatch.undo()
+        torch.testing.assert_close(a.gram, b.gram, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(a.wty, b.wty, rtol=1e-10, atol=1e-10)

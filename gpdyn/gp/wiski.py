@@ -101,6 +101,8 @@ PROJ_INITS = ("axes", "random")
 DENSE_GRAM_ROWS = 32
 #: elements of the dense ``[P, N, M]`` block of the additive variance per chunk
 VARIANCE_BLOCK = 1 << 22
+#: elements of one dense ``[Q, rows, M]`` block of ``W`` in :meth:`WISKI._caches_of`
+DENSE_BLOCK = 1 << 24
 #: the cubic Lagrange weights of :func:`gpdyn.gp.ski.cubic_weights` as polynomials in t:
 #: ``[w_0..w_3] = [t, t^2, t^3] @ CUBIC[1:] + CUBIC[0]``
 CUBIC = ((0.0, 1.0, 0.0, 0.0), (-1 / 3, -0.5, 1.0, -1 / 6), (0.5, -1.0, 0.5, 0.0), (-1 / 6, 0.5, -0.5, 1 / 6))
@@ -536,15 +538,25 @@ class WISKI(Learner):
     def _caches_of(self, idx: Tensor, w: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """``(W^T W [Q, M, M], W^T y [P, M])`` of one batch (WISKI eqs. (7), (16)), differentiable in ``w``.
 
-        Small batches scatter ``O(N K^2)``; from :data:`DENSE_GRAM_ROWS` rows one dense ``W``
-        and a matrix product, ``O(N M^2)`` flops at BLAS speed, is faster.
+        Small batches and short rows scatter, ``O(N K^2)``; from :data:`DENSE_GRAM_ROWS` rows
+        of ``K`` non-zeros with ``M^2 <= 16 K^2`` (the additive rows: K = 4C + D + 1) a dense
+        ``W`` and a matrix product, ``O(N M^2)`` flops at BLAS speed, are faster. The dense
+        blocks take :data:`DENSE_BLOCK` elements at most.
         """
         m = self.num_inducing
-        if idx.shape[-2] < DENSE_GRAM_ROWS:
+        n, k = idx.shape[-2:]
+        if n < DENSE_GRAM_ROWS or m * m > 16 * k * k:
             return scatter_gram(idx, w, m), scatter_rhs(self._per_output(idx), self._per_output(w), y.T, m)
-        phi = dense_rows(idx, w, m)  # [Q, N, M]
-        gram = phi.transpose(-1, -2) @ phi
-        wty = y.T @ phi[0] if self.num_maps == 1 else (y.T.unsqueeze(1) @ phi).squeeze(1)
+        gram: Tensor | None = None
+        wty: Tensor | None = None
+        step = max(DENSE_GRAM_ROWS, DENSE_BLOCK // (self.num_maps * m))  # bounds the dense block's memory
+        for start in range(0, n, step):
+            phi = dense_rows(idx[:, start : start + step], w[:, start : start + step], m)  # [Q, rows, M]
+            yt = y[start : start + step].T
+            g = phi.transpose(-1, -2) @ phi
+            v = yt @ phi[0] if self.num_maps == 1 else (yt.unsqueeze(1) @ phi).squeeze(1)
+            gram, wty = (g, v) if gram is None else (gram + g, wty + v)
+        assert gram is not None and wty is not None
         return gram, wty
 
     def _kmul(self) -> Callable[[Tensor], Tensor]:
