@@ -57,18 +57,6 @@ OPTIONS = {
 SYNC_FREE_OBSERVE = {"wiski"}
 
 CUDA = [pytest.param("cuda", marks=pytest.mark.gpu)]
-#: host syncs found by reading, in the learners' step (to be fixed in gpdyn/gp, then these
-#: markers go: strict, so a fixed learner fails here until its marker is removed)
-KNOWN_SYNCS = {
-    "wiski": "WISKI.step: torch.linalg.lu_factor checks its result on the host (gpdyn/gp/wiski.py:125, "
-             "_LogdetSolve.forward; also :650 in _refresh, the first predict after an update) and the loss is "
-             "returned as float(loss) (gpdyn/gp/wiski.py:642)",
-}
-
-
-def learner_params() -> list:
-    return [pytest.param(name, marks=pytest.mark.xfail(reason=KNOWN_SYNCS[name], raises=RuntimeError, strict=True))
-            if name in KNOWN_SYNCS else name for name in LEARNERS]
 
 
 @contextlib.contextmanager
@@ -161,7 +149,7 @@ def check_results(name: str, out: dict[str, torch.Tensor]) -> None:
         assert not torch.equal(out["mean_observed"], out["mean_only_after"]), f"{name}: observe changed nothing"
 
 
-@pytest.mark.parametrize("name", learner_params())
+@pytest.mark.parametrize("name", list(LEARNERS))
 @pytest.mark.parametrize("device", CUDA)
 def test_learner_hot_paths_never_sync(name, device):
     out = exercise(name, torch.device(device), torch.float32)

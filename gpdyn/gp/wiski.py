@@ -113,6 +113,22 @@ def _bn_stats(a: Tensor) -> tuple[Tensor, Tensor]:
     return a.mean(dim=1), (a.var(dim=1, unbiased=False) + 1e-5).sqrt()
 
 
+def _lu_factor(b: Tensor) -> tuple[Tensor, Tensor]:
+    """LU factors of the batched ``B`` with no host sync on a GPU (as :func:`gpdyn.gp.base.cholesky`).
+
+    ``torch.linalg.lu_factor`` checks for a singular factor on the host, a sync on every
+    step and every cache refresh. ``lu_factor_ex`` reports it per batch member instead: the
+    CPU (where the check is free) raises naming the member; on a GPU the failed members'
+    factors are NaN, so the loss and the predictions say so."""
+    lu, piv, info = torch.linalg.lu_factor_ex(b)
+    if b.device.type == "cpu":
+        failed = (info != 0).nonzero()
+        if len(failed):
+            raise torch.linalg.LinAlgError(f"WISKI: B of batch member {tuple(failed[0].tolist())} is singular")
+        return lu, piv
+    return torch.where((info != 0)[..., None, None], torch.full_like(lu, math.nan), lu), piv
+
+
 class _LogdetSolve(torch.autograd.Function):
     """``(log|B|, B^{-1} R)`` from one LU, with a hand-written backward.
 
@@ -124,7 +140,7 @@ class _LogdetSolve(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, b: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
-        lu, piv = torch.linalg.lu_factor(b)
+        lu, piv = _lu_factor(b)
         x = torch.linalg.lu_solve(lu, piv, rhs)
         ctx.save_for_backward(lu, piv, x)
         return lu.diagonal(dim1=-2, dim2=-1).abs().log().sum(-1), x
@@ -672,7 +688,7 @@ class WISKI(Learner):
         loss.backward()
         self.optimizer.step()
         self._stale = True
-        return {"loss": float(loss.detach())}
+        return {"loss": loss.detach()}  # a 0-d tensor: float() would sync a GPU every step
 
     @torch.no_grad()
     def _refresh(self) -> None:
@@ -680,7 +696,7 @@ class WISKI(Learner):
         kmul = self._kmul()
         m = self.num_inducing
         b = self.hp.noise[:, None, None] * torch.eye(m, dtype=self.dtype, device=self.device) + kmul(self.gram)
-        lu, piv = torch.linalg.lu_factor(b)
+        lu, piv = _lu_factor(b)
         mm = torch.linalg.lu_solve(lu, piv, self.prior_dense())
         mm = 0.5 * (mm + mm.transpose(-1, -2))
         self._m_cache = mm
