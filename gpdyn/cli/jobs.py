@@ -260,7 +260,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     add_out(p)
     p.set_defaults(handler=run_bench_learners)
 
-    p = bench.add_parser("wiski", help="WISKI update cost against n, beside the exact GP")
+    p = bench.add_parser("wiski", help="WISKI update cost against n beside the exact GP, and predict_mean against plain gathers")
     add_device(p)
     add_out(p)
     p.set_defaults(handler=run_bench_wiski)
