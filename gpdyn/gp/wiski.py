@@ -79,7 +79,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from gpdyn.gp.base import LOG_2PI, Learner, LearnerError, Stateful
+from gpdyn.gp.base import LOG_2PI, Learner, LearnerError
 from gpdyn.gp.hyperparams import SEHyperparameters, initial_noise_variance
 from gpdyn.gp.kernels import median_lengthscale
 from gpdyn.gp.ski import (
@@ -213,45 +213,31 @@ def additive_kdense(factors: list[Tensor], amplitude: Tensor, linear: Tensor) ->
     return out
 
 
-class AdditiveHyperparameters(Stateful):
+class AdditiveHyperparameters(SEHyperparameters):
     """Hyperparameters of the additive SKI kernel, batched over P outputs, as ``exp`` of raw tensors.
 
     ``lengthscale [P, C, d]`` and ``amplitude [P, C]`` (signal variance) of each component's
     SE kernel, ``linear [P, L]`` the prior variances of the linear term's weights (L = D + 1,
-    or 0 without it) and ``noise [P]`` (plus ``noise_floor``).
+    or 0 without it) and ``noise [P]`` (plus ``noise_floor``); the properties of
+    :class:`~gpdyn.gp.hyperparams.SEHyperparameters` read the component-shaped tensors.
     """
 
     state_fields = ("raw_lengthscale", "raw_amplitude", "raw_linear", "raw_noise", "noise_floor")
 
     def __init__(self, num_outputs: int, components: int, dim: int, linear: int, *, device: torch.device,
                  dtype: torch.dtype, noise_floor: float = 1e-6) -> None:
-        if noise_floor < 0:
-            raise LearnerError(f"noise_floor must be >= 0, got {noise_floor}")
-        self.noise_floor = float(noise_floor)
+        super().__init__(num_outputs, dim, device=device, dtype=dtype, noise_floor=noise_floor)
         kw = {"device": device, "dtype": dtype}
         self.raw_lengthscale = torch.zeros(num_outputs, components, dim, **kw, requires_grad=True)
         self.raw_amplitude = torch.zeros(num_outputs, components, **kw, requires_grad=True)
         self.raw_linear = torch.zeros(num_outputs, linear, **kw, requires_grad=True)
-        self.raw_noise = torch.zeros(num_outputs, **kw, requires_grad=True)
 
     def parameters(self) -> list[Tensor]:
         return [self.raw_lengthscale, self.raw_amplitude, self.raw_linear, self.raw_noise]
 
     @property
-    def lengthscale(self) -> Tensor:
-        return self.raw_lengthscale.exp()
-
-    @property
-    def amplitude(self) -> Tensor:
-        return self.raw_amplitude.exp()
-
-    @property
     def linear(self) -> Tensor:
         return self.raw_linear.exp()
-
-    @property
-    def noise(self) -> Tensor:
-        return self.raw_noise.exp() + self.noise_floor
 
     @torch.no_grad()
     def init_from_data(self, z: Tensor, y: Tensor, generator: torch.Generator | None = None) -> None:
@@ -285,8 +271,7 @@ class AdditiveHyperparameters(Stateful):
             self.raw_noise.copy_((noise_t - self.noise_floor).log().expand_as(like))
 
     def as_dict(self) -> dict[str, Tensor]:
-        return {"lengthscale": self.lengthscale.detach(), "amplitude": self.amplitude.detach(),
-                "linear": self.linear.detach(), "noise": self.noise.detach()}
+        return {**super().as_dict(), "linear": self.linear.detach()}
 
 
 class WISKI(Learner):
