@@ -10,12 +10,19 @@
   little and collapses when another process is busy.
 - memory: :func:`check_memory` refuses sizes that would need more than :func:`memory_limit`
   (half the device's memory) before any work starts.
-- :func:`sync`: waits for a device's queued work, for timing only (never in hot paths).
+- :func:`sync`: waits for a device's queued work, for timing only (never in hot paths);
+  :func:`seconds` times a call the way every benchmark does, :func:`device_name` names
+  the hardware a benchmark ran on.
 """
 
 from __future__ import annotations
 
 import os
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -102,5 +109,38 @@ def sync(device: str | torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-__all__ = ["DTYPES", "MAX_SEED", "MEMORY_SHARE", "check_memory", "dtype_name", "memory_limit", "resolve_device", "resolve_dtype",
-           "set_threads", "sync"]
+def seconds(fn: Callable[[], Any], device: str | torch.device, repeats: int = 1, warmup: int = 0) -> float:
+    """Seconds per call of ``fn`` over ``repeats`` calls, after ``warmup`` untimed ones: process
+    CPU time on the CPU (other processes on a shared machine do not count), wall time between
+    two device syncs on a GPU (its work is asynchronous, the host's CPU time would miss it)."""
+    for _ in range(warmup):
+        fn()
+    if torch.device(device).type == "cpu":
+        t0 = time.process_time()
+        for _ in range(repeats):
+            fn()
+        return (time.process_time() - t0) / repeats
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    sync(device)
+    return (time.perf_counter() - t0) / repeats
+
+
+def device_name(device: str | torch.device) -> str:
+    """The hardware behind ``device``: the GPU's name, or the CPU's model from /proc/cpuinfo."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+__all__ = ["DTYPES", "MAX_SEED", "MEMORY_SHARE", "check_memory", "device_name", "dtype_name", "memory_limit",
+           "resolve_device", "resolve_dtype", "seconds", "set_threads", "sync"]

@@ -32,7 +32,6 @@ from __future__ import annotations
 import importlib
 import math
 import multiprocessing as mp
-import platform
 import time
 from types import ModuleType
 from pathlib import Path
@@ -40,7 +39,7 @@ from typing import Any
 
 import torch
 
-from gpdyn.device import dtype_name, resolve_device, resolve_dtype, set_threads, sync
+from gpdyn.device import device_name, dtype_name, resolve_device, resolve_dtype, set_threads, sync
 from gpdyn.errors import InputError
 from gpdyn.gp import LEARNERS, learner_class, make_learner, preset_options
 from gpdyn.gp.hyperparams import initial_noise_variance
@@ -194,14 +193,6 @@ def _reset_peak_rss() -> bool:
         return True
     except OSError:
         return False
-
-
-def device_name(device: str | torch.device) -> str:
-    """What the numbers ran on: the GPU's name (``torch.cuda.get_device_name``), or the CPU's."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return platform.processor() or platform.machine() or "cpu"
 
 
 def bench_one(name: str, sizes: dict[str, Any], device: str, dtype: torch.dtype, repeats: int) -> dict[str, Any]:

@@ -12,9 +12,10 @@ learners would then build one kernel for all of them (``fresh`` rows show that c
 
 Each model plans twice: with the cost ignoring the variance (``uncertainty="mean"``: the
 planner asks the learner's mean-only path, :meth:`~gpdyn.gp.base.Learner.predict_mean`) and
-with a variance penalty (``"penalty"``, mean and variance). Times are the process's CPU
-time (``time.process_time``) per planning step after one warm-up step, so that other jobs
-on a shared machine do not count; ``gpdyn --threads`` sets torch's thread count (default 1).
+with a variance penalty (``"penalty"``, mean and variance). Times are seconds per planning
+step after one warm-up step (:func:`gpdyn.device.seconds`): the process's CPU time on the
+CPU, so that other jobs on a shared machine do not count, wall time between device syncs
+on a GPU; ``gpdyn --threads`` sets torch's thread count (default 1).
 
 In the same run it measures what bounds the rates:
 
@@ -30,7 +31,6 @@ Walker2d real time is 125 control steps per second (dt = 8 ms).
 
 from __future__ import annotations
 
-import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,7 +42,7 @@ import torch
 from gpdyn.control.dynamics import LearnedDynamics
 from gpdyn.control.mpc import MPCConfig, make_planner
 from gpdyn.data.problems import Normalizer
-from gpdyn.device import resolve_device, set_threads
+from gpdyn.device import device_name, resolve_device, seconds, set_threads
 from gpdyn.errors import InputError
 from gpdyn.gp import LEARNERS, PRESETS, make_learner
 from gpdyn.gp.base import Learner
@@ -56,16 +56,6 @@ BENCH_MODELS = tuple(LEARNERS)  # every registered learner
 RESIDUAL_POINTS = 300
 #: rows of the random data that fill the bases
 FILL_ROWS = 2048
-
-
-def cpu_seconds(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
-    """CPU seconds of this process per call of ``fn``, after ``warmup`` calls."""
-    for _ in range(warmup):
-        fn()
-    t0 = time.process_time()
-    for _ in range(repeats):
-        fn()
-    return (time.process_time() - t0) / repeats
 
 
 def _distinct_outputs(learner: Learner, gen: torch.Generator) -> None:
@@ -137,11 +127,11 @@ def _state(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
 
 def planning_seconds(dynamics: Any, proposal: TorchPolicy, cfg: MPCConfig, repeats: int, device: torch.device,
                      dtype: torch.dtype, seed: int = 0) -> float:
-    """CPU seconds per MPPI planning step of ``dynamics`` (after one warm-up step)."""
+    """Seconds per MPPI planning step of ``dynamics`` (after one warm-up step; :func:`gpdyn.device.seconds`)."""
     planner = make_planner("mppi", dynamics, WalkerCost(), [ACTION_LOW] * NU, [ACTION_HIGH] * NU, cfg, proposal=proposal,
                            device=device, dtype=dtype, seed=seed)
     state = _state(device, dtype)
-    return cpu_seconds(lambda: planner.plan(state), repeats)
+    return seconds(lambda: planner.plan(state), device, repeats, warmup=1)
 
 
 def basis_sizes(learner: Learner) -> str:
@@ -166,7 +156,7 @@ def sgemm_gflops(dtype: torch.dtype, repeats: int = 5, n: int = 2048) -> float:
     a = torch.randn(n, n, generator=gen, dtype=dtype)
     b = torch.randn(n, n, generator=gen, dtype=dtype)
     out = torch.empty(n, n, dtype=dtype)
-    return 2.0 * n**3 / cpu_seconds(lambda: torch.mm(a, b, out=out), repeats) / 1e9
+    return 2.0 * n**3 / seconds(lambda: torch.mm(a, b, out=out), "cpu", repeats, warmup=1) / 1e9
 
 
 def svdgp_mean_rate(learner: Learner, n: int, repeats: int) -> dict[str, Any]:
@@ -176,20 +166,21 @@ def svdgp_mean_rate(learner: Learner, n: int, repeats: int) -> dict[str, Any]:
     x = torch.randn(n, learner.input_dim, generator=gen, dtype=learner.dtype).to(learner.device)
     m, d, p = learner.basis_counts["alpha"], learner.input_dim, learner.output_dim
     with torch.no_grad():
-        sec = cpu_seconds(lambda: learner.predict_mean(x), repeats)
-        full = cpu_seconds(lambda: learner.predict(x), repeats)
+        sec = seconds(lambda: learner.predict_mean(x), learner.device, repeats, warmup=1)
+        full = seconds(lambda: learner.predict(x), learner.device, repeats, warmup=1)
     flops = p * (2.0 * n * m * d + 2.0 * n * m)
     return {"M_alpha": m, "N": n, "mean_seconds": sec, "predict_seconds": full, "gflops": flops / sec / 1e9}
 
 
-def gather_seconds(p: int, m: int, n: int, repeats: int, dtype: torch.dtype, k: int = 16) -> float:
-    """CPU seconds of a plain ``k``-weight gather: ``k`` indices per point and output from a
+def gather_seconds(p: int, m: int, n: int, repeats: int, dtype: torch.dtype, k: int = 16,
+                   device: str | torch.device = "cpu") -> float:
+    """Seconds of a plain ``k``-weight gather: ``k`` indices per point and output from a
     ``[p, m]`` table, times weights, summed (what an interpolated mean must at least do)."""
     gen = torch.Generator().manual_seed(2)
-    table = torch.randn(p, m, generator=gen, dtype=dtype)
-    idx = torch.randint(0, m, (p, n * k), generator=gen)
-    w = torch.randn(p, n, k, generator=gen, dtype=dtype)
-    return cpu_seconds(lambda: (table.gather(1, idx).view(p, n, k) * w).sum(-1), repeats)
+    table = torch.randn(p, m, generator=gen, dtype=dtype).to(device)
+    idx = torch.randint(0, m, (p, n * k), generator=gen).to(device)
+    w = torch.randn(p, n, k, generator=gen, dtype=dtype).to(device)
+    return seconds(lambda: (table.gather(1, idx).view(p, n, k) * w).sum(-1), device, repeats, warmup=1)
 
 
 def bench_mpc(
@@ -208,10 +199,10 @@ def bench_mpc(
 
     def row(model: str, sizes: str, mode: str, sec: float, **extra: Any) -> dict[str, Any]:
         r = {"model": model, "sizes": sizes, "mode": mode, "preset": preset, "K": samples, "H": horizon,
-             "cpu_seconds_per_step": sec, "steps_per_second": 1.0 / sec, "real_time_ratio": (1.0 / sec) / REAL_TIME_HZ,
+             "seconds_per_step": sec, "steps_per_second": 1.0 / sec, "real_time_ratio": (1.0 / sec) / REAL_TIME_HZ,
              **extra}
         rows.append(r)
-        progress(f"  {model:<16} {mode:<14} {sec:8.3f} CPU-s/step  {1.0 / sec:8.2f} steps/s")
+        progress(f"  {model:<16} {mode:<14} {sec:8.3f} s/step  {1.0 / sec:8.2f} steps/s")
         return r
 
     identity = lambda x, a: x  # noqa: E731  the planner alone: no model cost
@@ -263,9 +254,9 @@ def measure_ratios(models: list[str], n: int, device: torch.device, dtype: torch
             gen = torch.Generator().manual_seed(3)
             x = torch.randn(n, learner.input_dim, generator=gen, dtype=dtype).to(device)
             with torch.no_grad():
-                mean_sec = cpu_seconds(lambda: learner.predict_mean(x), repeats)
+                mean_sec = seconds(lambda: learner.predict_mean(x), device, repeats, warmup=1)
             m = int(getattr(learner, "num_inducing", 256))
-            gather = gather_seconds(learner.output_dim, m, n, repeats, dtype)
+            gather = gather_seconds(learner.output_dim, m, n, repeats, dtype, device=device)
             ratios["wiski"] = {"N": n, "m": m, "mean_seconds": mean_sec, "gather_seconds": gather, "ratio": mean_sec / gather}
             progress(f"  wiski mean {mean_sec * 1e3:.2f} ms vs 16-weight gather {gather * 1e3:.2f} ms: "
                      f"{mean_sec / gather:.2f}x")
@@ -274,20 +265,9 @@ def measure_ratios(models: list[str], n: int, device: torch.device, dtype: torch
     return ratios
 
 
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (or the platform's word for it)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def table(rows: list[dict[str, Any]]) -> str:
     """Markdown table: one line per model, mean-only and mean+variance side by side."""
-    lines = ["| model | sizes | mean only: CPU-s/step | steps/s | mean+variance: CPU-s/step | steps/s | speed-up |",
+    lines = ["| model | sizes | mean only: s/step | steps/s | mean+variance: s/step | steps/s | speed-up |",
              "|---|---|---|---|---|---|---|"]
     by_model: dict[str, dict[str, dict[str, Any]]] = {}
     for r in rows:
@@ -299,10 +279,10 @@ def table(rows: list[dict[str, Any]]) -> str:
         cells = []
         for mode in ("mean", "mean+variance"):
             r = modes.get(mode)
-            cells += [f"{r['cpu_seconds_per_step']:.3f}", f"{r['steps_per_second']:.2f}"] if r and "error" not in r else \
+            cells += [f"{r['seconds_per_step']:.3f}", f"{r['steps_per_second']:.2f}"] if r and "error" not in r else \
                 [f"error: {r['error']}" if r else "", ""]
         a, b = modes.get("mean"), modes.get("mean+variance")
-        speed = f"{b['cpu_seconds_per_step'] / a['cpu_seconds_per_step']:.2f}x" if a and b and "error" not in a and \
+        speed = f"{b['seconds_per_step'] / a['seconds_per_step']:.2f}x" if a and b and "error" not in a and \
             "error" not in b else ""
         sizes = next(iter(modes.values()))["sizes"]
         lines.append(f"| {model} | {sizes} | {' | '.join(cells)} | {speed} |")
@@ -349,18 +329,20 @@ def run_benchmark(
     MPCConfig(horizon=horizon, samples=samples).check_memory(NX, NU, dtype, device)  # before the run folder
     run = RunDir.create("bench-mpc", {"models": models, "samples": samples, "horizon": horizon, "repeats": repeats,
                                       "preset": preset, "device": str(device), "dtype": dtype_name, "threads": threads,
-                                      "cpu": cpu_model(), "torch": torch.__version__, "command": command}, out=out)
+                                      "device_name": device_name(device), "torch": torch.__version__, "command": command}, out=out)
     print(f"gpdyn bench mpc: run folder {run.path}")
     rows, ratios = bench_mpc(models, samples, horizon, repeats, device, dtype, preset)
     for r in rows:
         run.log(**r)
     run.write_json("ratios.json", ratios)
     text, rtext = table(rows), ratio_text(ratios)
-    header = (f"# MPC planning rate, CPU time\n\n"
+    clock = ("CPU seconds of this process (`time.process_time`)" if device.type == "cpu"
+             else "Wall seconds between two device syncs")
+    header = (f"# MPC planning rate\n\n"
               f"MPPI, K = {samples}, H = {horizon}, TRPO proposal on half of the samples, learners at their "
-              f"`{preset}` preset; {dtype_name}, {threads} torch thread(s), device {device}; CPU: {cpu_model()}; "
-              f"torch {torch.__version__}. CPU seconds of this process (`time.process_time`) per planning step after "
-              f"one warm-up step, {repeats} timed step(s) per row. Walker2d real time: {REAL_TIME_HZ:.0f} control "
+              f"`{preset}` preset; {dtype_name}, {threads} torch thread(s), device {device} ({device_name(device)}); "
+              f"torch {torch.__version__}. {clock} per planning step after one warm-up step, {repeats} timed "
+              f"step(s) per row. Walker2d real time: {REAL_TIME_HZ:.0f} control "
               f"steps/s.\n\n" + (f"Command: `{command}`\n\n" if command else ""))
     (run.path / "report.md").write_text(f"{header}{text}\n\n## What bounds the rates (same run)\n\n{rtext}\n")
     print(text)
@@ -368,5 +350,5 @@ def run_benchmark(
     return run
 
 
-__all__ = ["BENCH_MODELS", "REAL_TIME_HZ", "bench_mpc", "cpu_model", "cpu_seconds", "filled_learner", "filled_model",
+__all__ = ["BENCH_MODELS", "REAL_TIME_HZ", "bench_mpc", "filled_learner", "filled_model",
            "gather_seconds", "measure_ratios", "run_benchmark", "sgemm_gflops", "svdgp_mean_rate", "table"]

@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from gpdyn.device import dtype_name, resolve_device, resolve_dtype, sync
+from gpdyn.device import device_name, dtype_name, resolve_device, resolve_dtype, seconds
 from gpdyn.gp.exact import ExactOnlineGP
 from gpdyn.gp.wiski import WISKI
 from gpdyn.runs import RunDir
@@ -74,20 +73,6 @@ def _stream_d(n: int, seed: int, device: torch.device, dtype: torch.dtype, d: in
         done += q
 
 
-def _timed(fn, device: torch.device) -> float:
-    """Seconds of one call: process CPU time on the CPU (other jobs' load does not count), wall
-    time with a device sync elsewhere."""
-    if device.type == "cpu":
-        t0 = time.process_time()
-        fn()
-        return time.process_time() - t0
-    sync(device)
-    t0 = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - t0
-
-
 def bench_wiski(ns: list[int], m: int, repeats: int, device: torch.device, dtype: torch.dtype, seed: int = 0,
                 additive: bool = False) -> dict[int, float]:
     """Median seconds per observe + step of WISKI with ``m`` grid points (2-D inputs, one output)
@@ -114,7 +99,7 @@ def bench_wiski(ns: list[int], m: int, repeats: int, device: torch.device, dtype
         x, y = probe[0][r : r + 1], probe[1][r : r + 1]
         for n in ns:  # round-robin: background load hits every n alike
             learner = learners[n]
-            t = _timed(lambda: (learner.observe(x, y), learner.step(x, y)), device)
+            t = seconds(lambda: (learner.observe(x, y), learner.step(x, y)), device)
             if r >= 2:  # two warm-up rounds
                 times[n].append(t)
     return {n: statistics.median(ts) for n, ts in times.items()}
@@ -154,8 +139,8 @@ def bench_predict_mean(device: torch.device, points: int = 4096, rounds: int = 1
         with torch.no_grad():
             for _ in range(rounds):  # interleaved: load from other processes hits every call alike
                 for name, fn in calls.items():
-                    best[name] = min(best[name], _timed(lambda fn=fn: [fn() for _ in range(reps)], device) / reps)
-            t_predict = min(_timed(lambda: learner.predict(x), device) for _ in range(3))
+                    best[name] = min(best[name], seconds(lambda fn=fn: [fn() for _ in range(reps)], device) / reps)
+            t_predict = min(seconds(lambda: learner.predict(x), device) for _ in range(3))
         rows.append({
             "structure": structure, "K": k_own, "M": m, "points": points,
             "predict_mean_s": best["predict_mean"], "predict_s": t_predict,
@@ -175,8 +160,8 @@ def bench_exact(device: torch.device, dtype: torch.dtype, seed: int = 0, repeats
             for start in range(0, x.shape[0], 500):
                 gp.observe(x[start : start + 500], y[start : start + 500])
         x, y = next(_stream(repeats, seed + 1, device, dtype))
-        obs = [_timed(lambda i=i: gp.observe(x[i : i + 1], y[i : i + 1]), device) for i in range(repeats)]
-        t_step = _timed(lambda: gp.step(x[:1], y[:1]), device)
+        obs = [seconds(lambda i=i: gp.observe(x[i : i + 1], y[i : i + 1]), device) for i in range(repeats)]
+        t_step = seconds(lambda: gp.step(x[:1], y[:1]), device)
         rows.append({"n": n, "observe_s": statistics.median(obs), "observe_step_s": statistics.median(obs) + t_step})
         if t_step > EXACT_LIMIT_S:
             break
@@ -246,7 +231,7 @@ def run_benchmark(device: str | torch.device = "cpu", out: str | Path | None = N
     dtype = resolve_dtype(None, device)
     ns = [1_000, 10_000, 100_000] + ([1_000_000] if device.type == "cuda" else [])
     repeats = {256: 30, 1024: 10, "additive": 10}
-    config: dict[str, Any] = {"device": str(device), "dtype": dtype_name(dtype), "ns": ns, "ms": list(GRID_SIZES),
+    config: dict[str, Any] = {"device": str(device), "device_name": device_name(device), "dtype": dtype_name(dtype), "ns": ns, "ms": list(GRID_SIZES),
                               "repeats": repeats, "threads": torch.get_num_threads(), "exact_ns": list(EXACT_NS)}
     run = RunDir.create("bench-wiski", config, out)
     print(f"run folder: {run.path}")
