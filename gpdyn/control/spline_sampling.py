@@ -35,6 +35,7 @@ from typing import Any
 import mujoco
 import numpy as np
 
+from gpdyn.control.loop import Controller
 from gpdyn.errors import InputError
 
 #: ``(qpos [K, H, nq], qvel [K, H, nv], controls [K, H, nu]) -> cost [K]``, the states after each
@@ -173,7 +174,7 @@ class SplineSampler:
 
 
 
-class SamplingController:
+class SamplingController(Controller):
     """:class:`SplineSampler` on the episode's own plant, as a :class:`gpdyn.control.loop.Controller`.
 
     At each episode's start the planning model is copied from the environment's ``MjModel``
@@ -204,9 +205,6 @@ class SamplingController:
         action, record = self.sampler.plan(self.data.qpos.copy(), self.data.qvel.copy())
         self._cpu.append(record["plan_cpu_s"])
         return action, record
-
-    def observe(self, obs: np.ndarray, action: np.ndarray, next_obs: np.ndarray, info: Any) -> dict[str, Any]:
-        return {}
 
     def summary(self) -> dict[str, Any]:
         cpu = np.asarray(self._cpu) if self._cpu else np.zeros(1)
