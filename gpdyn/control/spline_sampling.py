@@ -29,11 +29,12 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import mujoco
 import numpy as np
+from mujoco import rollout as mj_rollout
 
 from gpdyn.control.loop import Controller
 from gpdyn.errors import InputError
@@ -115,9 +116,6 @@ class SplineSampler:
         # FULLPHYSICS layout: time, qpos, qvel, act (none), ...
         self._q = slice(1, 1 + model.nq)
         self._v = slice(1 + model.nq, 1 + model.nq + model.nv)
-        from mujoco import rollout
-
-        self._rollout_fn = rollout.rollout
         self.forward = forward
         self.reset()
 
@@ -132,7 +130,7 @@ class SplineSampler:
             return self.forward(qpos, qvel, controls)
         init = np.zeros((controls.shape[0], self.nstate))
         init[:, self._q], init[:, self._v] = qpos, qvel
-        states, _ = self._rollout_fn(self.model, self.data, init, controls)
+        states, _ = mj_rollout.rollout(self.model, self.data, init, controls)
         return states[..., self._q], states[..., self._v]
 
     def plan(self, qpos: np.ndarray, qvel: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
@@ -165,13 +163,6 @@ class SplineSampler:
         shifted = self.knot_times + 1.0 / cfg.stride
         self.nominal = np.stack([np.interp(shifted, self.knot_times, chosen[:, u]) for u in range(self.model.nu)], -1)
         return action, {"plan_cost": float(cost[best]), "plan_cpu_s": time.process_time() - start}
-
-    def describe(self) -> dict[str, Any]:
-        """The settings, for a run's config."""
-        return asdict(self.config)
-
-
-
 
 
 class SamplingController(Controller):
