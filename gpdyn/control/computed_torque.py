@@ -97,8 +97,8 @@ class ComputedTorqueController(Controller):
             ff = self._plant_torque(*mid)
         else:
             assert self.model is not None
-            with torch.no_grad():
-                mean, _ = self.model.predict(np.concatenate(mid))
+            with torch.no_grad():  # the feed-forward needs the mean alone
+                mean = self.model.predict_mean(np.concatenate(mid))
             ff = mean.cpu().numpy().astype(np.float64)
             record["ff_error"] = (ff - self._plant_torque(*mid)).tolist()
         record["fallback"] = ""

@@ -109,33 +109,36 @@ class LearnedModel:
 
         A learner whose Cholesky factor fails predicts NaN here on every device, which the
         controllers' checks turn into a fallback, never into an action."""
-        x = self._tensor(x_raw, "x", self.input_dim)
-        flat = x.reshape(-1, self.input_dim)
+        x, flat = self._normalized(x_raw)
         try:
-            mean, var = self.learner.predict((flat - self._x_mean) / self._x_std)
+            mean, var = self.learner.predict(flat)
         except torch.linalg.LinAlgError:  # raised on the CPU where a GPU gives NaN (gpdyn.gp.base.cholesky)
             mean = var = flat.new_full((flat.shape[0], self.output_dim), math.nan)
-        mean = (mean * self._y_std + self._y_mean).reshape(*x.shape[:-1], self.output_dim)
         var = (var * self._y_std**2).reshape(*x.shape[:-1], self.output_dim)
-        if self.delta_columns is not None:  # the known input is exact: it adds to the mean only
-            mean = mean + x[..., self.delta_columns]
-        return mean, var
+        return self._physical_mean(mean, x), var
 
     def predict_mean(self, x_raw: Tensor | np.ndarray) -> Tensor:
         """Mean of ``y`` in physical units, ``[..., P]``, from raw inputs ``[..., D]``, through the
         learner's :meth:`~gpdyn.gp.base.Learner.predict_mean` (no variance arithmetic): what
         a planner whose cost ignores the variance asks for. NaN where a Cholesky factor
         fails, as :meth:`predict`."""
-        x = self._tensor(x_raw, "x", self.input_dim)
-        flat = x.reshape(-1, self.input_dim)
+        x, flat = self._normalized(x_raw)
         try:
-            mean = self.learner.predict_mean((flat - self._x_mean) / self._x_std)
+            mean = self.learner.predict_mean(flat)
         except torch.linalg.LinAlgError:
             mean = flat.new_full((flat.shape[0], self.output_dim), math.nan)
+        return self._physical_mean(mean, x)
+
+    def _normalized(self, x_raw: Tensor | np.ndarray) -> tuple[Tensor, Tensor]:
+        """The raw inputs as a tensor ``[..., D]`` and normalised, flattened to ``[N, D]``."""
+        x = self._tensor(x_raw, "x", self.input_dim)
+        return x, (x.reshape(-1, self.input_dim) - self._x_mean) / self._x_std
+
+    def _physical_mean(self, mean: Tensor, x: Tensor) -> Tensor:
+        """A normalised predicted mean ``[N, P]`` in physical units, shaped as ``x``; the known
+        input is exact: a delta target adds it to the mean only."""
         mean = (mean * self._y_std + self._y_mean).reshape(*x.shape[:-1], self.output_dim)
-        if self.delta_columns is not None:
-            mean = mean + x[..., self.delta_columns]
-        return mean
+        return mean + x[..., self.delta_columns] if self.delta_columns is not None else mean
 
     def training_pair(self, x_raw: Tensor | np.ndarray, y_raw: Tensor | np.ndarray) -> tuple[Tensor, Tensor]:
         """Observed raw ``x [..., D]`` and ``y [..., P]`` as the learner's normalised ``(x [N, D], y [N, P])``."""
