@@ -155,7 +155,7 @@ class _LogdetSolve(torch.autograd.Function):
         return g_logdet[:, None, None] * binv_t - y @ x.transpose(-1, -2), y
 
 
-def woodbury_mll_k(
+def woodbury_mll(
     kmul: Callable[[Tensor], Tensor], noise: Tensor, gram: Tensor, wty: Tensor, yty: Tensor, n: int
 ) -> Tensor:
     """Log marginal likelihood of a SKI GP from the caches (WISKI eqs. (8), (13)), ``[P]``.
@@ -171,13 +171,6 @@ def woodbury_mll_k(
     quad = yty - (wty * mv.squeeze(-1)).sum(-1)
     log_noise = noise.log()
     return -0.5 * quad / noise - 0.5 * (logdet_b - m * log_noise) - 0.5 * n * log_noise - 0.5 * n * LOG_2PI
-
-
-def woodbury_mll(
-    factors: list[Tensor], amplitude: Tensor, noise: Tensor, gram: Tensor, wty: Tensor, yty: Tensor, n: int
-) -> Tensor:
-    """:func:`woodbury_mll_k` with ``K_UU`` in Kronecker form (``factors``, ``amplitude``)."""
-    return woodbury_mll_k(lambda x: kron_matmul(factors, amplitude, x), noise, gram, wty, yty, n)
 
 
 def additive_kmul(factors: list[Tensor], amplitude: Tensor, linear: Tensor, x: Tensor) -> Tensor:
@@ -496,7 +489,6 @@ class WISKI(Learner):
         self._stale = True
         self._m_cache = torch.zeros(0, **kw)
         self._mean_cache = torch.zeros(0, **kw)
-        self._mean_rows = torch.zeros(0, **kw)
         self._fast: dict[str, Tensor] = {}
 
     # -- features and interpolation -------------------------------------------------------
@@ -651,7 +643,7 @@ class WISKI(Learner):
         return self._mll(self.gram, self.wty, self.yty, self.n)
 
     def _mll(self, gram: Tensor, wty: Tensor, yty: Tensor, n: int) -> Tensor:
-        return woodbury_mll_k(self._kmul(), self.hp.noise, gram, wty, yty, n)
+        return woodbury_mll(self._kmul(), self.hp.noise, gram, wty, yty, n)
 
     def step(self, x: Tensor, y: Tensor) -> dict[str, float]:
         """One Adam step on theta (eq. (13)) and the projection (eq. (18)); ``x, y`` = the batch just observed."""
@@ -686,7 +678,6 @@ class WISKI(Learner):
         mm = 0.5 * (mm + mm.transpose(-1, -2))
         self._m_cache = mm
         self._mean_cache = (mm @ self.wty.unsqueeze(-1)).squeeze(-1)  # [P, M]
-        self._mean_rows = self._mean_cache.T.contiguous()  # [M, P]: one gathered row holds every output
         self._fast = self._mean_tables()
         self._stale = False
 
@@ -727,7 +718,7 @@ class WISKI(Learner):
             "upper": self.grid.counts - 2.0,
             "last_cell": self.grid.counts - 3.0,
             "one": self._one,
-            "linear": self._mean_rows[c * m :],  # [D + 1, P]
+            "linear": self._mean_cache[:, c * m :].T.contiguous(),  # [D + 1, P]
         }
         if self.projection != "none":
             scale = (self.bn_gamma / self.bn_std).detach()  # [Q, F]
@@ -797,19 +788,6 @@ class WISKI(Learner):
         if self._stale:
             self._refresh()
 
-    def _gather_mean(self, idx: Tensor, w: Tensor) -> Tensor:
-        """``w(x)^T a`` (eq. (14)) ``[N, P]`` from rows ``[Q, N, K]``: one gather over the mean cache.
-
-        Shared rows (Q = 1) gather whole rows of ``a^T [M, P]`` (every output at once, no
-        per-output copy of the indices); per-output rows gather ``a [P, M]`` along ``M``.
-        """
-        if idx.shape[0] == 1:
-            n, k = idx.shape[1:]
-            vals = self._mean_rows.index_select(0, idx.reshape(-1)).view(n, k, self.output_dim)
-            return (vals * w[0].unsqueeze(-1)).sum(1)
-        vals = self._mean_cache.gather(1, idx.flatten(1)).view_as(w)
-        return (vals * w).sum(-1).T
-
     @torch.no_grad()
     def predict_mean(self, x: Tensor) -> Tensor:
         """Latent predictive mean only (eq. (9) / (14)), ``[..., P]``: no variance arithmetic.
@@ -842,9 +820,10 @@ class WISKI(Learner):
         means, variances = [], []
         mflat = self._m_cache.reshape(p, m * m)
         for start in range(0, xf.shape[0], chunk):
-            idx, w, outside = self._rows(xf[start : start + chunk])
-            self.predict_clamped += outside.any(dim=0).sum()
-            means.append(self._gather_mean(idx, w))
+            mean, outside = self._fused_mean(xf[start : start + chunk])  # predict_mean's path
+            self.predict_clamped += outside
+            means.append(mean)
+            idx, w, _ = self._rows(xf[start : start + chunk])
             if self.structure == "additive":
                 # sigma^2 phi^T M phi with phi = [w_1..w_C, x, 1] dense: (Phi M) . Phi, O(P N M^2) at BLAS speed
                 phi = dense_rows(idx, w, m)  # [Q, N, M]
