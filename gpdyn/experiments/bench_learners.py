@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from gpdyn.device import device_name, dtype_name, resolve_device, resolve_dtype, set_threads, sync
+from gpdyn.device import device_name, dtype_name, resolve_device, resolve_dtype, seconds, set_threads
 from gpdyn.errors import InputError
 from gpdyn.gp import LEARNERS, learner_class, make_learner, preset_options
 from gpdyn.gp.hyperparams import initial_noise_variance
@@ -334,42 +334,42 @@ def race_one(
     x_test, y_test = problem.tensors("test", device, dtype)
     n = len(x_train)
     stream = IIDStream(x_train, y_train, batch, seed=seed, device=device, dtype=dtype)
-    cuda = torch.device(device).type == "cuda"
-
-    def clock() -> float:
-        if cuda:
-            sync(device)
-            return time.perf_counter()
-        return time.process_time()
 
     _warm_up(name, x_train[:64], y_train[:64])  # one-time library costs (lazy imports, first calls) are no learner's work
-    t0 = clock()
-    if name == PEER_SVGP:
-        m = int(peer_m if peer_m is not None else min(preset_options(learner_class("svi"), preset)["m"], n))
-        xb, yb = stream.next_batch()  # the first minibatch starts it, as observe() starts gpdyn's
-        pool = torch.cat([xb, x_train[: max(0, m - len(xb))]]) if m > len(xb) else xb
-        model: Any = GPyTorchSVGP(pool, yb, m, n_data=n, lr=peer_lr, seed=seed)
+    state: dict[str, Any] = {}
+
+    def start() -> None:
+        if name == PEER_SVGP:
+            m = int(peer_m if peer_m is not None else min(preset_options(learner_class("svi"), preset)["m"], n))
+            xb, yb = stream.next_batch()  # the first minibatch starts it, as observe() starts gpdyn's
+            pool = torch.cat([xb, x_train[: max(0, m - len(xb))]]) if m > len(xb) else xb
+            state["model"] = GPyTorchSVGP(pool, yb, m, n_data=n, lr=peer_lr, seed=seed)
+            state["model"].step(xb, yb)
+            state["sizes"] = {"m": m, "lr": peer_lr}
+        else:
+            state["model"] = make_learner(name, problem.input_dim, problem.output_dim, preset=preset, rows=n,
+                                          device=device, dtype=dtype, seed=seed, **protocol_options(name, None, n))
+            state["sizes"] = dict(state["model"].config)
+
+    def iteration() -> None:
+        xb, yb = stream.next_batch()
+        model = state["model"]
+        if name != PEER_SVGP:
+            room = model.room()
+            if room is not None and room < len(xb):
+                xb_obs, yb_obs = xb[:room], yb[:room]
+            else:
+                xb_obs, yb_obs = xb, yb
+            model.observe(xb_obs, yb_obs)
         model.step(xb, yb)
-        sizes: dict[str, Any] = {"m": m, "lr": peer_lr}
-    else:
-        model = make_learner(name, problem.input_dim, problem.output_dim, preset=preset, rows=n, device=device,
-                             dtype=dtype, seed=seed, **protocol_options(name, None, n))
-        sizes = dict(model.config)
-    used = clock() - t0
+
+    used = seconds(start, device)  # the benchmarks' clock: CPU time on the CPU, synced wall time on a GPU
+    model, sizes = state["model"], state["sizes"]
     steps = 1 if name == PEER_SVGP else 0
     todo = sorted(budget * f for f in marks)
     records = []
     while todo:
-        t0 = clock()
-        xb, yb = stream.next_batch()
-        if name == PEER_SVGP:
-            model.step(xb, yb)
-        else:
-            room = model.room()
-            model.observe(xb[:room] if room is not None and room < len(xb) else xb,
-                          yb[:room] if room is not None and room < len(yb) else yb)
-            model.step(xb, yb)
-        used += clock() - t0
+        used += seconds(iteration, device)
         steps += 1
         while todo and used >= todo[0]:
             scores = _nmse(model, x_test, y_test)
