@@ -188,6 +188,12 @@ def run_trial(collector: Collector, store: Path, out: Path, kind: str, rng: np.r
     return trial
 
 
+def _died_in_import(err: str) -> bool:
+    """Whether the traceback in ``err`` ends in an import statement (the innermost frame's line)."""
+    frames = [line.strip() for line in err.splitlines() if line.startswith("    ") and not line.startswith("     ")]
+    return bool(frames) and frames[-1].startswith(("import ", "from "))
+
+
 def _check_status(trial: Trial, err: str, planned: int) -> None:
     """The exit status and message the kill calls for."""
     if trial.hung:
@@ -204,10 +210,13 @@ def _check_status(trial: Trial, err: str, planned: int) -> None:
     elif trial.kind == "SIGTERM":
         ok = (status == 128 + signal.SIGTERM and "stopped by SIGTERM" in message) or (early and status == -signal.SIGTERM)
     elif trial.kind == "SIGINT":
-        # early: Python's own KeyboardInterrupt (-2), the command's "interrupted" (130), or an
-        # ImportError when the KeyboardInterrupt lands inside an extension module's import (1)
+        # early: Python's own KeyboardInterrupt (-2), the command's "interrupted" (130), or a
+        # traceback (1) when the KeyboardInterrupt lands inside a module's import: an ImportError
+        # caused by it, or a module left half-initialised that fails in an import at its next
+        # use (seen: a RecursionError in numpy's __getattr__)
         ok = (status == 128 + signal.SIGINT and "stopped by SIGINT" in message) or (
-            early and (status in (-signal.SIGINT, 128 + signal.SIGINT) or (status == 1 and "KeyboardInterrupt" in err)))
+            early and (status in (-signal.SIGINT, 128 + signal.SIGINT)
+                       or (status == 1 and ("KeyboardInterrupt" in err or _died_in_import(err)))))
     else:  # worker SIGKILL
         ok = status == 1 and "was killed by SIGKILL" in message
     if not ok:
