@@ -275,6 +275,9 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
                    help="the learners' size: one of %(choices)s (default small, the control runs' size)")
     p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32", metavar="DTYPE",
                    help="one of %(choices)s (default float32, a controller's hot path)")
+    p.add_argument("--peer", choices=("pytorch-mppi",), default=None,
+                   help="also time pytorch-mppi's MPPI beside gpdyn's on the same models (install it with "
+                        "`bash scripts/install_peer.sh pytorch-mppi`)")
     add_device(p)
     add_out(p)
     p.set_defaults(handler=run_bench_mpc)
@@ -310,9 +313,10 @@ def run_bench_mpc(args: argparse.Namespace) -> int:
     command = (f"gpdyn --threads {torch.get_num_threads()} bench mpc --samples {args.samples} --horizon {args.horizon} "
                f"--repeats {args.repeats} --preset {args.preset} --dtype {args.dtype} --device {args.device}"
                + (f" --models {','.join(args.models)}" if args.models else "")
+               + (f" --peer {args.peer}" if args.peer else "")
                + (f" --out {args.out}" if args.out else ""))
     run_benchmark(args.models, args.samples, args.horizon, args.repeats, args.device, args.out, preset=args.preset,
-                  dtype=resolve_dtype(args.dtype, args.device), command=command)
+                  dtype=resolve_dtype(args.dtype, args.device), command=command, peer=args.peer)
     return 0
 
 

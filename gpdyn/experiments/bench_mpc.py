@@ -26,6 +26,16 @@ In the same run it measures what bounds the rates:
 - WISKI's mean prediction against a plain 16-weight gather: ``torch.gather`` of 16 indices
   per point and output from a ``[P, m]`` table, times weights, summed, on the same N.
 
+With ``peer="pytorch-mppi"`` (:func:`peer_comparison`) it also runs pytorch-mppi's MPPI
+(Williams et al. 2017, Alg. 2; a benchmark-only peer, never a dependency:
+``bash scripts/install_peer.sh pytorch-mppi``) beside gpdyn's own :class:`~gpdyn.control.mpc.MPPI`
+on the same dynamics, cost, K, H, noise, temperature and action box, with no proposal (the
+peer has none), timed alternately in one run: a trivial walker-sized model
+(:class:`DoubleIntegrator`, where the planner's own overhead is all there is) and each
+learned model asked for (its mean-only path). The cost is :class:`TrackingCost`, a function
+of the next state and the action alone, which is what the peer's ``running_cost(state,
+action)`` sees.
+
 Walker2d real time is 125 control steps per second (dt = 8 ms).
 """
 
@@ -46,7 +56,7 @@ from gpdyn.device import device_name, resolve_device, seconds, set_threads
 from gpdyn.errors import InputError
 from gpdyn.gp import LEARNERS, PRESETS, make_learner
 from gpdyn.gp.base import Learner
-from gpdyn.robots.walker import ACTION_HIGH, ACTION_LOW, DT, LAYOUT, NU, NX, TorchPolicy, WalkerCost
+from gpdyn.robots.walker import ACTION_HIGH, ACTION_LOW, DT, LAYOUT, NQ, NU, NV, NX, TorchPolicy, WalkerCost
 from gpdyn.runs import RunDir
 
 REAL_TIME_HZ = 1.0 / DT  # 125 control steps per second
@@ -56,6 +66,13 @@ BENCH_MODELS = tuple(LEARNERS)  # every registered learner
 RESIDUAL_POINTS = 300
 #: rows of the random data that fill the bases
 FILL_ROWS = 2048
+#: benchmark-only peer planners and how to install each without replacing torch
+PEERS = {"pytorch-mppi": "bash scripts/install_peer.sh pytorch-mppi   (pip install --no-deps pytorch-mppi==0.9.1 "
+                         "arm-pytorch-utilities==0.5.0 pytorch-seed==0.2.0)"}
+#: the trivial model of the peer comparison
+TRIVIAL = "double-integrator"
+#: timed planning steps of the trivial model at least (a step takes milliseconds)
+TRIVIAL_REPEATS = 10
 
 
 def _distinct_outputs(learner: Learner, gen: torch.Generator) -> None:
@@ -265,6 +282,121 @@ def measure_ratios(models: list[str], n: int, device: torch.device, dtype: torch
     return ratios
 
 
+class DoubleIntegrator:
+    """A trivial walker-sized model ``(state [K, 18], action [K, 6]) -> next_state``: each
+    actuated joint (the last six of the nine) a double integrator whose acceleration is
+    ``gain * action``, the unactuated root coordinates drift at constant velocity."""
+
+    def __init__(self, device: torch.device, dtype: torch.dtype, gain: float = 10.0, dt: float = DT) -> None:
+        self.dt = dt
+        self.b = torch.zeros(NU, NV, device=device, dtype=dtype)  # action -> acceleration, [nu, nv]
+        self.b[torch.arange(NU), torch.arange(NV - NU, NV)] = gain * dt
+
+    def __call__(self, state: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        v1 = state[:, NQ:] + action @ self.b
+        return torch.cat([state[:, :NQ] + self.dt * v1, v1], dim=-1)
+
+
+class TrackingCost:
+    """A quadratic walking cost of the next state and the action alone (what pytorch-mppi's
+    ``running_cost(state, action)`` sees): torso height from 1.25 m, pitch from upright,
+    forward speed from ``speed``, and effort; it never terminates."""
+
+    def __init__(self, speed: float = 1.0, effort: float = 1e-3) -> None:
+        self.speed, self.effort = speed, effort
+
+    def step(self, state: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """Cost ``[K]`` of arriving at ``state [K, 18]`` under ``action [K, 6]``."""
+        return ((state[:, 1] - 1.25) ** 2 + state[:, 2] ** 2 + (state[:, NQ] - self.speed) ** 2
+                + self.effort * (action * action).sum(-1))
+
+    def __call__(self, state: torch.Tensor, action: torch.Tensor,
+                 next_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.step(next_state, action)
+        return c, torch.zeros(c.shape, dtype=torch.bool, device=c.device)
+
+
+def import_peer(name: str) -> Any:
+    """The peer planner class (pytorch-mppi's ``MPPI``), or an :class:`InputError` with the
+    command that installs it."""
+    if name not in PEERS:
+        raise InputError(f"bench mpc --peer {name!r}: choose one of {', '.join(PEERS)}")
+    try:
+        from pytorch_mppi import MPPI as PeerMPPI
+    except ImportError as err:
+        raise InputError(f"--peer {name}: {name} is not installed ({err}). It is a benchmark-only peer, not a "
+                         f"dependency of gpdyn; install it without replacing torch: {PEERS[name]}") from err
+    return PeerMPPI
+
+
+def peer_planners(dynamics: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], cost: TrackingCost, cfg: MPCConfig,
+                  device: torch.device, dtype: torch.dtype, seed: int = 0, peer: str = "pytorch-mppi") -> tuple[Any, Any]:
+    """gpdyn's MPPI and the peer's on the same ``dynamics`` (next state alone), ``cost``, K, H,
+    noise (``cfg.noise_std``, one value for every action), temperature and action box, both
+    with MPPI's control cost ``lambda u' Sigma^-1 eps`` and no proposal."""
+    PeerMPPI = import_peer(peer)
+    if isinstance(cfg.noise_std, (list, tuple)):
+        raise InputError("bench mpc --peer: one noise_std for every action")
+    ours = make_planner("mppi", dynamics, cost, [ACTION_LOW] * NU, [ACTION_HIGH] * NU, cfg, device=device, dtype=dtype,
+                        seed=seed)
+    sigma = torch.eye(NU, device=device, dtype=dtype) * float(cfg.noise_std) ** 2
+    torch.manual_seed(seed)  # the peer samples from torch's global generator
+    theirs = PeerMPPI(dynamics, cost.step, NX, sigma, num_samples=cfg.samples, horizon=cfg.horizon, device=device,
+                      lambda_=cfg.temperature, u_min=torch.full((NU,), ACTION_LOW, device=device, dtype=dtype),
+                      u_max=torch.full((NU,), ACTION_HIGH, device=device, dtype=dtype))
+    return ours, theirs
+
+
+def peer_comparison(models: list[str], samples: int, horizon: int, repeats: int, device: torch.device,
+                    dtype: torch.dtype, preset: str = "small", seed: int = 0, peer: str = "pytorch-mppi",
+                    noise_std: float = 0.3, temperature: float = 1.0,
+                    progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Seconds per planning step of gpdyn's MPPI and the peer's (:func:`peer_planners`) on
+    :class:`DoubleIntegrator` and on each learned model of ``models`` (its mean-only path),
+    after one warm-up step each; the two are timed alternately, one step at a time
+    (:func:`gpdyn.device.seconds`), ``repeats`` steps each (at least :data:`TRIVIAL_REPEATS`
+    for the trivial model), and the rows give the mean and the ratio gpdyn / peer."""
+    import_peer(peer)  # refuse before building any model
+    cfg = MPCConfig(horizon=horizon, samples=samples, noise_std=noise_std, temperature=temperature, control_cost=1.0,
+                    uncertainty="mean")
+    cost = TrackingCost()
+    state = _state(device, dtype)
+    rows = []
+    for name in [TRIVIAL, *models]:
+        if name == TRIVIAL:
+            dynamics, sizes, n = DoubleIntegrator(device, dtype), "linear, 18 states", max(repeats, TRIVIAL_REPEATS)
+        else:
+            learned = filled_model(name, device, dtype, seed, preset)
+            dynamics, sizes, n = learned.predict_mean, basis_sizes(learned.model.learner), repeats
+        ours, theirs = peer_planners(dynamics, cost, cfg, device, dtype, seed, peer)
+        steps = {"gpdyn": lambda: ours.plan(state), peer: lambda: theirs.command(state)}
+        times: dict[str, list[float]] = {k: [] for k in steps}
+        with torch.no_grad():
+            for fn in steps.values():  # warm-up
+                fn()
+            for _ in range(n):
+                for k, fn in steps.items():
+                    times[k].append(seconds(fn, device, 1))
+        ours_s, peer_s = (sum(times[k]) / n for k in steps)
+        rows.append({"model": name, "sizes": sizes, "K": samples, "H": horizon, "noise_std": noise_std,
+                     "temperature": temperature, "repeats": n, "gpdyn_seconds": ours_s, "peer": peer,
+                     "peer_seconds": peer_s, "ratio": ours_s / peer_s})
+        progress(f"  peer {name:<18} gpdyn {ours_s * 1e3:8.2f} ms/step  {peer} {peer_s * 1e3:8.2f} ms/step  "
+                 f"ratio {ours_s / peer_s:.2f}")
+    return rows
+
+
+def peer_table(rows: list[dict[str, Any]]) -> str:
+    """Markdown table of :func:`peer_comparison`."""
+    peer = rows[0]["peer"] if rows else "peer"
+    lines = [f"| model | sizes | gpdyn MPPI: CPU-ms/step | {peer}: CPU-ms/step | gpdyn / {peer} | timed steps |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['sizes']} | {r['gpdyn_seconds'] * 1e3:.2f} | {r['peer_seconds'] * 1e3:.2f} | "
+                     f"{r['ratio']:.2f} | {r['repeats']} |")
+    return "\n".join(lines)
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """Markdown table: one line per model, mean-only and mean+variance side by side."""
     lines = ["| model | sizes | mean only: s/step | steps/s | mean+variance: s/step | steps/s | speed-up |",
@@ -311,17 +443,20 @@ def ratio_text(ratios: dict[str, Any]) -> str:
 def run_benchmark(
     models: list[str] | None = None, samples: int = 1000, horizon: int = 30, repeats: int = 1,
     device: str | torch.device = "cpu", out: str | Path | None = None, preset: str = "small", threads: int | None = None,
-    dtype: torch.dtype = torch.float32, command: str | None = None,
+    dtype: torch.dtype = torch.float32, command: str | None = None, peer: str | None = None,
 ) -> RunDir:
     """``gpdyn bench mpc``: the planning-rate table of ``models`` (default every learner) into a
     run folder's ``report.md`` and on screen. ``threads``: torch's CPU threads (None: as set,
-    e.g. by the command's ``--threads``, default 1); ``command``: the command line, for the report."""
+    e.g. by the command's ``--threads``, default 1); ``command``: the command line, for the report;
+    ``peer``: also run :func:`peer_comparison` against that peer on the trivial model and ``models``."""
     device = resolve_device(device)
     models = list(models or BENCH_MODELS)
     bad = [m for m in models if m not in BENCH_MODELS]
     if bad or samples < 2 or horizon < 1 or repeats < 1 or preset not in PRESETS:
         raise InputError(f"bench mpc: models from {', '.join(BENCH_MODELS)} (got {bad}), presets from {', '.join(PRESETS)} "
                          f"(got {preset}), samples >= 2, horizon >= 1, repeats >= 1")
+    if peer is not None:
+        import_peer(peer)  # refused before the run folder
     if threads is not None:
         set_threads(threads)
     threads = torch.get_num_threads()
@@ -329,13 +464,23 @@ def run_benchmark(
     MPCConfig(horizon=horizon, samples=samples).check_memory(NX, NU, dtype, device)  # before the run folder
     run = RunDir.create("bench-mpc", {"models": models, "samples": samples, "horizon": horizon, "repeats": repeats,
                                       "preset": preset, "device": str(device), "dtype": dtype_name, "threads": threads,
-                                      "device_name": device_name(device), "torch": torch.__version__, "command": command}, out=out)
+                                      "device_name": device_name(device), "torch": torch.__version__, "command": command, "peer": peer}, out=out)
     print(f"gpdyn bench mpc: run folder {run.path}")
     rows, ratios = bench_mpc(models, samples, horizon, repeats, device, dtype, preset)
     for r in rows:
         run.log(**r)
     run.write_json("ratios.json", ratios)
     text, rtext = table(rows), ratio_text(ratios)
+    ptext = ""
+    if peer is not None:
+        peer_rows = peer_comparison(models, samples, horizon, repeats, device, dtype, preset, peer=peer)
+        for r in peer_rows:
+            run.log(table="peer", **r)
+        cfg = peer_rows[0]
+        ptext = (f"\n\n## Peer: gpdyn's MPPI against {peer} (same run)\n\nSame dynamics, cost (`TrackingCost`), "
+                 f"K = {samples}, H = {horizon}, noise std {cfg['noise_std']}, temperature {cfg['temperature']}, action "
+                 f"box, MPPI control cost, no proposal; learned models through their mean-only path. The two planners "
+                 f"are timed alternately, one step at a time, after one warm-up step each.\n\n{peer_table(peer_rows)}")
     clock = ("CPU seconds of this process (`time.process_time`)" if device.type == "cpu"
              else "Wall seconds between two device syncs")
     header = (f"# MPC planning rate\n\n"
@@ -344,11 +489,12 @@ def run_benchmark(
               f"torch {torch.__version__}. {clock} per planning step after one warm-up step, {repeats} timed "
               f"step(s) per row. Walker2d real time: {REAL_TIME_HZ:.0f} control "
               f"steps/s.\n\n" + (f"Command: `{command}`\n\n" if command else ""))
-    (run.path / "report.md").write_text(f"{header}{text}\n\n## What bounds the rates (same run)\n\n{rtext}\n")
+    (run.path / "report.md").write_text(f"{header}{text}\n\n## What bounds the rates (same run)\n\n{rtext}{ptext}\n")
     print(text)
-    print(rtext)
+    print(rtext + ptext)
     return run
 
 
-__all__ = ["BENCH_MODELS", "REAL_TIME_HZ", "bench_mpc", "filled_learner", "filled_model",
-           "gather_seconds", "measure_ratios", "run_benchmark", "sgemm_gflops", "svdgp_mean_rate", "table"]
+__all__ = ["BENCH_MODELS", "PEERS", "REAL_TIME_HZ", "DoubleIntegrator", "TrackingCost", "bench_mpc", "filled_learner",
+           "filled_model", "gather_seconds", "import_peer", "measure_ratios", "peer_comparison", "peer_planners",
+           "peer_table", "run_benchmark", "sgemm_gflops", "svdgp_mean_rate", "table"]
