@@ -1,6 +1,8 @@
-"""`gpdyn control ROBOT`: online control experiments, one subcommand per robot.
+"""`gpdyn control ROBOT`: online control experiments, one subcommand per robot, and `gpdyn control recipes`.
 
 Options every robot's run takes are added by :func:`add_common`; each robot adds its own.
+A run starts from a recipe (:mod:`gpdyn.recipes`: ``--recipe NAME|FILE.toml``, else the
+robot's default); the options given on the command line override the recipe's values.
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ SAMPLES = Number(int, 2)  # a sampling planner compares at least two sequences
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
-    """The options of every control run: the learner, its data, the run's length and seed, the controllers."""
-    add_learner(p)
+    """The options of every control run: the recipe, the learner, its data, the run's length and seed, the controllers."""
+    p.add_argument("--recipe", default=None, metavar="NAME|FILE.toml",
+                   help="the run's settings: a shipped recipe (`gpdyn control recipes` lists them) or your own TOML "
+                        "file; the options below override its values (default: the robot's default recipe)")
+    add_learner(p, required=False)
     p.add_argument("--store", type=Path, default=None, help="rollouts to pretrain the model on (default: collect a few)")
-    p.add_argument("--steps", type=COUNT, default=None, help="control steps per episode (walker 100, kuka 400)")
-    p.add_argument("--seed", type=SEED, default=0)
+    p.add_argument("--steps", type=COUNT, default=None, help="control steps per episode")
+    p.add_argument("--seed", type=SEED, default=None, help="the run's seed (default: the recipe's, else 0)")
     p.add_argument("--change-at", type=NON_NEGATIVE_INT, default=None, help="step of the plant change (walker: 0 = from the start)")
     p.add_argument("--controllers", default=None, help="comma-separated (walker: trpo,true,frozen,online; kuka: pd,true,frozen,online)")
     p.add_argument("--scale", choices=PRESET_NAMES, default=None, metavar="PRESET",
@@ -75,7 +80,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="what the learner predicts, the velocity change over the step (default) or the next velocity")
     p.add_argument("--change", choices=("torso_mass", "foot_friction", "weak_motor"), default=None, help="plant change")
     p.add_argument("--change-factor", type=POSITIVE, default=None,
-                   help="scale of the plant change (default torso mass x1.3, foot friction x0.5, motor x0.5)")
+                   help="scale of the plant change (default: the recipe's when --change is not given, else the "
+                        "change's own: torso mass x1.3, foot friction x0.5, motor x0.5)")
     p.add_argument("--conditions", default=None, help="comma-separated nominal,changed")
     p.add_argument("--residual-gate", action="store_true", default=None,
                    help="--adapt residual: add the residual GP to an output's prediction only while it has "
@@ -94,18 +100,22 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     from gpdyn.cli import control_arm
 
     control_arm.add_parsers(robots, add_common)
+    p = robots.add_parser("recipes", help="the shipped recipes: what each runs, what it is for, what it reproduces")
+    p.add_argument("names", nargs="*", metavar="NAME|FILE.toml", help="only these (default: every shipped recipe)")
+    p.set_defaults(handler="gpdyn.cli.control:cli_recipes")
 
 
 # the walker options copied onto WalkerRunConfig when given
-WALKER_OPTIONS = ("steps", "planner", "cost", "samples", "sim_samples", "horizon", "noise_std", "temperature", "episodes",
+WALKER_OPTIONS = ("learner", "seed", "steps", "planner", "cost", "samples", "sim_samples", "horizon", "noise_std", "temperature", "episodes",
                   "control_cost", "track_offset_weight", "residual_gate", "residual_gate_z", "residual_kernel",
                   "residual_forget", "uncertainty", "var_weight", "terminal_value", "relative_to_proposal",
                   "proposal_tail", "warm_start", "target", "change", "change_factor", "change_at", "controllers",
                   "conditions", "scale", "adapt", "dtype", "video", "pretrain_iterations")
 
 
-def copy_options(cfg: Any, args: argparse.Namespace, names: tuple[str, ...]) -> None:
-    """Copy the command-line options that were given onto ``cfg`` (comma lists become tuples)."""
+def copy_options(cfg: Any, args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, Any]:
+    """Copy the command-line options that were given onto ``cfg`` (comma lists become tuples); returns them."""
+    given = {}
     for name in names:
         value = getattr(args, name, None)
         if value is None:
@@ -113,23 +123,54 @@ def copy_options(cfg: Any, args: argparse.Namespace, names: tuple[str, ...]) -> 
         if name in ("controllers", "conditions"):
             value = tuple(v.strip() for v in value.split(",") if v.strip())
         setattr(cfg, name, value)
+        given[name] = str(value) if isinstance(value, Path) else value
+    return given
+
+
+def recipe_for(args: argparse.Namespace, robot: str):
+    """The recipe of a control run: ``--recipe`` (a shipped name or a TOML file), else the robot's default."""
+    from gpdyn.recipes import default_recipe, load_recipe
+
+    return load_recipe(args.recipe, robot) if args.recipe is not None else default_recipe(robot)
+
+
+def recipe_record(recipe: Any, given: dict[str, Any]) -> dict[str, Any]:
+    """What config.json keeps of the recipe: its name and file, its values, and the options that overrode them."""
+    return {"recipe": recipe.name, "recipe_file": str(recipe.path), "recipe_values": recipe.values["config"],
+            "options_given": given}
 
 
 def cli_control(args: argparse.Namespace) -> int:
     """``gpdyn control walker``: the online control experiment, its run folder and report.
 
-    The options (the device among them) are checked before the run folder is made or any data collected.
+    The recipe and the options (the device among them) are checked before the run folder is
+    made or any data collected. config.json records the resolved settings and the recipe.
     """
     from dataclasses import asdict
 
-    from gpdyn.experiments.control_walker import WalkerRunConfig, run_walker
+    from gpdyn.experiments.control_walker import run_walker
     from gpdyn.runs import RunDir
 
-    cfg = WalkerRunConfig(learner=args.learner, seed=args.seed, device=args.device)
-    copy_options(cfg, args, WALKER_OPTIONS)
+    recipe = recipe_for(args, "walker")
+    cfg = recipe.build(device=args.device)
+    given = copy_options(cfg, args, WALKER_OPTIONS)
+    if "change" in given and "change_factor" not in given:
+        cfg.change_factor = None  # a recipe's factor belongs to its change: another change takes its own
     cfg.validate()
-    run = RunDir.create("control-walker", {"robot": "walker", **asdict(cfg)}, out=args.out)
-    print(f"gpdyn control walker: run folder {run.path}")
+    run = RunDir.create("control-walker", {"robot": "walker", **asdict(cfg), **recipe_record(recipe, given)},
+                        out=args.out)
+    print(f"gpdyn control walker: recipe {recipe.name}, run folder {run.path}")
     result = run_walker(run, cfg, args.store)
     print(f"gpdyn control walker: report {result['report']}")
+    return 0
+
+
+def cli_recipes(args: argparse.Namespace) -> int:
+    """``gpdyn control recipes``: each recipe's name, robot, description, use, reported result and values."""
+    from gpdyn.recipes import all_recipes, describe, load_recipe
+
+    recipes = [load_recipe(n) for n in args.names] if args.names else all_recipes()
+    print("\n\n".join(describe(r) for r in recipes))
+    print("\nRun one: gpdyn control walker|kuka --recipe NAME [options that override it]; "
+          "walker-sampling recipes: python scripts/walk_true_model.py --recipe NAME")
     return 0

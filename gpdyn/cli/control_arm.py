@@ -14,7 +14,7 @@ from gpdyn.cli.collect import FAMILY_NAMES, add_arm_options
 from gpdyn.cli.common import NON_NEGATIVE, POSITIVE
 
 # the options copied onto ArmRunConfig when given
-ARM_OPTIONS = ("steps", "change_at", "payload", "controllers", "scale", "adapt", "dtype", "pretrain_iterations",
+ARM_OPTIONS = ("learner", "seed", "steps", "change_at", "payload", "controllers", "scale", "adapt", "dtype", "pretrain_iterations",
                "family", "speed", "from_run", "velocity_limits", "payload_body", "damping", "armature", "friction")
 
 
@@ -42,22 +42,29 @@ def cli_control_arm(args: argparse.Namespace) -> int:
     """
     from dataclasses import asdict
 
-    from gpdyn.cli.control import copy_options
+    from gpdyn.cli.control import copy_options, recipe_for, recipe_record
     from gpdyn.experiments.control_arm import ArmRunConfig, run_arm
     from gpdyn.runs import RunDir
 
-    cfg = ArmRunConfig(robot=args.robot, learner=args.learner, seed=args.seed, device=args.device)
+    # kuka runs from a recipe (its default: kuka-payload); another arm has none unless given one
+    recipe = recipe_for(args, "kuka") if args.robot == "kuka" or args.recipe is not None else None
+    cfg = recipe.build(robot=args.robot, device=args.device) if recipe else ArmRunConfig(robot=args.robot,
+                                                                                          device=args.device)
     if args.robot == "arm":
-        cfg.model, cfg.payload = str(args.model), 0.0
-    copy_options(cfg, args, ARM_OPTIONS)
+        cfg.model = str(args.model)
+        if recipe is None:
+            cfg.payload = 0.0
+    given = copy_options(cfg, args, ARM_OPTIONS)
     if cfg.from_run is not None:
         cfg.from_run = str(cfg.from_run)
     if args.steps is not None and args.change_at is None:
         cfg.change_at = cfg.steps // 2
     cfg.validate()
     arm = cfg.arm()
-    run = RunDir.create(f"control-{args.robot}", {**asdict(cfg), "model_sha256": arm.sha256}, out=args.out)
-    print(f"gpdyn control {args.robot}: {arm.path.name} ({arm.n} joints), run folder {run.path}")
+    record = recipe_record(recipe, given) if recipe else {"recipe": None, "options_given": given}
+    run = RunDir.create(f"control-{args.robot}", {**asdict(cfg), "model_sha256": arm.sha256, **record}, out=args.out)
+    print(f"gpdyn control {args.robot}: {arm.path.name} ({arm.n} joints)"
+          + (f", recipe {recipe.name}" if recipe else "") + f", run folder {run.path}")
     result = run_arm(run, cfg, args.store)
     print(f"gpdyn control {args.robot}: report {result['report']}")
     return 0

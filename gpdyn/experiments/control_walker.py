@@ -131,6 +131,7 @@ class WalkerRunConfig:
     # errors (ResidualGP.gate_z; 0 = the plain comparison)
     residual_gate_z: float = 0.0
     store_episodes: int = 4  # collected into the run folder when no store is given
+    store_seed: int | None = None  # seed of that collection (None: the run's seed)
     change: str = "torso_mass"
     change_factor: float | None = None  # None: the change's own (torso mass x1.3, friction x0.5, motor x0.5)
     # 0: the plant is changed from the start; t > 0: at control step t of the condition's run,
@@ -156,8 +157,10 @@ class WalkerRunConfig:
             if getattr(self, name) > EPISODE_STEPS:
                 raise InputError(f"control walker: {name} {getattr(self, name)} is longer than a Walker2d episode "
                                  f"({EPISODE_STEPS} steps)")
-        if not 0 <= self.seed <= MAX_SEED:
-            raise InputError(f"control walker: seed must be in [0, {MAX_SEED}], got {self.seed}")
+        for name in ("seed", "store_seed"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_SEED:
+                raise InputError(f"control walker: {name} must be in [0, {MAX_SEED}], got {value}")
         if self.pretrain_batch < 1 or self.online_batch < 1:
             raise InputError(f"control walker: pretrain_batch and online_batch must be >= 1, got {self.pretrain_batch}, "
                              f"{self.online_batch}")
@@ -226,7 +229,8 @@ def _walker_store(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None) -
     from gpdyn.sim.walker import collect_walker
 
     path = run.path / "walker.zarr"
-    collect_walker(path, cfg.store_episodes, envs=1, seed=cfg.seed, progress=cfg.progress)
+    seed = cfg.seed if cfg.store_seed is None else cfg.store_seed
+    collect_walker(path, cfg.store_episodes, envs=1, seed=seed, progress=cfg.progress)
     return path
 
 

@@ -1,0 +1,263 @@
+"""Named control recipes: documented settings of the control runs, as TOML files in this package.
+
+A recipe is data, never code: a TOML file (read with :mod:`tomllib`) with
+
+- ``name`` (the file's stem for a shipped recipe), ``robot`` (which run it configures,
+  a key of :data:`KINDS`), ``title``, ``description`` (one paragraph: what it does and
+  why it is set so), ``use`` (what it is for) and ``result`` (the reported result it
+  reproduces, a docs path);
+- one table per section of its run, each checked field by field against the run's config
+  dataclass: ``[config]`` for ``walker`` (:class:`~gpdyn.experiments.control_walker.WalkerRunConfig`)
+  and ``kuka`` (:class:`~gpdyn.experiments.control_arm.ArmRunConfig`); ``[sampler]``
+  (:class:`~gpdyn.control.spline_sampling.SamplerConfig`), ``[cost]``
+  (:class:`~gpdyn.robots.walker.WalkingCost`) and ``[run]`` (:class:`WalkRun`) for
+  ``walker-sampling`` (``scripts/walk_true_model.py``).
+
+Loading is strict: an unknown key, a value of the wrong type, a non-finite number or a
+value the config's own ``validate`` refuses raises :class:`~gpdyn.errors.InputError`
+naming the file, the section and the key. Keys a recipe may not set (:data:`NOT_IN_RECIPES`)
+belong to the machine or the process, not to the setting.
+
+``gpdyn control recipes`` lists them; ``gpdyn control walker|kuka --recipe NAME|FILE.toml``
+runs one, explicit options overriding its values. Without ``--recipe`` a robot runs its
+:data:`DEFAULT_RECIPES` entry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpdyn.errors import InputError
+
+RECIPE_DIR = Path(__file__).resolve().parent
+# the run each recipe kind configures: section -> "module:Class" of its dataclass (imported when loaded)
+KINDS: dict[str, dict[str, str]] = {
+    "walker": {"config": "gpdyn.experiments.control_walker:WalkerRunConfig"},
+    "kuka": {"config": "gpdyn.experiments.control_arm:ArmRunConfig"},
+    "walker-sampling": {"sampler": "gpdyn.control.spline_sampling:SamplerConfig",
+                        "cost": "gpdyn.robots.walker:WalkingCost",
+                        "run": "gpdyn.recipes:WalkRun"},
+}
+# what a robot's command runs without --recipe: the best reported setting (see each recipe's description)
+DEFAULT_RECIPES = {"walker": "walker-weak-motor", "kuka": "kuka-payload"}
+# fields a recipe may not set: the machine (device), the process (progress), the run's own name
+# (robot) and learner option overrides (extra, a free-form dict)
+NOT_IN_RECIPES = frozenset({"device", "progress", "robot", "extra"})
+METADATA = ("name", "robot", "title", "description", "use", "result")
+
+
+@dataclass
+class WalkRun:
+    """The episodes of a ``walker-sampling`` recipe: one per seed, up to ``steps`` control steps."""
+
+    seeds: tuple[int, ...] = (0, 1, 2)
+    steps: int = 1000
+
+    def validate(self) -> None:
+        if not self.seeds or any(s < 0 for s in self.seeds):
+            raise InputError(f"seeds must be a non-empty list of seeds >= 0, got {list(self.seeds)}")
+        if not 1 <= self.steps <= 1000:
+            raise InputError(f"steps must be in [1, 1000] (a Walker2d episode), got {self.steps}")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A loaded, validated recipe; :meth:`build` makes its configs."""
+
+    name: str
+    robot: str
+    title: str
+    description: str
+    use: str
+    result: str
+    path: Path
+    values: dict[str, dict[str, Any]] = field(default_factory=dict)  # section -> key -> checked value
+
+    def build(self, section: str = "config", **fixed: Any) -> Any:
+        """A new config of ``section`` holding the recipe's values (``fixed``: fields the caller sets first)."""
+        cls = _section_class(self.robot, section)
+        return cls(**{**fixed, **self.values.get(section, {})})
+
+    def summary(self) -> dict[str, Any]:
+        """What a run folder's config records of its recipe."""
+        return {"name": self.name, "file": str(self.path), "values": {s: dict(v) for s, v in self.values.items()}}
+
+
+def _section_class(robot: str, section: str) -> type:
+    module, _, name = KINDS[robot][section].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def recipe_names(robot: str | None = None) -> list[str]:
+    """The shipped recipes' names (of ``robot`` only, when given), sorted."""
+    names = sorted(p.stem for p in RECIPE_DIR.glob("*.toml"))
+    if robot is None:
+        return names
+    return [n for n in names if load_recipe(n).robot == robot]
+
+
+def recipe_path(name: str) -> Path:
+    """The file of a shipped recipe ``name``, or ``name`` itself when it is a path to a ``.toml`` file."""
+    if name.endswith(".toml") or "/" in name or "\\" in name:
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise InputError(f"recipe {path}: no such file")
+        return path
+    path = RECIPE_DIR / f"{name}.toml"
+    if not path.is_file():
+        raise InputError(f"unknown recipe '{name}'; shipped recipes: {', '.join(recipe_names())} "
+                         "(or give a path to your own .toml file)")
+    return path
+
+
+def load_recipe(name: str, robot: str | None = None) -> Recipe:
+    """Read and validate recipe ``name`` (shipped name or file path); ``robot``: the kind it must be."""
+    path = recipe_path(name)
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except tomllib.TOMLDecodeError as err:
+        raise InputError(f"recipe {path}: not valid TOML: {err}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"recipe {path}: cannot be read: {err}") from None
+    meta = {}
+    for key in METADATA:
+        value = data.get(key)
+        if not isinstance(value, str) or not value.strip():
+            raise InputError(f"recipe {path}: key '{key}' must be a non-empty string, got {value!r}")
+        meta[key] = " ".join(value.split()) if key in ("description", "use", "title") else value.strip()
+    kind = meta["robot"]
+    if kind not in KINDS:
+        raise InputError(f"recipe {path}: robot '{kind}' is not one of {', '.join(KINDS)}")
+    if robot is not None and kind != robot:
+        raise InputError(f"recipe {path}: it is a '{kind}' recipe, not one for '{robot}'")
+    if path.parent == RECIPE_DIR and meta["name"] != path.stem:
+        raise InputError(f"recipe {path}: name '{meta['name']}' differs from the file's name '{path.stem}'")
+    sections = KINDS[kind]
+    for key in data:
+        if key not in METADATA and key not in sections:
+            raise InputError(f"recipe {path}: unknown key '{key}'; a {kind} recipe has {', '.join(METADATA)} and "
+                             f"the sections {', '.join(f'[{s}]' for s in sections)}")
+    values = {}
+    for section in sections:
+        table = data.get(section, {})
+        if not isinstance(table, dict):
+            raise InputError(f"recipe {path}: '{section}' must be a table ([{section}]), got {table!r}")
+        values[section] = _check_section(path, kind, section, table)
+    return Recipe(path=path, values=values, **meta)
+
+
+def _check_section(path: Path, robot: str, section: str, table: dict[str, Any]) -> dict[str, Any]:
+    """The section's values converted to the dataclass's field types; InputError naming file, section and key."""
+    cls = _section_class(robot, section)
+    hints = typing.get_type_hints(cls)
+    settable = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in NOT_IN_RECIPES]
+    out = {}
+    for key, value in table.items():
+        where = f"recipe {path}: [{section}] {key}"
+        if key not in settable:
+            raise InputError(f"{where}: unknown key; [{section}] takes {', '.join(settable)}")
+        out[key] = _convert(value, hints[key], where)
+    # ranges and combinations: the config's own checks, on the recipe's values alone
+    try:
+        _validate(cls(**out))
+    except InputError as err:
+        culprit = _culprit(cls, out)
+        named = f"[{section}] {culprit} = {out[culprit]!r}" if culprit else f"[{section}] the combination of its keys"
+        raise InputError(f"recipe {path}: {named}: {err}") from None
+    return out
+
+
+def _validate(config: Any) -> None:
+    if hasattr(config, "validate"):
+        try:
+            config.validate()
+        except (TypeError, ValueError) as err:  # a config's check that trips on a value of the right type
+            if isinstance(err, InputError):
+                raise
+            raise InputError(str(err)) from None
+
+
+def _culprit(cls: type, values: dict[str, Any]) -> str | None:
+    """The first key whose value alone, on the defaults, the config refuses (None: only their combination)."""
+    for key, value in values.items():
+        try:
+            _validate(cls(**{key: value}))
+        except InputError:
+            return key
+    return None
+
+
+def _convert(value: Any, hint: Any, where: str) -> Any:
+    """``value`` as the field type ``hint``: exact types (an int for a float is fine, a bool is no
+    number), finite floats, lists for tuples; TOML has no null, so ``X | None`` takes an X."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in args if a is not type(None)]
+        errors = []
+        for option in options:
+            try:
+                return _convert(value, option, where)
+            except InputError as err:
+                errors.append(str(err))
+        raise InputError(errors[0] if len(errors) == 1 else f"{where}: {value!r} is none of {hint}")
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise InputError(f"{where}: must be true or false, got {value!r}")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise InputError(f"{where}: must be an integer, got {value!r}")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise InputError(f"{where}: must be a finite number, got {value!r}")
+            return float(value)
+        raise InputError(f"{where}: must be a number, got {value!r}")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise InputError(f"{where}: must be a string, got {value!r}")
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        if not isinstance(value, list):
+            raise InputError(f"{where}: must be a list, got {value!r}")
+        return tuple(_convert(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+    raise InputError(f"{where}: a field of type {hint} cannot be set by a recipe")
+
+
+def default_recipe(robot: str) -> Recipe:
+    """The recipe ``gpdyn control ROBOT`` runs without ``--recipe``."""
+    return load_recipe(DEFAULT_RECIPES[robot], robot)
+
+
+def all_recipes() -> list[Recipe]:
+    """Every shipped recipe, loaded and validated."""
+    return [load_recipe(n) for n in recipe_names()]
+
+
+def describe(recipe: Recipe, width: int = 100) -> str:
+    """A recipe's listing: name, robot, title, description, use, result and its values."""
+    import textwrap
+
+    default = " (the default)" if DEFAULT_RECIPES.get(recipe.robot) == recipe.name else ""
+    lines = [f"{recipe.name} [{recipe.robot}]{default}: {recipe.title}"]
+    for label, text in (("", recipe.description), ("for: ", recipe.use), ("reported: ", recipe.result)):
+        lines += textwrap.wrap(label + text, width, initial_indent="    ", subsequent_indent="    ")
+    for section, values in recipe.values.items():
+        if values:
+            shown = ", ".join(f"{k}={list(v) if isinstance(v, tuple) else v}" for k, v in values.items())
+            lines += textwrap.wrap(f"[{section}] {shown}", width, initial_indent="    ", subsequent_indent="      ")
+    return "\n".join(lines)
+
+
+__all__ = ["DEFAULT_RECIPES", "KINDS", "NOT_IN_RECIPES", "RECIPE_DIR", "Recipe", "WalkRun", "all_recipes",
+           "default_recipe", "describe", "load_recipe", "recipe_names", "recipe_path"]
