@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -454,21 +454,7 @@ def _video(run: RunDir, store: Any, results: list[dict[str, Any]]) -> None:
     print(f"   video: {path}")
 
 
-def control_demo(out: str | Path, *, seed: int = 0, store: str | Path | None = None, learner: str = "svdgp") -> dict[str, Any]:
-    """A short Walker2d control run (under a minute on 2 cores) into the run folder ``out``.
-
-    One plant condition (torso mass +30 % from step 30), the TRPO policy beside online-updated
-    MPC, 60 steps, K = 64, H = 10. ``store``: rollouts to pretrain on (default: 2 episodes
-    collected into ``out``).
-    """
-    cfg = WalkerRunConfig(learner=learner, steps=60, samples=64, horizon=10, pretrain_iterations=40,
-                          store_episodes=2, change_at=30, controllers=("trpo", "online"), conditions=("changed",),
-                          seed=seed, progress=False)
-    run = RunDir.create("control-demo", {"robot": "walker", **asdict(cfg)}, out=out)
-    return run_walker(run, cfg, store)
-
-
-__all__ = ["ADAPT", "CONDITIONS", "CONTROLLERS", "COSTS", "RESIDUAL_NOISE", "WalkerRunConfig", "control_demo",
-           "copy_learner", "online_walker_model", "plant_change_step", "pretrained_walker_model", "run_walker",
+__all__ = ["ADAPT", "CONDITIONS", "CONTROLLERS", "COSTS", "RESIDUAL_NOISE", "WalkerRunConfig", "copy_learner",
+           "online_walker_model", "plant_change_step", "pretrained_walker_model", "run_walker",
            "run_walker_episode", "walker_controller", "walker_planner", "walker_reset_seed", "walker_residual_gp",
            "walker_train_inputs"]
