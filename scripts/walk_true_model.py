@@ -2,33 +2,46 @@
 
     .venv/bin/python scripts/walk_true_model.py --seeds 100,101,102,103,104 --steps 1000 --out logs/walk-true
 
-Writes the run folder's report.md (steps, distance, speed, return, planner CPU ms per
-control step) and prints the table; see gpdyn/experiments/walk_true_model.py.
+The sampler, the walking cost, the seeds and the steps come from a ``walker-sampling``
+recipe (``--recipe``, default ``walker-true-model-walk``: gpdyn/recipes/); the options
+given here override its values. Writes the run folder's report.md (steps, distance,
+speed, return, planner CPU ms per control step) and prints the table; see
+gpdyn/experiments/walk_true_model.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
-from gpdyn.control.spline_sampling import SamplerConfig
 from gpdyn.device import set_threads
 from gpdyn.errors import InputError
 from gpdyn.experiments.walk_true_model import run
+from gpdyn.recipes import load_recipe
+
+RECIPE = "walker-true-model-walk"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", default="0,1,2", help="comma-separated episode seeds")
-    p.add_argument("--steps", type=int, default=1000)
-    p.add_argument("--samples", type=int, default=SamplerConfig.samples)
-    p.add_argument("--horizon", type=int, default=SamplerConfig.horizon)
+    p.add_argument("--recipe", default=RECIPE, help=f"a walker-sampling recipe, name or TOML file (default {RECIPE})")
+    p.add_argument("--seeds", default=None, help="comma-separated episode seeds (default: the recipe's)")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--samples", type=int, default=None)
+    p.add_argument("--horizon", type=int, default=None)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     set_threads(1)
     try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-        run(seeds, args.steps, SamplerConfig(samples=args.samples, horizon=args.horizon), out=args.out)
+        recipe = load_recipe(args.recipe, "walker-sampling")
+        sampler, cost, episodes = recipe.build("sampler"), recipe.build("cost"), recipe.build("run")
+        given = {k: v for k, v in (("samples", args.samples), ("horizon", args.horizon)) if v is not None}
+        sampler = dataclasses.replace(sampler, **given)
+        seeds = list(episodes.seeds) if args.seeds is None else [int(s) for s in args.seeds.split(",") if s.strip()]
+        steps = episodes.steps if args.steps is None else args.steps
+        print(f"walk_true_model: recipe {recipe.name}")
+        run(seeds, steps, sampler, cost, out=args.out)
     except (InputError, ValueError) as err:
         print(f"walk_true_model: {err}", file=sys.stderr)
         return 2
