@@ -17,7 +17,8 @@ batch per time step and score them with a task cost:
   ``PlanInfo.variance`` is then 0.
 - cost: ``(state, action, next_state) -> (cost [K], terminated [K] bool)``. A sample that
   terminates pays ``terminal_cost`` once and nothing after (its state is frozen), so that
-  losing the per-step reward of a live robot is what termination costs.
+  losing the per-step reward of a live robot is what termination costs. A cost that never
+  terminates may return ``None`` for ``terminated``: the rollout then skips the bookkeeping.
 - terminal value (optional): ``state [K, nx] -> value [K]`` in reward units, e.g. the
   TRPO critic; a sample alive at the horizon's end has it subtracted from its cost, so a
   short horizon still sees what lies beyond it (MPC with a value terminal, as in POLO,
@@ -86,7 +87,7 @@ from gpdyn.errors import InputError
 
 DynamicsOut = Tensor | tuple[Tensor, Tensor]
 Dynamics = Callable[[Tensor, Tensor], DynamicsOut]
-Cost = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
+Cost = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor | None]]
 Proposal = Callable[[Tensor], Tensor]
 Value = Callable[[Tensor], Tensor]
 UNCERTAINTY = ("mean", "penalty", "sample")
@@ -237,6 +238,10 @@ class Planner:
         if safe.shape != (self.nu,):
             raise MPCConfigError(f"MPC safe_action has shape {tuple(safe.shape)}, expected ({self.nu},)")
         self.safe_action = torch.clamp(safe, self.low, self.high)
+        # the rollouts' clamp: two numbers when every action shares its bounds (a tensor-bound
+        # clamp runs about 10x slower on the CPU), else the bound vectors
+        same = bool((self.low == self.low[0]).all() and (self.high == self.high[0]).all())
+        self._bounds: tuple[Any, Any] = (float(self.low[0]), float(self.high[0])) if same else (self.low, self.high)
         for option in ("relative_to_proposal", "proposal_tail"):
             if getattr(self.config, option) and proposal is None:
                 raise MPCConfigError(f"MPC option {option} needs a proposal policy")
@@ -326,59 +331,73 @@ class Planner:
         return out, None
 
     def rollout(self, state: Tensor, mean: Tensor, std: Tensor) -> Rollout:
-        """Sample ``K`` sequences around ``mean [H, nu]`` with ``std [H, nu]`` and score them."""
+        """Sample ``K`` sequences around ``mean [H, nu]`` with ``std [H, nu]`` and score them.
+
+        The per-step work is the model, the cost and five small ops: the free samples'
+        actions are formed for all ``H`` steps at once (only the proposal's samples need the
+        state), time-major so that each step's ``[K, nu]`` block is contiguous, and the
+        termination bookkeeping keeps ``alive`` as a mask (``Rollout.actions`` is a
+        ``[K, H, nu]`` view of that buffer)."""
         cfg = self.config
-        k, h = cfg.samples, cfg.horizon
-        eps = torch.randn(k, h, self.nu, generator=self.generator, device=self.device, dtype=self.dtype)
-        noise = eps * std
+        k, h, nu = cfg.samples, cfg.horizon, self.nu
+        kw = {"dtype": self.dtype, "device": self.device}
+        noise = torch.randn(k, h, nu, generator=self.generator, **kw).mul_(std)
         if cfg.keep_nominal:
             noise[0] = 0.0
+        noise_t = noise.transpose(0, 1)  # [H, K, nu] view
         relative = cfg.relative_to_proposal
         n_prop = int(round(cfg.proposal_fraction * k)) if self.proposal is not None and not relative else 0
         # the last n_prop samples follow the proposal closed-loop, with the same noise scale;
         # the proposal is evaluated on them alone
         guided = slice(k - n_prop, k)
+        applied = torch.empty(h, k, nu, **kw)  # time-major: applied[t] is one contiguous [K, nu] block
+        bounds = self._bounds
+        if not relative:  # every free sample's actions at once; the proposal's rows are overwritten step by step
+            torch.add(mean.unsqueeze(1), noise_t, out=applied).clamp_(*bounds)
         x = state.expand(k, -1).clone()
-        alive = torch.ones(k, dtype=self.dtype, device=self.device)
-        total = torch.zeros(k, dtype=self.dtype, device=self.device)
-        var_sum = torch.zeros(k, dtype=self.dtype, device=self.device)
-        applied = torch.empty(k, h, self.nu, dtype=self.dtype, device=self.device)
+        alive = torch.ones(k, dtype=torch.bool, device=self.device)
+        alive_f = torch.ones(k, **kw)  # alive as a number, for the cost sum
+        total = torch.zeros(k, **kw)
+        var_sum = torch.zeros(k, **kw)
         discount = 1.0
         with torch.no_grad():
             for t in range(h + cfg.proposal_tail):
                 if t >= h:  # the tail: the proposal alone
-                    a = torch.clamp(self.proposal(x), self.low, self.high)
+                    a = torch.clamp(self.proposal(x), *bounds)
                 elif relative:
                     base = self.proposal(x)
-                    a = torch.clamp(base + mean[t] + noise[:, t], self.low, self.high)
-                    applied[:, t] = a - base  # the offset as applied, so the update averages what was used
+                    a = (base + mean[t]).add_(noise_t[t]).clamp_(*bounds)
+                    torch.sub(a, base, out=applied[t])  # the offset as applied, so the update averages what was used
                 else:
-                    a = mean[t] + noise[:, t]
+                    a = applied[t]
                     if n_prop:
-                        a[guided] = self.proposal(x[guided]) + noise[guided, t]
-                    a = torch.clamp(a, self.low, self.high)
-                    applied[:, t] = a
+                        prop = self.proposal(x[guided]).add_(noise_t[t, guided])
+                        torch.clamp(prop, *bounds, out=a[guided])
                 nxt, var_full = self._model(x, a)
                 if var_full is not None:
                     var = var_full.sum(-1)
-                    var_sum = var_sum + alive * var
+                    var_sum.addcmul_(alive_f, var)
                     if cfg.uncertainty == "sample":
-                        draw = torch.randn(nxt.shape, generator=self.generator, device=self.device, dtype=self.dtype)
+                        draw = torch.randn(nxt.shape, generator=self.generator, **kw)
                         nxt = nxt + torch.sqrt(torch.clamp(var_full, min=0.0)) * draw
                 c, done = self.cost(x, a, nxt)
                 if cfg.uncertainty == "penalty" and var_full is not None:
                     c = c + cfg.var_weight * var
-                total = total + discount * alive * c
-                newly = alive * done.to(self.dtype)
-                total = total + discount * newly * cfg.terminal_cost
-                # a terminated sample keeps its state: no cost, no model calls on garbage
-                x = torch.where(alive.bool().unsqueeze(-1) & ~done.unsqueeze(-1), nxt, x)
-                alive = alive * (1.0 - done.to(self.dtype))
+                total.addcmul_(alive_f, c, value=discount)
+                if done is None:  # a cost that never terminates
+                    x = nxt
+                else:
+                    if cfg.terminal_cost:  # paid once, by the samples that terminate at this step
+                        total.addcmul_(alive_f, done.to(self.dtype), value=discount * cfg.terminal_cost)
+                    # a terminated sample keeps its state: no cost, no model calls on garbage
+                    alive = torch.gt(alive, done)  # alive and not done (True > False only)
+                    x = torch.where(alive.unsqueeze(-1), nxt, x)
+                    alive_f = alive.to(self.dtype)
                 discount *= cfg.gamma
             if self.terminal_value is not None:
-                total = total - discount * alive * self.terminal_value(x)
+                total = total - discount * alive_f * self.terminal_value(x)
         total = torch.where(torch.isfinite(total), total, torch.full_like(total, math.inf))
-        return Rollout(applied, total, var_sum, noise)
+        return Rollout(applied.transpose(0, 1), total, var_sum, noise)
 
     def _optimise(self, state: Tensor) -> tuple[Tensor | None, PlanInfo]:
         raise MPCConfigError(f"{type(self).__name__} is not a planner; use MPPI or CEM")
@@ -389,7 +408,10 @@ def _finite_summary(roll: Rollout) -> tuple[Tensor, float]:
     return finite, float(finite.to(roll.costs.dtype).mean())
 
 
-def _finite_std(values: Tensor, finite: Tensor) -> float:
+def _finite_std(values: Tensor, finite: Tensor, frac: float) -> float:
+    """Std of ``values`` over the finite samples (``frac`` of them: all when 1, no mask needed)."""
+    if frac == 1.0:
+        return float(values.std()) if values.numel() > 1 else 0.0
     return float(values[finite].std()) if int(finite.sum()) > 1 else 0.0
 
 
@@ -402,7 +424,7 @@ class MPPI(Planner):
         std = self.noise_std.expand(self.config.horizon, self.nu)
         roll = self.rollout(state, mean, std)
         finite, frac = _finite_summary(roll)
-        if not bool(finite.any()):
+        if frac == 0.0:
             return None, PlanInfo(math.inf, math.inf, 0.0, 0.0, 0.0, fallback="no sample with a finite cost")
         costs = roll.costs
         lam = self.config.temperature
@@ -410,17 +432,22 @@ class MPPI(Planner):
         if self.config.control_cost:
             # lambda * u' Sigma^-1 eps: with the base distribution at zero, the part of
             # lambda/2 * |u + eps|^2_Sigma that differs between samples (Williams et al. 2017)
-            control = self.config.control_cost * (mean / std.pow(2) * roll.noise).sum(dim=(1, 2))
+            k = roll.noise.shape[0]
+            control = self.config.control_cost * (roll.noise.reshape(k, -1) @ (mean / std.pow(2)).reshape(-1))
             costs = costs + lam * control
         best = costs.min()
         # softmax(-(J - min J) / lambda); -inf logits (non-finite costs) get zero weight
         w = torch.softmax(-(costs - best) / lam, dim=0)
-        new_plan = (w[:, None, None] * torch.where(finite[:, None, None], roll.actions, 0.0)).sum(0)
+        # sum_k w_k actions_k over the finite samples: one batched matrix-vector product per step
+        # of the time-major actions; a non-finite sample's actions may be NaN (0 * NaN is NaN),
+        # so they are zeroed first, when there are any (frac is exact: a mean of ones and zeros)
+        actions = roll.actions if frac == 1.0 else torch.where(finite[:, None, None], roll.actions, 0.0)
+        new_plan = torch.matmul(actions.permute(1, 2, 0), w)
         self.nominal = self._shift(new_plan)
         expected = (w * torch.where(finite, costs, 0.0)).sum()
         info = PlanInfo(float(best), float(expected), float((w * torch.where(finite, roll.variance, 0.0)).sum()), frac, 0.0,
-                        effective_samples=float(1.0 / w.pow(2).sum()), cost_spread=_finite_std(roll.costs / lam, finite),
-                        control_spread=_finite_std(control, finite))
+                        effective_samples=float(1.0 / w.pow(2).sum()), cost_spread=_finite_std(roll.costs / lam, finite, frac),
+                        control_spread=_finite_std(control, finite, frac))
         return new_plan[0], info
 
 

@@ -300,7 +300,8 @@ class DoubleIntegrator:
 class TrackingCost:
     """A quadratic walking cost of the next state and the action alone (what pytorch-mppi's
     ``running_cost(state, action)`` sees): torso height from 1.25 m, pitch from upright,
-    forward speed from ``speed``, and effort; it never terminates."""
+    forward speed from ``speed``, and effort; it never terminates (``None``: gpdyn's planner
+    then skips its termination bookkeeping, the peer has none)."""
 
     def __init__(self, speed: float = 1.0, effort: float = 1e-3) -> None:
         self.speed, self.effort = speed, effort
@@ -311,9 +312,8 @@ class TrackingCost:
                 + self.effort * (action * action).sum(-1))
 
     def __call__(self, state: torch.Tensor, action: torch.Tensor,
-                 next_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        c = self.step(next_state, action)
-        return c, torch.zeros(c.shape, dtype=torch.bool, device=c.device)
+                 next_state: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return self.step(next_state, action), None
 
 
 def import_peer(name: str) -> Any:
