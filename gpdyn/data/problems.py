@@ -191,7 +191,7 @@ class Problem:
         A dynamics model's usual target (PILCO, PETS): for ``walker-1`` the velocity change
         over the step instead of the next velocity. A GP's prior mean then says "the
         velocity persists" away from its data, where a GP on the next velocity reverts to
-        the training mean (measured in docs/studies/2026-11-walker-control-studies.md). Output statistics are recomputed.
+        the training mean. Output statistics are recomputed.
         """
         width = len(range(self.input_dim)[input_columns])
         if width != self.output_dim:

@@ -90,7 +90,7 @@ class WalkerRunConfig:
     planner: str = "mppi"
     cost: str = "reward"  # COSTS: the Walker2d reward, or tracking the nominal plant under the policy
     # cost="track": price of an action offset to the policy, (rad/s)^2 per unit^2 (NominalTrackingCost);
-    # without it the online model chased its own errors on the mild changes and fell (docs/studies/2026-11-walker-control-studies.md)
+    # without it the online model chased its own errors on the mild changes and fell
     track_offset_weight: float = 10.0
     steps: int = 100  # control steps per episode (Walker2d episodes end at 1000)
     episodes: int = 1  # consecutive episodes per controller and condition; the online model is kept across them
@@ -117,15 +117,15 @@ class WalkerRunConfig:
     window: int = 400  # ResidualGP: most recent transitions it conditions on
     # ResidualGP: factor on the median-trick lengthscales. Replayed on stored episodes, x3 had
     # the lowest one-step error of x1, x3, x10 and per-input choices: changed plant 2.04 (x1)
-    # -> 1.77, nominal 1.69 -> 1.59 (docs/studies/2026-11-walker-control-studies.md)
+    # -> 1.77, nominal 1.69 -> 1.59
     residual_lengthscale: float = 3.0
     residual_noise: float | None = None  # ResidualGP noise variance, normalised output units (None: RESIDUAL_NOISE)
     # ResidualGP: the residual's kernel, RESIDUAL_KERNELS: "se" over all inputs, or "linear" over the
-    # action alone, r(s, a) = b + W a (docs/studies/2026-11-walker-control-studies.md)
+    # action alone, r(s, a) = b + W a: how the plant answers the action, what a weakened motor changes
     residual_kernel: str = "se"
     residual_forget: float = 1.0  # linear kernel: weight forget**k on a sample k steps old (LinearKernelGP)
     # ResidualGP: use the residual on an output only while it predicts it better than the
-    # frozen model (ResidualGP.gated; docs/studies/2026-11-walker-control-studies.md)
+    # frozen model (ResidualGP.gated)
     residual_gate: bool = False
     # the gate's evidence: the residual's average improvement must exceed this many standard
     # errors (ResidualGP.gate_z; 0 = the plain comparison)

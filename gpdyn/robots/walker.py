@@ -161,7 +161,7 @@ class NominalTrackingCost:
     that has learned the change asks for the action that undoes it, e.g. more control on a
     weakened motor. The true controller tracks a copy of the simulator made before the
     change; the learned ones track the pretrained model, whose own errors cancel in the
-    difference only while the online model keeps them (docs/studies/2026-11-walker-control-studies.md). The
+    difference only while the online model keeps them. The
     offset price is a trust region: a model's error in how the plant answers an action
     (poorly identified from policy rollouts) otherwise buys large offsets for small
     predicted gains.
