@@ -1,0 +1,302 @@
+"""A hybrid planning model for the spline sampler: nominal MuJoCo physics plus a GP residual learned online.
+
+What the "learned model" is here: the sampler's planning model of the NOMINAL plant (a
+copy of its ``MjModel`` at the planning step, :class:`gpdyn.control.spline_sampling.SplineSampler`)
+plus a Gaussian-process residual on the joint-velocity change of each planning step,
+learned online from the controller's own executed transitions (residual physics:
+Zeng et al. 2020, "TossingBot"; Johannink et al. 2019, "Residual Reinforcement Learning
+for Robot Control"; with a GP residual as in Deisenroth & Rasmussen 2011's GP dynamics
+and Nguyen-Tuong & Peters 2010, "Using model knowledge for learning inverse dynamics").
+A pure 17-D GP of contact-rich walking does not rank 0.5 s plans
+(``scripts/sampler_learned_model.py``: sample-cost Spearman 0.03-0.17); the physics prior
+carries the contacts and the GP only the difference a plant change makes.
+
+One planning step from ``s = (qpos, qvel)`` under control ``u`` (held for ``stride``
+control steps):
+
+    (qpos', qvel') = mj_step_nominal(s, u)                    # the nominal planning model
+    r = GP(x),  x = [qpos[1:], qvel, u]                       # walker-1's input layout
+    qvel' += r,  qpos' += dt_plan * r                         # the velocity change enters the position by the same step
+
+Targets: an executed transition over ``stride`` control steps ``s_t -> s_{t+stride}``
+under the controls ``a_t .. a_{t+stride-1}`` gives ``x = [qpos_t[1:], qvel_t, mean(a)]`` and
+``r = qvel_{t+stride} - qvel_nominal(s_t, a_t .. a_{t+stride-1})``, where (``target="plant"``,
+the default) ``qvel_nominal`` is the NOMINAL PLANT simulated at its own resolution (RK4 at
+2 ms for Walker2d) under the executed controls: what the plant change did, and nothing
+else. ``target="planning"`` takes the nominal planning model's one coarse step under
+``mean(a)`` instead; its residual then also carries the coarse model's own error (implicit
+16 ms steps against RK4 2 ms), which through contacts is large (0.45 rad/s RMS per planning
+step on Walker2d) and, measured on held-out transitions, unpredictable from ``x``
+(nMSE 0.97-1.0): it drowns the plant change. The true-model planner plans with the same
+coarse model of the changed plant, so the plant-resolution target is the one that makes
+the hybrid model approach it. The residual GP is gpdyn's :class:`gpdyn.gp.residual.ResidualGP`
+with a zero prior (a sliding-window exact SE-ARD GP, rank-q Cholesky updates, or a
+linear-kernel GP), on inputs and targets scaled by the first ``warmup`` transitions'
+spread. Its predictions are batched over the ``K`` samples at each planning step.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import mujoco
+import numpy as np
+import torch
+from mujoco import rollout as mj_rollout
+
+from gpdyn.control.spline_sampling import INTEGRATORS, PathCost, SamplerConfig, SamplingController, SplineSampler
+from gpdyn.errors import InputError
+from gpdyn.gp import make_learner
+
+
+@dataclass
+class ResidualConfig:
+    """The residual GP of :class:`HybridForward` (a :class:`gpdyn.gp.residual.ResidualGP` with a zero prior)."""
+
+    kernel: str = "se"  # "se": exact SE-ARD GP; "linear": linear-kernel GP over all 23 inputs (Bayesian linear regression)
+    window: int = 300  # most recent transitions it conditions on
+    warmup: int = 30  # transitions that fix the input/target scales and median lengthscales before it predicts
+    amplitude: float = 1.0  # SE prior standard deviation**2 (scaled targets)
+    noise: float = 0.05  # noise variance (scaled targets)
+    lengthscale_factor: float = 1.0  # times the median-trick lengthscales
+    refit_every: int = 100  # SE: observed transitions between refits of the hyperparameters
+    refit_iters: int = 0  # SE: Adam steps per refit (0: never)
+    forget: float = 1.0  # linear: forgetting factor per transition
+    linear_inputs: str = "all"  # linear: over "all" 23 inputs or the "action" alone (r = b + W u over the window)
+    target: str = "plant"  # "plant": residual against the nominal plant simulated at its own step; "planning": against the planning model
+
+    def validate(self) -> None:
+        """Raise InputError naming the first impossible option."""
+        checks = (("kernel", self.kernel in ("se", "linear")), ("target", self.target in ("plant", "planning")),
+                  ("linear_inputs", self.linear_inputs in ("all", "action")), ("window", self.window >= 4),
+                  ("warmup", 2 <= self.warmup <= self.window), ("amplitude", np.isfinite(self.amplitude) and self.amplitude > 0),
+                  ("noise", np.isfinite(self.noise) and self.noise > 0),
+                  ("lengthscale_factor", np.isfinite(self.lengthscale_factor) and self.lengthscale_factor > 0),
+                  ("refit_every", self.refit_every >= 1), ("refit_iters", self.refit_iters >= 0),
+                  ("forget", 0 < self.forget <= 1))
+        for name, ok in checks:
+            if not ok:
+                raise InputError(f"residual model: option {name}={getattr(self, name)!r} is out of range")
+
+
+class HybridForward:
+    """Nominal planning model + online GP velocity residual (module docs), a ``Forward`` for
+    ``SplineSampler(forward=...)``: ``(qpos [nq], qvel [nv], controls [K, H, nu]) -> (qpos [K, H, nq], qvel [K, H, nv])``.
+
+    ``model``: the nominal plant's ``MjModel`` (copied; the copy gets the planning time step
+    ``control_dt * stride`` and ``integrator``, as the sampler's own planning model).
+    Until ``warmup`` transitions are observed (and always, if none are) the residual is zero
+    and a rollout is the sampler's MuJoCo rollout itself.
+    """
+
+    def __init__(self, model: mujoco.MjModel, control_dt: float, stride: int = 2, integrator: str = "implicitfast",
+                 config: ResidualConfig | None = None, seed: int = 0) -> None:
+        self.config = config or ResidualConfig()
+        self.config.validate()
+        if integrator not in INTEGRATORS:
+            raise InputError(f"hybrid model: integrator {integrator!r} is not one of {', '.join(INTEGRATORS)}")
+        if not (control_dt > 0 and stride >= 1):
+            raise InputError(f"hybrid model: need control_dt > 0 and stride >= 1, got {control_dt}, {stride}")
+        if model.nq != model.nv:
+            raise InputError(f"hybrid model: needs nq == nv (hinge and slide joints), got {model.nq}, {model.nv}")
+        self.plant_model = copy.deepcopy(model)  # the nominal plant at its own resolution: the residual's reference
+        self.plant_data = mujoco.MjData(self.plant_model)
+        self.frame_skip = int(round(control_dt / model.opt.timestep))
+        if self.frame_skip < 1 or abs(self.frame_skip * model.opt.timestep - control_dt) > 1e-9:
+            raise InputError(f"hybrid model: control_dt {control_dt} is not a multiple of the model's timestep {model.opt.timestep}")
+        self.model = copy.deepcopy(model)
+        self.model.opt.timestep = control_dt * stride
+        self.model.opt.integrator = INTEGRATORS[integrator]
+        self.data = mujoco.MjData(self.model)
+        self.dt, self.stride, self.seed = float(self.model.opt.timestep), int(stride), int(seed)
+        self.nq, self.nv, self.nu = model.nq, model.nv, model.nu
+        self.nstate = mujoco.mj_stateSize(self.model, mujoco.mjtState.mjSTATE_FULLPHYSICS)
+        self._q = slice(1, 1 + self.nq)
+        self._v = slice(1 + self.nq, 1 + self.nq + self.nv)
+        self.learner: Any = None
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
+        self.observed = 0
+        self.x_mean = self.x_scale = self.r_scale = None
+
+    # ----------------------------------------------------------------- the model
+    def _init_states(self, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
+        state = np.zeros((qpos.shape[0], self.nstate))
+        state[:, self._q], state[:, self._v] = qpos, qvel
+        return state
+
+    def nominal_step(self, qpos: np.ndarray, qvel: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One nominal planning step of ``K`` states ``qpos, qvel [K, n]`` under ``u [K, nu]``."""
+        out, _ = mj_rollout.rollout(self.model, self.data, self._init_states(qpos, qvel), u[:, None, :])
+        return out[:, 0, self._q], out[:, 0, self._v]
+
+    def features(self, qpos: np.ndarray, qvel: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """The residual's input ``[qpos[1:], qvel, u]`` (walker-1's layout; x position does not matter)."""
+        return np.concatenate([qpos[..., 1:], qvel, u], axis=-1)
+
+    @property
+    def active(self) -> bool:
+        """Whether the residual is built (``warmup`` transitions observed)."""
+        return self.learner is not None
+
+    def residual(self, qpos: np.ndarray, qvel: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """The residual's mean velocity change ``[K, nv]`` (zeros before warm-up), one batched prediction."""
+        if self.learner is None:
+            return np.zeros(qvel.shape)
+        x = torch.as_tensor((self.features(qpos, qvel, u) - self.x_mean) / self.x_scale)
+        with torch.no_grad():
+            r = self.learner.predict_mean(x).numpy()
+        return r * self.r_scale
+
+    def __call__(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        k, h, _ = controls.shape
+        init = self._init_states(np.broadcast_to(qpos, (k, self.nq)), np.broadcast_to(qvel, (k, self.nv)))
+        if self.learner is None:  # zero residual: the nominal model's one rollout call
+            states, _ = mj_rollout.rollout(self.model, self.data, init, controls)
+            return states[..., self._q], states[..., self._v]
+        paths = np.empty((k, h, self.nstate))
+        state = init
+        for t in range(h):
+            nxt, _ = mj_rollout.rollout(self.model, self.data, state, controls[:, t : t + 1])
+            nxt = nxt[:, 0]
+            r = self.residual(state[:, self._q], state[:, self._v], controls[:, t])
+            nxt[:, self._v] += r
+            nxt[:, self._q] += self.dt * r
+            paths[:, t] = state = nxt
+        return paths[..., self._q], paths[..., self._v]
+
+    # ----------------------------------------------------------------- learning
+    def nominal_plant(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray) -> np.ndarray:
+        """``qvel [K, nv]`` of the nominal plant at its own time step after the control steps ``controls [K, stride, nu]``."""
+        per_substep = np.repeat(controls, self.frame_skip, axis=1)
+        init = np.zeros((qpos.shape[0], self.nstate))
+        init[:, self._q], init[:, self._v] = qpos, qvel
+        out, _ = mj_rollout.rollout(self.plant_model, self.plant_data, init, per_substep)
+        return out[:, -1, self._v]
+
+    def target(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, next_qvel: np.ndarray) -> np.ndarray:
+        """The residual targets ``[K, nv]`` of transitions ``(qpos, qvel) [K, n]`` under ``controls [K, stride, nu]``
+        to ``next_qvel [K, nv]``: observed minus nominal (``config.target``: the nominal plant or planning model)."""
+        if self.config.target == "plant":
+            return next_qvel - self.nominal_plant(qpos, qvel, controls)
+        return next_qvel - self.nominal_step(qpos, qvel, controls.mean(1))[1]
+
+    def observe(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, next_qvel: np.ndarray) -> None:
+        """One executed transition over a planning step: ``(qpos, qvel)`` under the control steps
+        ``controls [stride, nu]`` to ``next_qvel``; the GP's input takes their mean as the planning step's control."""
+        qpos, qvel, next_qvel = (np.asarray(a, dtype=float).reshape(1, -1) for a in (qpos, qvel, next_qvel))
+        controls = np.asarray(controls, dtype=float)
+        if (qpos.shape[1] != self.nq or qvel.shape[1] != self.nv or controls.shape != (self.stride, self.nu)
+                or next_qvel.shape[1] != self.nv):
+            raise InputError(f"hybrid model: observe got widths {qpos.shape[1]}, {qvel.shape[1]}, controls "
+                             f"{controls.shape}, {next_qvel.shape[1]}, expected {self.nq}, {self.nv}, "
+                             f"({self.stride}, {self.nu}), {self.nv}")
+        if not all(np.isfinite(a).all() for a in (qpos, qvel, controls, next_qvel)):
+            raise InputError("hybrid model: observe got a non-finite state or control")
+        u = controls.mean(0, keepdims=True)
+        x, r = self.features(qpos, qvel, u)[0], self.target(qpos, qvel, controls[None], next_qvel)[0]
+        self.observed += 1
+        if self.learner is None:
+            self._pending.append((x, r))
+            if len(self._pending) >= self.config.warmup:
+                self._build()
+            return
+        self._observe_scaled(x[None], r[None])
+
+    def _observe_scaled(self, x: np.ndarray, r: np.ndarray) -> None:
+        xs = torch.as_tensor((x - self.x_mean) / self.x_scale)
+        rs = torch.as_tensor(r / self.r_scale)
+        self.learner.observe(xs, rs)
+        self.learner.step(xs, rs)
+
+    def _build(self) -> None:
+        """The residual GP, its scales fixed by the warm-up transitions, conditioned on them."""
+        cfg = self.config
+        x = np.stack([p[0] for p in self._pending])
+        r = np.stack([p[1] for p in self._pending])
+        self.x_mean, self.x_scale = x.mean(0), x.std(0) + 1e-3
+        self.r_scale = r.std(0) + 1e-3
+        d, p = x.shape[1], r.shape[1]
+        if cfg.kernel == "se":
+            self.learner = make_learner(
+                "residual", d, p, prior=None, reference_x=torch.as_tensor((x - self.x_mean) / self.x_scale),
+                window=cfg.window, amplitude=cfg.amplitude, noise=cfg.noise, lengthscale_factor=cfg.lengthscale_factor,
+                refit_every=cfg.refit_every, refit_iters=cfg.refit_iters, dtype=torch.float64, seed=self.seed)
+        else:
+            self.learner = make_learner("residual", d, p, prior=None, kernel="linear",
+                                        linear_inputs=list(range(d) if cfg.linear_inputs == "all" else range(d - self.nu, d)),
+                                        window=cfg.window, noise=cfg.noise, forget=cfg.forget, dtype=torch.float64,
+                                        seed=self.seed)
+        self._observe_scaled(x, r)
+        self._pending = []
+
+    def snapshot(self) -> HybridForward:
+        """A frozen copy (the learner's state as now; the MuJoCo model shared)."""
+        other = copy.copy(self)
+        other.learner = copy.deepcopy(self.learner)
+        other._pending = list(self._pending)
+        return other
+
+
+class HybridSamplingController(SamplingController):
+    """The spline sampler planning through a :class:`HybridForward` of the NOMINAL plant.
+
+    ``nominal``: the nominal plant's ``MjModel`` (the plant the controller acts on may have
+    changed). ``learn``: observe every executed transition into the residual (``"online"``)
+    or never (``"frozen"``: the nominal model). ``explore_std``: Gaussian noise added to the
+    executed action while learning (actions the sampler alone would not try). The residual
+    model lives across episodes; ``act`` + ``observe`` CPU time is the control step's.
+    """
+
+    def __init__(self, cost: PathCost, control_dt: float, nominal: mujoco.MjModel, config: SamplerConfig | None = None,
+                 residual: ResidualConfig | None = None, learn: bool = True, explore_std: float = 0.0, seed: int = 0,
+                 name: str | None = None) -> None:
+        super().__init__(cost, control_dt, config, seed, name or ("online-hybrid" if learn else "frozen-hybrid"))
+        if not (np.isfinite(explore_std) and explore_std >= 0):
+            raise InputError(f"hybrid controller: explore_std must be finite and >= 0, got {explore_std}")
+        self.nominal, self.learn, self.explore_std = nominal, bool(learn), float(explore_std)
+        self.forward = HybridForward(nominal, control_dt, self.config.stride, self.config.integrator, residual, seed)
+        self.rng = np.random.default_rng(seed + 7919)
+        self._history: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def reset(self, env: Any) -> None:
+        self.data = env.unwrapped.data
+        low, high = self.nominal.actuator_ctrlrange[:, 0], self.nominal.actuator_ctrlrange[:, 1]
+        self.low, self.high = low, high
+        self.sampler = SplineSampler(self.nominal, self.cost, self.control_dt, low, high, self.config,
+                                     seed=self.seed + self._episodes, forward=self.forward)
+        self._episodes += 1
+        self._cpu = []
+        self._history = []
+
+    def act(self, obs: np.ndarray, info: Any) -> tuple[np.ndarray, dict[str, Any]]:
+        start = time.process_time()
+        action, record = super().act(obs, info)
+        if self.learn and self.explore_std > 0:
+            action = np.clip(action + self.explore_std * self.rng.standard_normal(action.shape), self.low, self.high)
+        self._history.append((self.data.qpos.copy(), self.data.qvel.copy(), np.asarray(action, dtype=float)))
+        self._cpu[-1] = time.process_time() - start
+        return action, record
+
+    def observe(self, obs: np.ndarray, action: np.ndarray, next_obs: np.ndarray, info: Any) -> dict[str, Any]:
+        if not self.learn or len(self._history) < self.stride_steps:
+            return {}
+        start = time.process_time()
+        qpos, qvel, _ = self._history[-self.stride_steps]
+        controls = np.stack([h[2] for h in self._history[-self.stride_steps:]])
+        self.forward.observe(qpos, qvel, controls, self.data.qvel.copy())
+        del self._history[: -self.stride_steps]  # older entries are no longer needed
+        self._cpu[-1] += time.process_time() - start
+        return {}
+
+    @property
+    def stride_steps(self) -> int:
+        return self.config.stride
+
+    def summary(self) -> dict[str, Any]:
+        return {**super().summary(), "residual_points": float(self.forward.observed), "residual_active": self.forward.active}
+
+
+__all__ = ["HybridForward", "HybridSamplingController", "ResidualConfig"]

@@ -1,0 +1,290 @@
+"""Walker2d walking by predictive sampling on a learned (hybrid) model, after a plant change (``scripts/walk_learned_model.py``).
+
+For each plant change (``gpdyn.robots.walker.PLANT_CHANGES``, e.g. the right hip motor at
+30 %) and each seed, one episode of Walker2d-v5 on the CHANGED plant under three
+spline-sampling controllers (:mod:`gpdyn.control.spline_sampling`, :class:`gpdyn.robots.walker.WalkingCost`):
+
+- ``true``: the changed plant's own ``MjModel`` as the planning model (the reference);
+- ``frozen``: :class:`gpdyn.control.hybrid_model.HybridForward` with its residual never
+  updated, i.e. the NOMINAL plant's planning model;
+- ``online``: the same hybrid model, its GP velocity residual learned online from every
+  executed transition (with exploration noise ``explore_std`` on the executed action).
+
+The "learned model" is nominal MuJoCo physics plus a learned GP residual, not a pure GP
+model (a pure GP of walking does not rank plans: ``scripts/sampler_learned_model.py``).
+
+Reported: return, steps walked, falls, mean forward speed and CPU ms per control step
+(act + observe, ``time.process_time``, one torch thread), per controller and seed; per
+change the recovery fraction ``(online - frozen) / (true - frozen)`` of mean returns.
+Diagnostics on the online controller's own states, every ``eval_every`` steps: the
+Spearman rank correlation of the sampler's ``K`` sample costs under the nominal and the
+current hybrid model against the changed plant's planning model; and the open-loop error
+over ``eval_horizon`` planning steps of the executed actions, of the nominal model and of
+the hybrid model as it was at the checkpoint (a snapshot: the transitions it is scored
+on come after it).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.stats import spearmanr
+from tqdm import tqdm
+
+from gpdyn.control.hybrid_model import HybridForward, HybridSamplingController, ResidualConfig
+from gpdyn.control.loop import run_episode
+from gpdyn.control.spline_sampling import SamplerConfig, SamplingController, SplineSampler
+from gpdyn.errors import InputError
+from gpdyn.robots.walker import DT, WalkingCost, apply_plant_change, make_env, plant_change_factor, state_rows
+from gpdyn.runs import RunDir
+
+CONTROLLERS = ("true", "frozen", "online")
+NOMINAL = "none"  # the plant unchanged
+
+
+@dataclass
+class WalkLearnedConfig:
+    """What :func:`run` runs (see the module docs)."""
+
+    seeds: list[int] = field(default_factory=lambda: [200, 201, 202, 203, 204, 205, 206, 207])
+    steps: int = 1000
+    changes: list[str] = field(default_factory=lambda: ["weak_motor"])
+    factors: dict[str, float] = field(default_factory=lambda: {"weak_motor": 0.3})  # else the change's default
+    controllers: list[str] = field(default_factory=lambda: list(CONTROLLERS))
+    explore_std: float = 0.05
+    eval_every: int = 100  # steps between diagnostics of the online model (0: none)
+    eval_horizon: int = 16  # planning steps of the open-loop error
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    residual: ResidualConfig = field(default_factory=ResidualConfig)
+
+    def validate(self) -> None:
+        """Raise InputError naming the first impossible option."""
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise InputError(f"walk_learned_model: need distinct seeds, got {self.seeds}")
+        if self.steps < 1:
+            raise InputError(f"walk_learned_model: steps must be >= 1, got {self.steps}")
+        if not self.changes:
+            raise InputError("walk_learned_model: need at least one plant change")
+        for change in self.changes:
+            if change != NOMINAL:
+                plant_change_factor(change, self.factors.get(change))
+        unknown = [c for c in self.controllers if c not in CONTROLLERS]
+        if unknown or not self.controllers:
+            raise InputError(f"walk_learned_model: controllers must be among {', '.join(CONTROLLERS)}, got {self.controllers}")
+        if not (np.isfinite(self.explore_std) and self.explore_std >= 0):
+            raise InputError(f"walk_learned_model: explore_std must be finite and >= 0, got {self.explore_std}")
+        if self.eval_every < 0 or self.eval_horizon < 1:
+            raise InputError(f"walk_learned_model: eval_every >= 0 and eval_horizon >= 1, got {self.eval_every}, "
+                             f"{self.eval_horizon}")
+        self.sampler.validate()
+        self.residual.validate()
+
+
+def plant(change: str, factor: float | None) -> tuple[Any, str]:
+    """A Walker2d env whose model has the named change (``"none"``: nominal) and its description."""
+    env = make_env()
+    if change == NOMINAL:
+        return env, "nominal"
+    return env, apply_plant_change(env.unwrapped.model, change, factor)
+
+
+def nominal_model() -> Any:
+    """A copy of the nominal plant's ``MjModel``."""
+    env = make_env()
+    model = copy.deepcopy(env.unwrapped.model)
+    env.close()
+    return model
+
+
+class Diagnostics:
+    """The online model's ranking and open-loop checks at every ``every``-th step (module docs).
+
+    ``before_step`` of :func:`gpdyn.control.loop.run_episode`: at a checkpoint it scores
+    ``K`` spline samples drawn as the sampler draws them (its nominal knots plus noise)
+    through the changed plant's planning model, the nominal model and the current hybrid
+    model, and keeps a snapshot of the hybrid model and the state for :meth:`open_loop`.
+    """
+
+    def __init__(self, controller: HybridSamplingController, changed: Any, cost: WalkingCost, every: int, seed: int) -> None:
+        self.controller, self.cost, self.every = controller, cost, every
+        cfg = controller.config
+        self.truth = SplineSampler(changed, cost, DT, changed.actuator_ctrlrange[:, 0], changed.actuator_ctrlrange[:, 1], cfg)
+        self.nominal = HybridForward(controller.nominal, DT, cfg.stride, cfg.integrator, controller.forward.config)
+        self.rng = np.random.default_rng(seed + 104729)
+        self.rank: list[dict[str, float]] = []
+        self.snapshots: list[tuple[int, HybridForward]] = []
+
+    def __call__(self, t: int, env: Any) -> None:
+        if not self.every or t % self.every or not self.controller.forward.active:
+            return None
+        data, sampler, cfg = env.unwrapped.data, self.controller.sampler, self.controller.config
+        qpos, qvel = data.qpos.copy(), data.qvel.copy()
+        knots = sampler.nominal + cfg.noise_std * self.rng.standard_normal((cfg.samples, cfg.knots, sampler.model.nu))
+        controls = np.einsum("hn,knu->khu", sampler.spline, np.clip(knots, sampler.low, sampler.high))
+        costs = {name: self.cost(*model(qpos, qvel, controls), controls) for name, model in
+                 (("true", self.truth.rollout), ("nominal", self.nominal), ("online", self.controller.forward))}
+        self.rank.append({"t": t, **{f"spearman_{k}": float(spearmanr(costs["true"], costs[k]).statistic)
+                                     for k in ("nominal", "online")}})
+        self.snapshots.append((t, self.controller.forward.snapshot()))
+        return None
+
+    def open_loop(self, rows: dict[str, np.ndarray], horizon: int) -> list[dict[str, float]]:
+        """Per snapshot: open-loop errors over ``horizon`` planning steps of the executed actions, nominal vs snapshot.
+
+        ``qvel_rmse``: RMS over the path's joint velocities (rad/s, m/s); ``one_step_qvel_rmse``: its
+        first planning step alone; ``torso_end_err``: |error| of torso height (m) + pitch (rad) at the end.
+        """
+        stride = self.controller.config.stride
+        qpos, qvel, actions = rows["qpos"], rows["qvel"], rows["action"]
+        next_qpos, next_qvel = rows["next_qpos"], rows["next_qvel"]
+        out = []
+        for t, snap in self.snapshots:
+            if t + stride * horizon > len(actions):
+                continue
+            u = actions[t : t + stride * horizon].reshape(horizon, stride, -1).mean(1)[None]
+            idx = t + stride * np.arange(1, horizon + 1) - 1  # rows after each planning step
+            true_q, true_v = next_qpos[idx], next_qvel[idx]
+            record: dict[str, float] = {"t": t}
+            for name, model in (("nominal", self.nominal), ("online", snap)):
+                pq, pv = model(qpos[t], qvel[t], u)
+                record[f"qvel_rmse_{name}"] = float(np.sqrt(((pv[0] - true_v) ** 2).mean()))
+                record[f"one_step_qvel_rmse_{name}"] = float(np.sqrt(((pv[0, 0] - true_v[0]) ** 2).mean()))
+                record[f"torso_end_err_{name}"] = float(np.abs(pq[0, -1, 1:3] - true_q[-1, 1:3]).sum())
+            out.append(record)
+        return out
+
+
+def episode(controller_name: str, change: str, seed: int, config: WalkLearnedConfig, cost: WalkingCost,
+            nominal: Any, progress: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One episode on the changed plant under the named controller: its record and (online) its diagnostics."""
+    factor = config.factors.get(change)
+    env, description = plant(change, factor)
+    if controller_name == "true":
+        controller: SamplingController = SamplingController(cost, DT, config.sampler, seed=seed, name="true")
+    else:
+        online = controller_name == "online"
+        controller = HybridSamplingController(cost, DT, nominal, config.sampler, config.residual, learn=online,
+                                              explore_std=config.explore_std if online else 0.0, seed=seed,
+                                              name=controller_name)
+    diag = (Diagnostics(controller, env.unwrapped.model, cost, config.eval_every, seed)
+            if controller_name == "online" and config.eval_every else None)
+    ep = run_episode(env, controller, steps=config.steps, reset_seed=seed, before_step=diag, rows=state_rows,
+                     next_rows=("qpos", "qvel"), tags={"change": change, "controller": controller_name, "seed": seed},
+                     progress=progress)
+    env.close()
+    rows, length = ep.rows, ep.record["length"]
+    x0, x1 = rows["qpos"][0, 0], rows["next_qpos"][-1, 0]
+    record = {**ep.record, "change": change, "plant": description, "fell": bool(rows["terminated"][-1, 0]),
+              "distance_m": float(x1 - x0), "speed_m_s": float((x1 - x0) / (length * DT)),
+              "cpu_ms_per_step": ep.record["plan_cpu_ms_mean"]}
+    diagnostics: list[dict[str, Any]] = []
+    if diag is not None:
+        loops = {r["t"]: r for r in diag.open_loop(rows, config.eval_horizon)}
+        diagnostics = [{**r, **loops.get(r["t"], {})} for r in diag.rank]
+        for key in ("spearman_nominal", "spearman_online", "qvel_rmse_nominal", "qvel_rmse_online",
+                    "one_step_qvel_rmse_nominal", "one_step_qvel_rmse_online", "torso_end_err_nominal", "torso_end_err_online"):
+            values = [d[key] for d in diagnostics if key in d and np.isfinite(d[key])]
+            record[key] = float(np.mean(values)) if values else float("nan")
+    return record, diagnostics
+
+
+def _mean(rows: list[dict[str, Any]], key: str) -> float:
+    values = [r[key] for r in rows if key in r and np.isfinite(r[key])]
+    return float(np.mean(values)) if values else float("nan")
+
+
+def summary(records: list[dict[str, Any]], steps: int) -> list[dict[str, Any]]:
+    """Per change and controller: means over seeds, falls, and per change the recovery fraction."""
+    out = []
+    for change in dict.fromkeys(r["change"] for r in records):
+        by = {c: [r for r in records if r["change"] == change and r["controller"] == c] for c in CONTROLLERS}
+        means = {c: _mean(rows, "return") for c, rows in by.items()}
+        lost = means["true"] - means["frozen"]
+        recovery = (means["online"] - means["frozen"]) / lost if np.isfinite(lost) and abs(lost) > 1e-9 else float("nan")
+        for c, rows in by.items():
+            if not rows:
+                continue
+            out.append({"change": change, "plant": rows[0]["plant"], "controller": c, "seeds": len(rows),
+                        "return": means[c], "return_std": float(np.std([r["return"] for r in rows])),
+                        "steps": _mean(rows, "length"), "falls": sum(r["fell"] for r in rows),
+                        "walked_all": sum(r["length"] == steps and not r["fell"] for r in rows),
+                        "speed_m_s": _mean(rows, "speed_m_s"), "cpu_ms_per_step": _mean(rows, "cpu_ms_per_step"),
+                        "recovery": recovery if c == "online" else float("nan"),
+                        **{k: _mean(rows, k) for k in ("spearman_nominal", "spearman_online", "qvel_rmse_nominal",
+                                                       "qvel_rmse_online", "one_step_qvel_rmse_nominal",
+                                                       "one_step_qvel_rmse_online", "torso_end_err_nominal",
+                                                       "torso_end_err_online") if c == "online"}})
+    return out
+
+
+def _f(value: float, fmt: str = ".2f") -> str:
+    return "-" if not np.isfinite(value) else format(value, fmt)
+
+
+def tables(rows: list[dict[str, Any]], records: list[dict[str, Any]], steps: int) -> str:
+    """The report's markdown: the summary table, the diagnostics table, the per-seed table."""
+    lines = [f"| plant | controller | seeds | return (mean ± std) | steps (mean) | falls | walked {steps} | speed (m/s) "
+             "| CPU ms / step | recovery |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['plant']} | {r['controller']} | {r['seeds']} | {r['return']:.0f} ± {r['return_std']:.0f} "
+                     f"| {r['steps']:.0f} | {r['falls']} | {r['walked_all']} | {_f(r['speed_m_s'])} "
+                     f"| {_f(r['cpu_ms_per_step'], '.1f')} | {_f(r['recovery'])} |")
+    lines += ["", "Model checks on the online controller's own states (mean over checkpoints and seeds; "
+              "nominal = the frozen model, online = the hybrid model at the checkpoint):", "",
+              "| plant | Spearman nominal | Spearman online | 1-step qvel RMSE nominal | online "
+              "| open-loop qvel RMSE nominal | online | torso end error nominal | online |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["controller"] != "online":
+            continue
+        lines.append(f"| {r['plant']} | {_f(r['spearman_nominal'])} | {_f(r['spearman_online'])} "
+                     f"| {_f(r['one_step_qvel_rmse_nominal'], '.3f')} | {_f(r['one_step_qvel_rmse_online'], '.3f')} "
+                     f"| {_f(r['qvel_rmse_nominal'], '.3f')} | {_f(r['qvel_rmse_online'], '.3f')} "
+                     f"| {_f(r['torso_end_err_nominal'], '.3f')} | {_f(r['torso_end_err_online'], '.3f')} |")
+    lines += ["", "Per seed:", "", "| plant | controller | seed | steps | fell | return | speed (m/s) | CPU ms / step |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        lines.append(f"| {r['plant']} | {r['controller']} | {r['seed']} | {r['length']} | {'yes' if r['fell'] else 'no'} "
+                     f"| {r['return']:.0f} | {r['speed_m_s']:.2f} | {r['cpu_ms_per_step']:.1f} |")
+    return "\n".join(lines)
+
+
+def run(config: WalkLearnedConfig | None = None, cost: WalkingCost | None = None, out: str | Path | None = None,
+        progress: bool = True) -> RunDir:
+    """Every change x seed x controller into a run folder (``metrics.jsonl``: one ``episode`` record per
+    episode, one ``diagnostic`` record per checkpoint, one ``summary`` record per change and controller; ``report.md``)."""
+    config, cost = config or WalkLearnedConfig(), cost or WalkingCost()
+    config.validate()
+    run_dir = RunDir.create("walk-learned-model", {**asdict(config), "cost": asdict(cost)}, out=out)
+    print(f"walk_learned_model: run folder {run_dir.path}", flush=True)
+    nominal = nominal_model()
+    jobs = [(change, seed, c) for change in config.changes for seed in config.seeds for c in config.controllers]
+    records = []
+    for change, seed, c in tqdm(jobs, desc="episodes", disable=not progress):
+        record, diagnostics = episode(c, change, seed, config, cost, nominal, progress=progress)
+        for d in diagnostics:
+            run_dir.log(kind="diagnostic", change=change, controller=c, seed=seed, **d)
+        run_dir.log(**{k: v for k, v in record.items() if k != "kind"}, kind="episode")
+        records.append(record)
+        tqdm.write(f"{change} {c} seed {seed}: {record['length']} steps, return {record['return']:.0f}, "
+                   f"{record['speed_m_s']:.2f} m/s, {record['cpu_ms_per_step']:.1f} CPU ms/step")
+    rows = summary(records, config.steps)
+    for r in rows:
+        run_dir.log(kind="summary", **r)
+    text = (f"# Walker2d, predictive sampling on a learned (hybrid) model after a plant change\n\n"
+            "The learned model is the NOMINAL plant's MuJoCo planning model plus a GP residual on the joint-velocity "
+            "change per planning step, learned online from the controller's own transitions "
+            "(gpdyn/control/hybrid_model.py). true: the changed plant's own model; frozen: the nominal model (residual "
+            "never updated); online: residual learned while walking. recovery = (online - frozen) / (true - frozen) of "
+            f"the mean returns.\n\n{tables(rows, records, config.steps)}\n\nConfig: {asdict(config)}; cost: {asdict(cost)}.\n")
+    (run_dir.path / "report.md").write_text(text)
+    print(tables(rows, records, config.steps))
+    return run_dir
+
+
+__all__ = ["CONTROLLERS", "NOMINAL", "Diagnostics", "WalkLearnedConfig", "episode", "nominal_model", "plant", "run",
+           "summary", "tables"]
