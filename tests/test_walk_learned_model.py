@@ -1,0 +1,98 @@
+"""The hybrid planning model (nominal MuJoCo + online GP residual) and the walk_learned_model experiment."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gpdyn.control.hybrid_model import HybridForward, ResidualConfig
+from gpdyn.control.spline_sampling import SamplerConfig, SplineSampler
+from gpdyn.errors import InputError
+from gpdyn.experiments.walk_learned_model import WalkLearnedConfig, episode, nominal_model, plant
+from gpdyn.robots.walker import DT, WalkingCost
+
+torch.set_num_threads(1)
+
+
+def _transitions(change: str, factor: float | None, steps: int, seed: int) -> list[tuple[np.ndarray, ...]]:
+    """``(qpos, qvel, controls [2, 6], next_qvel)`` of planning steps of the (changed) plant under smooth random actions."""
+    env, _ = plant(change, factor)
+    env.reset(seed=seed)
+    data, rng = env.unwrapped.data, np.random.default_rng(seed)
+    base = 0.3 * rng.standard_normal(6)
+    out = []
+    for _ in range(steps):
+        q, v = data.qpos.copy(), data.qvel.copy()
+        controls = np.clip(base + 0.5 * rng.standard_normal((2, 6)), -1, 1)
+        for a in controls:
+            env.step(a)
+        out.append((q, v, controls, data.qvel.copy()))
+        base = 0.9 * base + 0.1 * rng.standard_normal(6)
+    env.close()
+    return out
+
+
+def test_zero_residual_is_the_planning_model() -> None:
+    model = nominal_model()
+    cfg = SamplerConfig()
+    sampler = SplineSampler(model, WalkingCost(), DT, -1.0, 1.0, cfg)
+    forward = HybridForward(model, DT, cfg.stride, cfg.integrator)
+    env, _ = plant("none", None)
+    env.reset(seed=3)
+    q, v = env.unwrapped.data.qpos.copy(), env.unwrapped.data.qvel.copy()
+    controls = np.random.default_rng(0).uniform(-1, 1, (5, cfg.horizon, 6))
+    expected = sampler.rollout(q, v, controls)
+    for got, want in zip(forward(q, v, controls), expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+    # a built residual GP fitted to zero residuals (the nominal plant): its stepwise rollout is the same paths
+    zero = HybridForward(model, DT, cfg.stride, cfg.integrator, ResidualConfig(warmup=4))
+    for q0, v0, u, nv in _transitions("none", None, 6, seed=1):
+        zero.observe(q0, v0, u, nv)
+    assert zero.active
+    for got, want in zip(zero(q, v, controls), expected, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-9)
+    env.close()
+
+
+def test_residual_target_is_zero_on_the_nominal_plant_and_not_on_a_changed_one() -> None:
+    forward = HybridForward(nominal_model(), DT)
+    for change, factor, zero in (("none", None, True), ("weak_motor", 0.1, False)):
+        q, v, u, nv = (np.stack(a) for a in zip(*_transitions(change, factor, 10, seed=2), strict=True))
+        r = forward.target(q, v, u, nv)
+        assert (np.abs(r).max() < 1e-9) == zero, (change, np.abs(r).max())
+
+
+def test_online_residual_reduces_held_out_error_on_a_changed_plant() -> None:
+    data = _transitions("weak_motor", 0.1, 100, seed=4)
+    train, test = data[:80], data[80:]  # held out: the 20 planning steps after the ones it learned from
+    forward = HybridForward(nominal_model(), DT, config=ResidualConfig(warmup=20))  # the default: linear in the action
+    for q, v, u, nv in train:
+        forward.observe(q, v, u, nv)
+    q, v, u, nv = (np.stack(a) for a in zip(*test, strict=True))
+    r = forward.target(q, v, u, nv)
+    pred = forward.residual(q, v, u.mean(1))
+    assert ((r - pred) ** 2).sum() < 0.5 * (r**2).sum()  # the frozen (zero) residual's error is (r**2).sum()
+
+
+def test_short_online_run_learns_and_reports() -> None:
+    config = WalkLearnedConfig(seeds=[0], steps=60, eval_every=30, eval_horizon=8,
+                               residual=ResidualConfig(warmup=20))
+    record, diagnostics = episode("online", "weak_motor", 0, config, WalkingCost(), nominal_model())
+    assert record["length"] >= 30 and record["residual_points"] >= 20 and record["residual_active"]
+    assert record["cpu_ms_per_step"] > 0 and np.isfinite(record["return"])
+    assert diagnostics and all(-1 <= d["spearman_online"] <= 1 for d in diagnostics)
+
+
+@pytest.mark.parametrize("bad", [{"seeds": []}, {"steps": 0}, {"changes": ["gravity"]}, {"controllers": ["oracle"]},
+                                 {"explore_std": -1.0}, {"factors": {"weak_motor": 0.0}}])
+def test_bad_config_is_an_input_error(bad: dict) -> None:
+    with pytest.raises(InputError):
+        WalkLearnedConfig(**bad).validate()
+
+
+def test_bad_residual_config_is_an_input_error() -> None:
+    with pytest.raises(InputError, match="kernel"):
+        ResidualConfig(kernel="rbf").validate()
+    with pytest.raises(InputError, match="warmup"):
+        ResidualConfig(warmup=1).validate()
