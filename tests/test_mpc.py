@@ -355,3 +355,99 @@ def test_the_proposal_is_evaluated_only_on_the_samples_that_follow_it() -> None:
     cfg = MPCConfig(horizon=5, samples=40, proposal_fraction=0.25)
     MPPI(linear, cost, [-1.0], [1.0], cfg, proposal=pd, seed=1).plan(torch.zeros(2, dtype=torch.float64))
     assert rows == [1] * 5 + [10] * 5  # the initial nominal (one row per step), then 10 of 40 samples per step
+
+
+def _reference_rollout(planner, state: torch.Tensor, mean: torch.Tensor, noise: torch.Tensor,
+                       n_prop: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rollout written as the plain per-step loop (one sample-batch op at a time, float
+    alive weights): what ``Planner.rollout``'s fused bookkeeping must equal."""
+    cfg = planner.config
+    k, h = noise.shape[:2]
+    x = state.expand(k, -1).clone()
+    alive = torch.ones(k, dtype=state.dtype)
+    total = torch.zeros(k, dtype=state.dtype)
+    applied = torch.empty(k, h, planner.nu, dtype=state.dtype)
+    discount = 1.0
+    for t in range(h):
+        a = mean[t] + noise[:, t]
+        if n_prop:
+            a[k - n_prop:] = planner.proposal(x[k - n_prop:]) + noise[k - n_prop:, t]
+        a = torch.clamp(a, planner.low, planner.high)
+        applied[:, t] = a
+        nxt = planner.dynamics(x, a)
+        c, done = planner.cost(x, a, nxt)
+        done = torch.zeros(k, dtype=torch.bool) if done is None else done
+        total = total + discount * alive * c + discount * alive * done.to(state.dtype) * cfg.terminal_cost
+        x = torch.where(alive.bool().unsqueeze(-1) & ~done.unsqueeze(-1), nxt, x)
+        alive = alive * (1.0 - done.to(state.dtype))
+        discount *= cfg.gamma
+    if planner.terminal_value is not None:
+        total = total - discount * alive * planner.terminal_value(x)
+    return applied, torch.where(torch.isfinite(total), total, torch.full_like(total, math.inf))
+
+
+@pytest.mark.parametrize("never_terminates", [False, True])
+def test_rollout_equals_the_plain_per_step_loop(never_terminates: bool) -> None:
+    """Proposal-guided samples, per-action bounds (the tensor clamp), termination with a
+    terminal cost, discounting and a terminal value; or a cost that returns None for
+    'never terminates' (the bookkeeping is skipped)."""
+    def pd(x: torch.Tensor) -> torch.Tensor:
+        u = -2.0 * (x[:, :1] - 1.0) - 2.0 * x[:, 1:] + x[:, :1] * x[:, 1:]  # unclamped: the planner clamps
+        return torch.cat([u, 0.5 - u], dim=-1)
+
+    two_d = torch.tensor([[0.5 * DT**2, 0.0], [DT, 0.3 * DT]], dtype=torch.float64)
+
+    def model(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        return x @ A.T + u @ two_d.T
+
+    def walls(x: torch.Tensor, u: torch.Tensor, nxt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        c = (nxt[:, 0] - 1.0) ** 2 + 0.01 * (u**2).sum(-1)
+        return c, None if never_terminates else nxt[:, 0] > 0.02
+
+    cfg = MPCConfig(horizon=12, samples=40, noise_std=[0.6, 0.2], proposal_fraction=0.25, terminal_cost=5.0, gamma=0.95)
+    planner = MPPI(model, walls, [-1.0, -0.5], [1.0, 0.7], cfg, proposal=pd,
+                   terminal_value=lambda x: -(x[:, 0] - 1.0) ** 2, seed=11)
+    state = torch.tensor([0.0, 0.1], dtype=torch.float64)
+    mean = 0.3 * torch.randn(12, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    std = planner.noise_std.expand(12, 2)
+    roll = planner.rollout(state, mean, std)
+    assert roll.actions.shape == roll.noise.shape == (40, 12, 2)
+    assert torch.equal(roll.noise[0], torch.zeros(12, 2, dtype=torch.float64))  # the nominal sample
+    # the same noise, drawn again from the same seed
+    eps = torch.randn(40, 12, 2, generator=torch.Generator().manual_seed(11), dtype=torch.float64) * std
+    eps[0] = 0.0
+    torch.testing.assert_close(roll.noise, eps, rtol=0, atol=0)
+    applied, costs = _reference_rollout(planner, state, mean, eps, n_prop=10)
+    torch.testing.assert_close(roll.actions, applied, rtol=0, atol=0)
+    torch.testing.assert_close(roll.costs, costs, rtol=1e-13, atol=1e-13)
+    assert bool((roll.actions[..., 1] <= 0.7).all()) and bool((roll.actions[..., 1] >= -0.5).all())
+    assert never_terminates or bool((roll.costs > 4.0).any())  # some samples terminated and paid the terminal cost
+
+
+def test_mppi_update_is_the_weighted_average_of_the_finite_samples() -> None:
+    """The new nominal plan (shifted) is sum_k w_k actions_k with w = softmax(-J / lambda) over
+    the samples with a finite cost; a sample whose model or proposal went NaN contributes nothing."""
+    def flaky(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        nxt = linear(x, u)
+        return torch.where(u > 0.7, torch.full_like(nxt, math.nan), nxt)
+
+    def nan_policy(x: torch.Tensor) -> torch.Tensor:  # NaN actions for some of the samples that follow it
+        return torch.where(x[:, 1:] > 0.02, math.nan, 0.5)
+
+    for model, proposal in ((linear, None), (flaky, None), (linear, nan_policy)):
+        cfg = MPCConfig(horizon=6, samples=50, noise_std=0.5, temperature=0.3)
+        planner = MPPI(model, cost, [-1.0], [1.0], cfg, seed=5, proposal=proposal)
+        x = torch.zeros(2, dtype=torch.float64)
+        planner.nominal = torch.zeros(6, 1, dtype=torch.float64)
+        planner.generator.manual_seed(5)
+        roll = planner.rollout(x, planner.nominal, planner.noise_std.expand(6, 1))
+        planner.generator.manual_seed(5)
+        u, info = planner.plan(x)
+        finite = torch.isfinite(roll.costs)
+        assert (model is linear and proposal is None) is bool(finite.all())
+        assert (proposal is not None) is bool(torch.isnan(roll.actions).any())
+        w = torch.softmax(-(roll.costs - roll.costs.min()) / 0.3, dim=0)
+        expected = (w[:, None, None] * torch.where(finite[:, None, None], roll.actions, 0.0)).sum(0)
+        torch.testing.assert_close(u, expected[0], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(planner.nominal, torch.cat([expected[1:], expected[-1:]]), rtol=1e-12, atol=1e-12)
+        assert info.finite_fraction == pytest.approx(float(finite.double().mean()))

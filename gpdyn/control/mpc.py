@@ -372,7 +372,7 @@ class Planner:
                 else:
                     a = applied[t]
                     if n_prop:
-                        prop = self.proposal(x[guided]).add_(noise_t[t, guided])
+                        prop = self.proposal(x[guided]) + noise_t[t, guided]  # not in place: a proposal may broadcast
                         torch.clamp(prop, *bounds, out=a[guided])
                 nxt, var_full = self._model(x, a)
                 if var_full is not None:
