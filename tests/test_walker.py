@@ -222,3 +222,29 @@ def test_torch_policy_acts_as_the_numpy_policy_with_its_fast_tanh():
     observations = np.concatenate([states[:, 1:9], np.clip(states[:, 9:], -10, 10)], axis=1)
     want = np.stack([policy.act(o) for o in observations])
     np.testing.assert_allclose(torch_policy(torch.as_tensor(states)).numpy(), want, atol=1e-12)
+
+
+def test_fast_net_folds_tanh_into_the_linear_layers_and_computes_the_same_function():
+    from gpdyn.robots.walker import FastTanh, _fast_net
+
+    torch.manual_seed(0)
+    x = 3.0 * torch.randn(64, 5, dtype=torch.float64)
+    for hidden in (0, 1, 3):
+        sizes = [5] + [7] * hidden + [2]
+        mods: list[torch.nn.Module] = []
+        for i in range(len(sizes) - 1):
+            mods.append(torch.nn.Linear(sizes[i], sizes[i + 1], bias=i != 1, dtype=torch.float64))
+            if i < len(sizes) - 2:
+                mods.append(torch.nn.Tanh())
+        net = torch.nn.Sequential(*mods)
+        fast = _fast_net(net)
+        assert not any(isinstance(m, (torch.nn.Tanh, FastTanh)) for m in fast.modules())
+        with torch.no_grad():
+            torch.testing.assert_close(fast(x), net(x), rtol=0, atol=1e-12)
+    other = torch.nn.Sequential(torch.nn.Linear(5, 4, dtype=torch.float64), torch.nn.Tanh(),
+                                torch.nn.Linear(4, 4, dtype=torch.float64), torch.nn.ReLU(),
+                                torch.nn.Linear(4, 2, dtype=torch.float64))
+    fast = _fast_net(other)  # not a Linear/Tanh stack: FastTanh in a copy, the original untouched
+    assert isinstance(fast[1], FastTanh) and isinstance(other[1], torch.nn.Tanh)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), other(x), rtol=0, atol=1e-12)

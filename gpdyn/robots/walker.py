@@ -207,6 +207,42 @@ def _fast_activations(net: torch.nn.Module) -> torch.nn.Module:
     return net
 
 
+class _SigmoidInPlace(torch.nn.Module):
+    """``sigmoid`` in place (its input is always a fresh layer output)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.sigmoid_()
+
+
+def _fast_net(net: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``net`` that computes the same function faster: for a ``Linear, Tanh, ...,
+    Linear`` stack, each ``tanh(z) = 2 sigmoid(2z) - 1`` folded into the linear layers around
+    it (the 2 into the weights before, ``2 s - 1`` into the weights and bias after; done in
+    float64), so a hidden layer costs one ``addmm`` and one in-place ``sigmoid`` and no
+    elementwise scaling (the TRPO proposal 1.7x faster at 500 rows); any other net with
+    :class:`FastTanh` in place of its ``Tanh``."""
+    mods = list(net.children()) if isinstance(net, torch.nn.Sequential) else []
+    linears, acts = mods[::2], mods[1::2]
+    if not (len(mods) % 2 == 1 and all(isinstance(m, torch.nn.Linear) for m in linears)
+            and all(isinstance(m, torch.nn.Tanh) for m in acts)):
+        return _fast_activations(copy.deepcopy(net))
+    layers: list[torch.nn.Module] = []
+    for i, lin in enumerate(linears):
+        w = lin.weight.detach().to(torch.float64)
+        b = lin.bias.detach().to(torch.float64) if lin.bias is not None else torch.zeros(w.shape[0], dtype=torch.float64)
+        if i > 0:  # the input is tanh = 2 s - 1 of the sigmoid s before
+            w, b = 2.0 * w, b - w.sum(1)
+        hidden = i < len(acts)
+        if hidden:  # the sigmoid after takes 2 z
+            w, b = 2.0 * w, 2.0 * b
+        folded = torch.nn.Linear(w.shape[1], w.shape[0], dtype=torch.float64)
+        with torch.no_grad():
+            folded.weight.copy_(w)
+            folded.bias.copy_(b)
+        layers += [folded, _SigmoidInPlace()] if hidden else [folded]
+    return torch.nn.Sequential(*layers)
+
+
 class TorchPolicy:
     """The TRPO policy, batched in torch on any device: ``state [K, 18] -> action [K, 6]``.
 
@@ -216,9 +252,8 @@ class TorchPolicy:
 
     def __init__(self, policy: WalkerPolicy, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float64) -> None:
         kw = {"device": torch.device(device), "dtype": dtype}
-        self.net = _fast_activations(copy.deepcopy(policy.net)).to(**kw).eval()
-        self.value_net = (_fast_activations(copy.deepcopy(policy.value_net)).to(**kw).eval()
-                          if policy.value_net is not None else None)
+        self.net = _fast_net(policy.net).to(**kw).eval()
+        self.value_net = _fast_net(policy.value_net).to(**kw).eval() if policy.value_net is not None else None
         self.value_scale = float(policy.value_scale)
         for net in (self.net, self.value_net):
             for p in net.parameters() if net is not None else ():
