@@ -96,3 +96,24 @@ def test_bad_residual_config_is_an_input_error() -> None:
         ResidualConfig(kernel="rbf").validate()
     with pytest.raises(InputError, match="warmup"):
         ResidualConfig(warmup=1).validate()
+
+
+@pytest.mark.parametrize("residual", [ResidualConfig(warmup=10), ResidualConfig(kernel="linear", linear_inputs="all", warmup=10)])
+def test_hybrid_rollout_is_nominal_step_plus_residual(residual: ResidualConfig) -> None:
+    """The batched rollout (residual of the action predicted ahead for all K x H, or per step from the state)
+    equals stepping the nominal planning model one step at a time and adding the residual to qvel and dt * it to qpos."""
+    forward = HybridForward(nominal_model(), DT, config=residual)
+    data = _transitions("weak_motor", 0.1, 12, seed=5)
+    for q, v, u, nv in data:
+        forward.observe(q, v, u, nv)
+    q, v = data[0][0], data[0][1]
+    controls = np.random.default_rng(1).uniform(-1, 1, (4, 6, 6))
+    got_q, got_v = forward(q, v, controls)
+    qs, vs = np.repeat(q[None], 4, 0), np.repeat(v[None], 4, 0)
+    for t in range(6):
+        r = forward.residual(qs, vs, controls[:, t])
+        assert np.abs(r).max() > 1e-3  # the residual is on
+        qs, vs = forward.nominal_step(qs, vs, controls[:, t])
+        qs, vs = qs + forward.dt * r, vs + r
+        np.testing.assert_allclose(got_q[:, t], qs, atol=1e-8)
+        np.testing.assert_allclose(got_v[:, t], vs, atol=1e-8)
