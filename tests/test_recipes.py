@@ -226,3 +226,13 @@ def test_the_demo_control_stage_reports_the_comparison_it_computes(tmp_path):
     assert summary["online_gain_after"] == pytest.approx(ratio) and summary["adapted"] == (ratio >= 2.0)
     with pytest.raises(TypeError, match="no_such"):
         control_stage(tmp_path / "d", no_such=1)
+
+
+def test_kuka_from_a_learn_run_takes_its_learner_unless_one_is_given(tmp_path, captured):
+    folder = tmp_path / "learn"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"job": "learn", "learner": "svi"}))
+    assert main(["control", "kuka", "--from-run", str(folder), "--out", str(tmp_path / "a")]) == 0
+    assert captured["kuka"][1].learner == "svi"  # not the recipe's svdgp
+    assert main(["control", "kuka", "--from-run", str(folder), "--learner", "exact", "--out", str(tmp_path / "b")]) == 0
+    assert captured["kuka"][1].learner == "exact"

@@ -57,6 +57,9 @@ def cli_control_arm(args: argparse.Namespace) -> int:
     given = copy_options(cfg, args, ARM_OPTIONS)
     if cfg.from_run is not None:
         cfg.from_run = str(cfg.from_run)
+        if "learner" not in given:  # the learner is the run's, not the recipe's
+            learner = _run_learner(cfg.from_run)
+            cfg.learner = learner if learner is not None else cfg.learner
     if args.steps is not None and args.change_at is None:
         cfg.change_at = cfg.steps // 2
     cfg.validate()
@@ -68,6 +71,16 @@ def cli_control_arm(args: argparse.Namespace) -> int:
     result = run_arm(run, cfg, args.store)
     print(f"gpdyn control {args.robot}: report {result['report']}")
     return 0
+
+
+def _run_learner(run_dir: str) -> str | None:
+    """The learner a ``gpdyn learn`` run folder holds, from its config (None when it says none)."""
+    from gpdyn.runs import RunDir
+
+    if not (Path(run_dir) / "config.json").is_file():
+        return None  # ArmRunConfig.validate names the missing run folder
+    learner = RunDir(Path(run_dir)).config().get("learner")
+    return learner if isinstance(learner, str) else None
 
 
 __all__ = ["ARM_OPTIONS", "add_parsers", "cli_control_arm"]
