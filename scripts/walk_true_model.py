@@ -5,7 +5,8 @@
 The sampler, the walking cost, the seeds and the steps come from a ``walker-sampling``
 recipe (``--recipe``, default ``walker-true-model-walk``: gpdyn/recipes/); the options
 given here override its values. Writes the run folder's report.md (steps, distance,
-speed, return, planner CPU ms per control step) and prints the table; see
+speed, return, planner CPU ms per control step) and recipe.json (the recipe and the options
+that overrode it), and prints the table; see
 gpdyn/experiments/walk_true_model.py.
 """
 
@@ -41,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         seeds = list(episodes.seeds) if args.seeds is None else [int(s) for s in args.seeds.split(",") if s.strip()]
         steps = episodes.steps if args.steps is None else args.steps
         print(f"walk_true_model: recipe {recipe.name}")
-        run(seeds, steps, sampler, cost, out=args.out)
+        folder = run(seeds, steps, sampler, cost, out=args.out)
+        given = {k: v for k, v in vars(args).items() if k not in ("recipe", "out") and v is not None}
+        folder.write_json("recipe.json", {**recipe.summary(), "options_given": given})
     except (InputError, ValueError) as err:
         print(f"walk_true_model: {err}", file=sys.stderr)
         return 2

@@ -236,3 +236,20 @@ def test_kuka_from_a_learn_run_takes_its_learner_unless_one_is_given(tmp_path, c
     assert captured["kuka"][1].learner == "svi"  # not the recipe's svdgp
     assert main(["control", "kuka", "--from-run", str(folder), "--learner", "exact", "--out", str(tmp_path / "b")]) == 0
     assert captured["kuka"][1].learner == "exact"
+
+
+def test_the_walking_script_runs_its_recipe_with_options_over_it(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("walk_true_model_script", ROOT / "scripts" / "walk_true_model.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--seeds", "5", "--steps", "2", "--samples", "4", "--out", str(tmp_path / "w")]) == 0
+    config = json.loads((tmp_path / "w" / "config.json").read_text())
+    recipe = json.loads((tmp_path / "w" / "recipe.json").read_text())
+    assert recipe["name"] == "walker-true-model-walk" and recipe["options_given"]["samples"] == 4
+    assert config["seeds"] == [5] and config["steps"] == 2 and config["sampler"]["samples"] == 4
+    assert config["sampler"]["knots"] == recipe["values"]["sampler"]["knots"] == 5
+    assert config["cost"] == recipe["values"]["cost"]
+    bad = _write(tmp_path, "[sampler]\nknots = 1\n", HEAD.replace('robot = "walker"', 'robot = "walker-sampling"'))
+    assert script.main(["--recipe", str(bad), "--out", str(tmp_path / "x")]) == 2 and not (tmp_path / "x").exists()
