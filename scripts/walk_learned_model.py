@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/walk_learned_model.py --seeds 200,201,202,203,204,205,206,207 \
         --changes weak_motor:0.3 --steps 1000 --out logs/walk-learned
+    .venv/bin/python scripts/walk_learned_model.py --combine logs/walk-learned,logs/other-run  # one table of finished runs
 
 Each ``--changes`` item is CHANGE[:FACTOR] (a name of gpdyn.robots.walker.PLANT_CHANGES, or
 ``none`` for the nominal plant). The learned model is the nominal plant's MuJoCo planning
@@ -20,7 +21,7 @@ from gpdyn.control.hybrid_model import ResidualConfig
 from gpdyn.control.spline_sampling import SamplerConfig
 from gpdyn.device import set_threads
 from gpdyn.errors import InputError
-from gpdyn.experiments.walk_learned_model import CONTROLLERS, WalkLearnedConfig, run
+from gpdyn.experiments.walk_learned_model import CONTROLLERS, WalkLearnedConfig, combine, run
 
 
 def parse_changes(text: str) -> tuple[list[str], dict[str, float]]:
@@ -53,9 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-every", type=int, default=WalkLearnedConfig.eval_every)
     p.add_argument("--out", default=None)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--combine", default=None, help="comma-separated finished run folders: print their joint tables, run nothing")
     args = p.parse_args(argv)
     set_threads(1)
     try:
+        if args.combine:
+            print(combine([s.strip() for s in args.combine.split(",") if s.strip()]))
+            return 0
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         changes, factors = parse_changes(args.changes)
         residual = ResidualConfig(kernel=args.kernel, linear_inputs=args.linear_inputs, window=args.window, noise=args.noise)

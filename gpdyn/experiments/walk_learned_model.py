@@ -286,5 +286,20 @@ def run(config: WalkLearnedConfig | None = None, cost: WalkingCost | None = None
     return run_dir
 
 
-__all__ = ["CONTROLLERS", "NOMINAL", "Diagnostics", "WalkLearnedConfig", "episode", "nominal_model", "plant", "run",
-           "summary", "tables"]
+def combine(paths: list[str | Path]) -> str:
+    """One markdown report (:func:`tables`) of the episodes of several finished run folders (e.g. one per plant change)."""
+    records, steps = [], set()
+    for path in paths:
+        run_dir = RunDir(path)
+        steps.add(int(run_dir.config()["steps"]))
+        records += [m for m in run_dir.metrics() if m.get("kind") == "episode"]
+    if not records:
+        raise InputError(f"no episode records in {', '.join(map(str, paths))}")
+    if len(steps) != 1:
+        raise InputError(f"the runs have different episode lengths {sorted(steps)}")
+    (n,) = steps
+    return tables(summary(records, n), records, n)
+
+
+__all__ = ["CONTROLLERS", "NOMINAL", "Diagnostics", "WalkLearnedConfig", "combine", "episode", "nominal_model", "plant",
+           "run", "summary", "tables"]
