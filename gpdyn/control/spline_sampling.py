@@ -210,6 +210,10 @@ class LearnedForward:
     step in torch, e.g. ``LearnedDynamics.predict_mean`` (:mod:`gpdyn.control.dynamics`;
     the state is ``[qpos, qvel]``). Each planning step holds its control for ``stride``
     control steps, as the MuJoCo planning model does with its longer time step.
+
+    A pure GP model of contact-rich walking does not rank the sampler's plans
+    (``scripts/sampler_learned_model.py``); :class:`gpdyn.control.hybrid_model.HybridForward`
+    keeps MuJoCo's nominal physics and learns only a GP residual on top of it.
     """
 
     def __init__(self, dynamics: Callable[[Any, Any], Any], nq: int, stride: int, device: Any = "cpu",
