@@ -358,9 +358,10 @@ def test_the_proposal_is_evaluated_only_on_the_samples_that_follow_it() -> None:
 
 
 def _reference_rollout(planner, state: torch.Tensor, mean: torch.Tensor, noise: torch.Tensor,
-                       n_prop: int) -> tuple[torch.Tensor, torch.Tensor]:
+                       n_prop: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The rollout written as the plain per-step loop (one sample-batch op at a time, float
-    alive weights): what ``Planner.rollout``'s fused bookkeeping must equal."""
+    alive weights): what ``Planner.rollout``'s fused bookkeeping must equal; also how many
+    samples terminated."""
     cfg = planner.config
     k, h = noise.shape[:2]
     x = state.expand(k, -1).clone()
@@ -383,26 +384,36 @@ def _reference_rollout(planner, state: torch.Tensor, mean: torch.Tensor, noise: 
         discount *= cfg.gamma
     if planner.terminal_value is not None:
         total = total - discount * alive * planner.terminal_value(x)
-    return applied, torch.where(torch.isfinite(total), total, torch.full_like(total, math.inf))
+    total = torch.where(torch.isfinite(total), total, torch.full_like(total, math.inf))
+    return applied, total, int((alive == 0).sum())
 
 
-@pytest.mark.parametrize("never_terminates", [False, True])
-def test_rollout_equals_the_plain_per_step_loop(never_terminates: bool) -> None:
+@pytest.mark.parametrize("termination", ["mask", "none", "mask, nobody terminates"])
+def test_rollout_equals_the_plain_per_step_loop(termination: str) -> None:
     """Proposal-guided samples, per-action bounds (the tensor clamp), termination with a
     terminal cost, discounting and a terminal value; or a cost that returns None for
-    'never terminates' (the bookkeeping is skipped)."""
+    'never terminates' (the bookkeeping is skipped); or a mask that stays False (the CPU's
+    shortcut while no sample has terminated). The model sees the same states in both, a
+    terminated sample's frozen."""
     def pd(x: torch.Tensor) -> torch.Tensor:
         u = -2.0 * (x[:, :1] - 1.0) - 2.0 * x[:, 1:] + x[:, :1] * x[:, 1:]  # unclamped: the planner clamps
         return torch.cat([u, 0.5 - u], dim=-1)
 
     two_d = torch.tensor([[0.5 * DT**2, 0.0], [DT, 0.3 * DT]], dtype=torch.float64)
+    seen: list[torch.Tensor] = []  # the states the model is given, step by step
+    step = [0]
 
     def model(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        seen.append(x.clone())
         return x @ A.T + u @ two_d.T
 
     def walls(x: torch.Tensor, u: torch.Tensor, nxt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         c = (nxt[:, 0] - 1.0) ** 2 + 0.01 * (u**2).sum(-1)
-        return c, None if never_terminates else nxt[:, 0] > 0.02
+        step[0] += 1
+        rows = torch.arange(len(c))
+        # samples 3-8 terminate at the second step and no other ever (then no step has a new termination)
+        done = (rows >= 3) & (rows < 9) & (step[0] == 2) if termination == "mask" else torch.zeros(len(c), dtype=torch.bool)
+        return c, None if termination == "none" else done
 
     cfg = MPCConfig(horizon=12, samples=40, noise_std=[0.6, 0.2], proposal_fraction=0.25, terminal_cost=5.0, gamma=0.95)
     planner = MPPI(model, walls, [-1.0, -0.5], [1.0, 0.7], cfg, proposal=pd,
@@ -411,17 +422,23 @@ def test_rollout_equals_the_plain_per_step_loop(never_terminates: bool) -> None:
     mean = 0.3 * torch.randn(12, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     std = planner.noise_std.expand(12, 2)
     roll = planner.rollout(state, mean, std)
+    states = torch.stack(seen)
     assert roll.actions.shape == roll.noise.shape == (40, 12, 2)
     assert torch.equal(roll.noise[0], torch.zeros(12, 2, dtype=torch.float64))  # the nominal sample
     # the same noise, drawn again from the same seed
     eps = torch.randn(40, 12, 2, generator=torch.Generator().manual_seed(11), dtype=torch.float64) * std
     eps[0] = 0.0
     torch.testing.assert_close(roll.noise, eps, rtol=0, atol=0)
-    applied, costs = _reference_rollout(planner, state, mean, eps, n_prop=10)
+    seen.clear()
+    step[0] = 0
+    applied, costs, terminated = _reference_rollout(planner, state, mean, eps, n_prop=10)
+    torch.testing.assert_close(states, torch.stack(seen), rtol=0, atol=0)
     torch.testing.assert_close(roll.actions, applied, rtol=0, atol=0)
     torch.testing.assert_close(roll.costs, costs, rtol=1e-13, atol=1e-13)
     assert bool((roll.actions[..., 1] <= 0.7).all()) and bool((roll.actions[..., 1] >= -0.5).all())
-    assert never_terminates or bool((roll.costs > 4.0).any())  # some samples terminated and paid the terminal cost
+    assert terminated == (6 if termination == "mask" else 0)
+    if termination == "mask":  # the terminated samples' states stay where they were
+        assert torch.equal(states[-1, 3:9], states[2, 3:9])
 
 
 def test_mppi_update_is_the_weighted_average_of_the_finite_samples() -> None:
