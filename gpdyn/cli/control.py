@@ -33,8 +33,10 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="learner sizes, a preset of %(choices)s (default small)")
     p.add_argument("--pretrain-iterations", type=NON_NEGATIVE_INT, default=None,
                    help="minibatch steps on the stored data before control (default 100)")
-    p.add_argument("--adapt", choices=("residual", "steps"), default=None,
-                   help="online model: an exact GP on the frozen model's residuals (default), or the learner's own steps")
+    p.add_argument("--adapt", choices=("rigid-body", "residual", "steps"), default=None,
+                   help="online model: kuka/arm only, a GP on the arm's rigid-body features and the frozen model "
+                        "(rigid-body, their default); an exact GP on the frozen model's residuals (residual, the "
+                        "walker's default); or the learner's own steps")
     p.add_argument("--dtype", choices=DTYPE_NAMES, default=None, metavar="DTYPE", help="%(choices)s (default float64)")
     add_device(p)
     add_out(p)

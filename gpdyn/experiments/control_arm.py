@@ -4,8 +4,11 @@ For every controller of :data:`ARM_CONTROLLERS` one episode of
 :func:`gpdyn.control.loop.run_episode` on the arm's :class:`~gpdyn.robots.arm_env.ArmEnv`,
 with a :class:`~gpdyn.control.computed_torque.ComputedTorqueController` whose
 feed-forward is nothing (``pd``), the plant's own inverse dynamics (``true``), the
-pretrained learner (``frozen``) or the same learner updated online (``online``: a
-:class:`~gpdyn.gp.residual.ResidualGP` on the frozen one, or the learner's own steps).
+pretrained learner (``frozen``) or a model updated online (``online``, ``adapt``):
+``rigid-body`` (default), a :class:`~gpdyn.gp.rigid_body.RigidBodyGP` whose features are the
+arm's rigid-body regressor (from its MJCF kinematics) and the frozen learner, updated by a
+Kalman filter at every step; ``residual``, a :class:`~gpdyn.gp.residual.ResidualGP` on the
+frozen learner; ``steps``, the learner's own optimiser steps.
 
 The learner comes from a ``gpdyn learn`` run folder on the ``arm``/``kuka`` problem
 (``from_run``), or is pretrained here on the offline part of a store (``--store``, or a
@@ -40,13 +43,18 @@ from gpdyn.device import DTYPES, MAX_SEED, check_memory, resolve_dtype
 from gpdyn.errors import InputError
 from gpdyn.gp import make_learner
 from gpdyn.gp.residual import ResidualGP
+from gpdyn.gp.rigid_body import RigidBodyGP
 from gpdyn.gp.training import OnlineUpdater, pretrain_learner
 from gpdyn.robots.arm import ArmModel, pd_gains
+from gpdyn.robots.regressor import InertialRegressor
 from gpdyn.runs import RunDir
 
 ARM_CONTROLLERS = ("pd", "true", "frozen", "online")
 FEEDFORWARD = {"pd": "none", "true": "true", "frozen": "learned", "online": "learned"}
-ADAPT = ("residual", "steps")
+# online model: "rigid-body" (RigidBodyGP: rigid-body features and the frozen model as a basis function,
+# Kalman updates), "residual" (ResidualGP, an exact GP on the frozen model's residuals) or "steps"
+# (the learner's own optimiser steps)
+ADAPT = ("rigid-body", "residual", "steps")
 PROBLEM = "arm"  # the inverse-dynamics problem of any arm store, [q, qd, qdd] -> tau
 # memory per control step: the episode's rows (a few small arrays per step, with Python's
 # overhead) and the reference poses; generous for arms of up to ~30 joints
@@ -83,7 +91,7 @@ class ArmRunConfig:
     pretrain_batch: int = 128
     online_batch: int = 64
     updates: int = 1
-    adapt: str = "residual"  # online model: "residual" (ResidualGP on the frozen one) or "steps" (the learner's own steps)
+    adapt: str = "rigid-body"  # online model, one of ADAPT
     window: int = 400  # ResidualGP: most recent samples it conditions on
     qdd_lengthscale: float = 10.0  # ResidualGP: factor on the median-trick lengthscales of the accelerations
     omega: float = 20.0  # PD bandwidth, rad/s
@@ -194,15 +202,19 @@ def run_store(run_dir: str | Path) -> str:
         raise InputError(f"{run_dir}: its config names no store (problem.source); give --store") from None
 
 
-def _controller(name: str, cfg: ArmRunConfig, n: int, gains: tuple[np.ndarray, np.ndarray],
+def _controller(name: str, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.ndarray, np.ndarray],
                 frozen: LearnedModel | None, x_train: torch.Tensor | None) -> ComputedTorqueController:
+    n = arm.n
     if name in ("pd", "true"):
         return ComputedTorqueController(name, FEEDFORWARD[name], gains, cfg.dt)
     assert frozen is not None and x_train is not None
     if name == "frozen":
         return ComputedTorqueController(name, "learned", gains, cfg.dt, model=frozen)
     learner = copy.deepcopy(frozen.learner)  # the frozen controller keeps the pretrained one
-    if cfg.adapt == "residual":
+    if cfg.adapt == "rigid-body":
+        stats = tuple(getattr(frozen.normalizer, k) for k in ("x_mean", "x_std", "y_mean", "y_std"))
+        learner = RigidBodyGP(learner, InertialRegressor(arm.torque_model()), stats, x_train)
+    elif cfg.adapt == "residual":
         factors = [1.0] * (2 * n) + [cfg.qdd_lengthscale] * n
         learner = ResidualGP(learner, x_train, window=cfg.window, amplitude=1.0, lengthscale_factor=factors)
     updater = OnlineUpdater(learner, batch=cfg.online_batch, updates=cfg.updates)
@@ -238,7 +250,7 @@ def run_arm(run: RunDir, cfg: ArmRunConfig, store: str | Path | None = None) -> 
 
     joint_rmse: dict[str, dict[str, list[float]]] = {}
     for name in cfg.controllers:
-        controller = _controller(name, cfg, arm.n, gains, frozen, x_train)
+        controller = _controller(name, cfg, arm, gains, frozen, x_train)
         env = ArmEnv(arm, frame_skip=frame_skip, family=cfg.family, speed=cfg.speed, pattern_seed=cfg.seed)
         episode = run_episode(env, controller, steps=cfg.steps, reset_seed=cfg.seed, before_step=add_payload,
                               rows=position_error, next_rows=("q_error",), log=run.log,

@@ -1,0 +1,194 @@
+"""An arm's inverse dynamics as a GP with rigid-body features, learned online by a Kalman filter.
+
+:class:`RigidBodyGP` models the joint torques of an arm as::
+
+    tau(x) = Y(x) pi + beta * f(x)            x = [q, qd, qdd]
+
+with ``Y`` the arm's rigid-body regressor (:class:`gpdyn.robots.regressor.InertialRegressor`:
+ten inertial parameters per body, armature, damping and friction per joint), ``f`` a
+frozen pretrained learner (the prior: svdgp, wiski, exact, ...) and ``beta`` one gain per
+joint. A Gaussian prior on ``theta = (pi, beta)``, ``pi ~ N(0, s^2)`` in units of each
+column's RMS and ``beta ~ N(1, s_beta^2)``, makes ``tau`` a GP with kernel
+``Y Sigma Y^T`` plus the prior learner as a basis function: the semiparametric GP of
+Nguyen-Tuong & Peters (2010, "Using model knowledge for learning inverse dynamics"), with
+the learned model in place of an analytic one. It starts as the prior learner (``pi = 0``,
+``beta = 1``) and the data move it toward the rigid-body fit. The model is structurally
+linear in the accelerations, ``tau = M(q) qdd + h(q, qd)``: what it learns where the arm
+accelerated one way holds where it accelerates another, which is what a computed-torque
+controller queried at its reference needs (an SE kernel over the accelerations returns to
+its prior a few length scales from its data).
+
+Online, each sample is one Kalman measurement update of ``theta`` (the posterior of Bayesian
+linear regression, exact and O(p^2) per sample for p parameters, independent of n). A
+sudden plant change (a payload) shows as an innovation far outside the predictive
+distribution: when the normalised innovation squared ``nu^T S^-1 nu`` of a sample exceeds
+``change_threshold`` (a chi-square test with ``P`` degrees of freedom; the default is far
+in its tail), the covariance is reset to ``P + reset_std^2 I`` before the update, so the
+new data move the parameters at once instead of being outweighed by the old ones
+(covariance resetting, Goodwin & Sin, *Adaptive Filtering, Prediction and Control*, 1984,
+Sec. 3.4).
+
+Units: like every learner it speaks normalised inputs and outputs (the problem's
+:class:`~gpdyn.data.problems.Normalizer`); the regressor needs physical ones, so it is
+given the normaliser's statistics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from gpdyn.gp.base import LOG_2PI, Learner, LearnerError
+from gpdyn.robots.regressor import InertialRegressor
+
+
+class RigidBodyGP(Learner):
+    """``tau = Y(x) pi + beta * prior(x)`` with a Gaussian posterior on ``(pi, beta)`` (see the module notes).
+
+    ``prior``: the frozen learner (normalised units); ``regressor``: the arm's
+    :class:`InertialRegressor`; ``x_mean, x_std, y_mean, y_std``: the normaliser's
+    statistics; ``reference_x``: normalised inputs (e.g. the pretraining ones) whose
+    regressor columns set each column's scale. ``noise_std``: the torque noise (N m) the
+    updates assume; ``param_std``: prior std of ``pi`` per scaled column (N m);
+    ``prior_gain_std``: prior std of ``beta`` around 1.
+    """
+
+    name = "rigid-body"
+    state_fields = ("theta", "covariance", "observed", "resets")
+
+    def __init__(
+        self,
+        prior: Learner,
+        regressor: InertialRegressor,
+        normalizer: tuple[Sequence[float], Sequence[float], Sequence[float], Sequence[float]],
+        reference_x: Tensor,
+        *,
+        noise_std: float = 0.1,
+        param_std: float = 10.0,
+        prior_gain_std: float = 0.3,
+        change_threshold: float = 100.0,
+        reset_std: float = 1.0,
+        reference_rows: int = 256,
+    ) -> None:
+        super().__init__(prior.input_dim, prior.output_dim, device=prior.device, dtype=prior.dtype, seed=prior.seed)
+        n = regressor.n
+        if (prior.input_dim, prior.output_dim) != (3 * n, n):
+            raise LearnerError(f"RigidBodyGP: a {n}-joint arm maps [q, qd, qdd] ({3 * n}) -> tau ({n}), "
+                               f"the prior maps {prior.input_dim} -> {prior.output_dim}")
+        for name, value in (("noise_std", noise_std), ("param_std", param_std), ("prior_gain_std", prior_gain_std),
+                            ("change_threshold", change_threshold), ("reset_std", reset_std)):
+            if not (np.isfinite(value) and value > 0):
+                raise LearnerError(f"RigidBodyGP: {name} must be finite and > 0, got {value!r}")
+        kw = {"device": prior.device, "dtype": prior.dtype}
+        x_mean, x_std, y_mean, y_std = (torch.as_tensor(np.asarray(a, dtype=np.float64), **kw) for a in normalizer)
+        if x_mean.shape != (3 * n,) or x_std.shape != (3 * n,) or y_mean.shape != (n,) or y_std.shape != (n,):
+            raise LearnerError(f"RigidBodyGP: normaliser statistics must be [{3 * n}], [{3 * n}], [{n}], [{n}]")
+        if reference_x.ndim != 2 or reference_x.shape[1] != 3 * n or reference_x.shape[0] < 1:
+            raise LearnerError(f"RigidBodyGP: reference_x must be [N >= 1, {3 * n}], got {tuple(reference_x.shape)}")
+        self.prior, self.regressor = prior, regressor
+        self.x_mean, self.x_std, self.y_mean, self.y_std = x_mean, x_std, y_mean, y_std
+        self.noise_var = float(noise_std) ** 2
+        self.change_threshold, self.reset_var = float(change_threshold), float(reset_std) ** 2
+        rows = reference_x[torch.randperm(reference_x.shape[0], generator=self.generator)[:reference_rows]]
+        columns = self._regressor(rows.to(**kw))
+        self.column_scale = columns.pow(2).mean((0, 1)).sqrt().clamp_min(1e-9)  # [p]: the RMS of each column
+        p = regressor.p
+        self.theta = torch.cat([torch.zeros(p, **kw), torch.ones(n, **kw)])
+        self.covariance = torch.diag(torch.cat([torch.full((p,), float(param_std) ** 2, **kw),
+                                                torch.full((n,), float(prior_gain_std) ** 2, **kw)]))
+        self.observed, self.resets = 0, 0
+        self.config.update(prior={"learner": prior.name, "config": prior.config}, noise_std=float(noise_std),
+                           param_std=float(param_std), prior_gain_std=float(prior_gain_std),
+                           change_threshold=float(change_threshold), reset_std=float(reset_std))
+
+    initialized = True  # it predicts from the start: as the prior
+
+    def _regressor(self, x_normalised: Tensor) -> Tensor:
+        """``Y [N, n, p]`` at normalised inputs (the regressor works in physical units, on the CPU)."""
+        x = (x_normalised * self.x_std + self.x_mean).detach().cpu().numpy()
+        n = self.regressor.n
+        y = self.regressor(x[:, :n], x[:, n : 2 * n], x[:, 2 * n :])
+        return torch.as_tensor(y, device=self.device, dtype=self.dtype)
+
+    def _design(self, x: Tensor) -> Tensor:
+        """The rows of the measurement, ``[N, n, p + n]``, in N m: scaled regressor columns, then the prior's torque."""
+        with torch.no_grad():
+            prior_torque = self.prior.predict_mean(x) * self.y_std + self.y_mean  # [N, n]
+        return torch.cat([self._regressor(x) / self.column_scale, torch.diag_embed(prior_torque)], dim=-1)
+
+    def observe(self, x: Tensor, y: Tensor) -> None:
+        """One Kalman update of ``theta`` per row, in order (covariance reset first on a detected change)."""
+        self.check_xy(x, y, "observe")
+        self.check_finite("observe", x=x, y=y)
+        design = self._design(x)
+        self.check_finite("observe", design=design)
+        torque = y * self.y_std + self.y_mean
+        eye = torch.eye(self.output_dim, device=self.device, dtype=self.dtype)
+        for h, target in zip(design, torque):
+            innovation = target - h @ self.theta
+            ph = self.covariance @ h.T
+            s = h @ ph + self.noise_var * eye
+            if float(innovation @ torch.linalg.solve(s, innovation)) > self.change_threshold:
+                self.covariance = self.covariance + self.reset_var * torch.eye(self.covariance.shape[0], device=self.device,
+                                                                               dtype=self.dtype)
+                self.resets += 1
+                ph = self.covariance @ h.T
+                s = h @ ph + self.noise_var * eye
+            gain = torch.linalg.solve(s, ph.T).T  # [p + n, n]
+            self.theta = self.theta + gain @ innovation
+            self.covariance = self.covariance - gain @ ph.T
+            self.covariance = 0.5 * (self.covariance + self.covariance.T)
+            self.observed += 1
+
+    def step(self, x: Tensor, y: Tensor) -> dict[str, float]:
+        """Nothing to optimise: every observation already updated the posterior exactly."""
+        self.check_xy(x, y, "step")
+        return {}
+
+    def _moments(self, x: Tensor, variance: bool) -> tuple[Tensor, Tensor | None]:
+        lead = x.shape[:-1]
+        design = self._design(x.reshape(-1, self.input_dim))
+        mean = ((design @ self.theta - self.y_mean) / self.y_std).reshape(*lead, self.output_dim)
+        if not variance:
+            return mean, None
+        var = torch.einsum("nij,jk,nik->ni", design, self.covariance, design) / self.y_std**2
+        return mean, var.reshape(*lead, self.output_dim)
+
+    @torch.no_grad()
+    def predict(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Latent mean and variance ``[..., P]`` (normalised): ``h theta`` and ``h Sigma h^T``."""
+        self.check_xy(x, None, "predict")
+        mean, var = self._moments(x, variance=True)
+        assert var is not None
+        return mean, var
+
+    @torch.no_grad()
+    def predict_mean(self, x: Tensor) -> Tensor:
+        self.check_xy(x, None, "predict_mean")
+        return self._moments(x, variance=False)[0]
+
+    @torch.no_grad()
+    def vlb(self, x: Tensor, y: Tensor) -> Tensor:
+        """Held-out log predictive density per point and output, ``[P]`` (normalised units)."""
+        self.check_xy(x, y, "vlb")
+        mean, var = self._moments(x, variance=True)
+        assert var is not None
+        var = var + self.noise_var / self.y_std**2
+        return (-0.5 * ((y - mean).pow(2) / var + var.log() + LOG_2PI)).reshape(-1, self.output_dim).mean(0)
+
+    def noise_variance(self) -> Tensor:
+        return self.noise_var / self.y_std**2
+
+    def diagnostics(self) -> dict[str, float]:
+        """The prior's counters, the samples learnt from and the covariance resets (detected changes)."""
+        return {**self.prior.diagnostics(), "observed": float(self.observed), "covariance_resets": float(self.resets)}
+
+    def _state_header(self) -> dict[str, Any]:
+        return {"regressor_columns": self.regressor.names}
+
+
+__all__ = ["RigidBodyGP"]

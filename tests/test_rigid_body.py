@@ -1,0 +1,104 @@
+"""The rigid-body regressor and the rigid-body GP (Kalman updates, covariance reset on a plant change)."""
+
+import mujoco
+import numpy as np
+import pytest
+import torch
+
+from gpdyn.errors import InputError
+from gpdyn.gp.base import LearnerError
+from gpdyn.gp.residual import ZeroMean
+from gpdyn.gp.rigid_body import RigidBodyGP
+from gpdyn.robots.arm import inverse_dynamics
+from gpdyn.robots.kuka import kuka_arm
+from gpdyn.robots.regressor import InertialRegressor
+
+N = 7
+
+
+@pytest.fixture(scope="module")
+def arm():
+    return kuka_arm()
+
+
+@pytest.fixture(scope="module")
+def regressor(arm):
+    return InertialRegressor(arm.torque_model())
+
+
+def states(arm, rows, seed):
+    """Random states inside the joint limits (a limit's constraint force is not rigid-body dynamics)."""
+    rng = np.random.default_rng(seed)
+    low, high = arm.model.jnt_range[:N].T
+    q = rng.uniform(0.8 * low, 0.8 * high, size=(rows, N))
+    return q, rng.normal(0, 1, (rows, N)), rng.normal(0, 3, (rows, N))
+
+
+def torques(arm, payload, q, qd, qdd):
+    model = arm.torque_model(payload)
+    return inverse_dynamics(model, mujoco.MjData(model), q, qd, qdd)
+
+
+@pytest.mark.parametrize("payload", [0.0, 3.0])
+def test_the_regressor_times_the_parameters_is_the_inverse_dynamics(arm, regressor, payload):
+    q, qd, qdd = states(arm, 12, seed=1)
+    frictionless = kuka_arm(friction=0.0)
+    tau = torques(frictionless, payload, q, qd, qdd)
+    predicted = regressor(q, qd, qdd) @ regressor.parameters(frictionless.torque_model(payload))
+    np.testing.assert_allclose(predicted, tau, atol=1e-8 * np.abs(tau).max())  # exactly linear
+    # dry friction is MuJoCo's soft constraint: linear in the friction loss only nearly (at most 0.5 N m here)
+    tau = torques(arm, payload, q, qd, qdd)
+    predicted = regressor(q, qd, qdd) @ regressor.parameters(arm.torque_model(payload))
+    np.testing.assert_allclose(predicted, tau, atol=0.2)
+    assert regressor.p == 10 * len(regressor.bodies) + 3 * N
+    with pytest.raises(InputError, match="finite"):
+        regressor(q[0], qd[0], np.full(N, np.nan))
+    with pytest.raises(InputError, match=r"\[N, 7\]"):
+        regressor(q[:, :3], qd, qdd)
+
+
+def make_gp(regressor, x_reference, **options):
+    stats = (np.zeros(3 * N), np.ones(3 * N), np.zeros(N), np.ones(N))  # physical units in and out
+    return RigidBodyGP(ZeroMean(3 * N, N), regressor, stats, x_reference, **options)
+
+
+def tensor(*parts):
+    return torch.as_tensor(np.concatenate(parts, axis=-1), dtype=torch.float64)
+
+
+def test_the_rigid_body_gp_learns_the_arm_and_follows_a_payload(arm, regressor):
+    q, qd, qdd = states(arm, 120, seed=2)
+    x = tensor(q, qd, qdd)
+    gp = make_gp(regressor, x)
+    held_q, held_qd, held_qdd = states(arm, 20, seed=3)
+    held = tensor(held_q, held_qd, held_qdd)
+    truth = {p: torch.as_tensor(torques(arm, p, held_q, held_qd, held_qdd)) for p in (0.0, 3.0)}
+    # it starts as its prior (zero), with a variance
+    assert torch.equal(gp.predict_mean(held), torch.zeros(20, N, dtype=torch.float64))
+    var_before = gp.predict(held)[1]
+
+    gp.observe(x[:60], torch.as_tensor(torques(arm, 0.0, q[:60], qd[:60], qdd[:60])))
+    error = (gp.predict_mean(held) - truth[0.0]).abs().max()
+    assert error < 0.05 * truth[0.0].abs().max() and gp.resets == 0
+    assert (gp.predict(held)[1] < var_before).all()
+
+    # the payload: the first sample of the changed arm is far outside the predictive distribution
+    gp.observe(x[60:], torch.as_tensor(torques(arm, 3.0, q[60:], qd[60:], qdd[60:])))
+    assert gp.resets >= 1
+    error_after = (gp.predict_mean(held) - truth[3.0]).abs().max()
+    assert error_after < 0.05 * truth[3.0].abs().max()
+    assert error_after < 0.2 * (truth[3.0] - truth[0.0]).abs().max()  # it learned the payload, not kept the old arm
+    assert torch.isfinite(gp.vlb(held, truth[3.0])).all()
+
+
+def test_the_rigid_body_gp_refuses_bad_input(arm, regressor):
+    q, qd, qdd = states(arm, 4, seed=4)
+    x = tensor(q, qd, qdd)
+    gp = make_gp(regressor, x)
+    with pytest.raises(LearnerError, match="noise_std"):
+        make_gp(regressor, x, noise_std=float("nan"))
+    with pytest.raises(LearnerError, match="finite|NaN"):
+        gp.observe(x[:1], torch.full((1, N), float("nan"), dtype=torch.float64))
+    assert gp.observed == 0
+    with pytest.raises(LearnerError, match="reference_x"):
+        make_gp(regressor, x[:, :5])
