@@ -92,6 +92,8 @@ class ArmRunConfig:
     online_batch: int = 64
     updates: int = 1
     adapt: str = "rigid-body"  # online model, one of ADAPT
+    # rigid-body: the bodies whose parameters a detected change re-opens widely (None: the arm's payload body)
+    change_bodies: tuple[str, ...] | None = None
     window: int = 400  # ResidualGP: most recent samples it conditions on
     qdd_lengthscale: float = 10.0  # ResidualGP: factor on the median-trick lengthscales of the accelerations
     omega: float = 20.0  # PD bandwidth, rad/s
@@ -213,7 +215,8 @@ def _controller(name: str, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.nda
     learner = copy.deepcopy(frozen.learner)  # the frozen controller keeps the pretrained one
     if cfg.adapt == "rigid-body":
         stats = tuple(getattr(frozen.normalizer, k) for k in ("x_mean", "x_std", "y_mean", "y_std"))
-        learner = RigidBodyGP(learner, InertialRegressor(arm.torque_model()), stats, x_train)
+        bodies = cfg.change_bodies if cfg.change_bodies is not None else [arm.payload_body] if arm.payload_body else []
+        learner = RigidBodyGP(learner, InertialRegressor(arm.torque_model()), stats, x_train, change_bodies=bodies)
     elif cfg.adapt == "residual":
         factors = [1.0] * (2 * n) + [cfg.qdd_lengthscale] * n
         learner = ResidualGP(learner, x_train, window=cfg.window, amplitude=1.0, lengthscale_factor=factors)

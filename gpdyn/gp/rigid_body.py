@@ -23,10 +23,14 @@ linear regression, exact and O(p^2) per sample for p parameters, independent of 
 sudden plant change (a payload) shows as an innovation far outside the predictive
 distribution: when the normalised innovation squared ``nu^T S^-1 nu`` of a sample exceeds
 ``change_threshold`` (a chi-square test with ``P`` degrees of freedom; the default is far
-in its tail), the covariance is reset to ``P + reset_std^2 I`` before the update, so the
-new data move the parameters at once instead of being outweighed by the old ones
-(covariance resetting, Goodwin & Sin, *Adaptive Filtering, Prediction and Control*, 1984,
-Sec. 3.4).
+in its tail), the covariance is reset to ``P + reset_std^2 I + change_std^2 I_B`` before the
+update, so the new data move the parameters at once instead of being outweighed by the old
+ones (covariance resetting, Goodwin & Sin, *Adaptive Filtering, Prediction and Control*,
+1984, Sec. 3.4). ``I_B`` selects the parameters of ``change_bodies``, the bodies where a
+change is expected (an arm's payload mount: a grasped load changes that body's ten
+parameters and nothing else). Re-opening them widely lets two or three samples identify a
+load; re-opening all parameters as widely would leave 7 equations per sample against
+~100 unknowns, and the estimate would follow the data of the last few samples instead.
 
 Units: like every learner it speaks normalised inputs and outputs (the problem's
 :class:`~gpdyn.data.problems.Normalizer`); the regressor needs physical ones, so it is
@@ -54,7 +58,8 @@ class RigidBodyGP(Learner):
     statistics; ``reference_x``: normalised inputs (e.g. the pretraining ones) whose
     regressor columns set each column's scale. ``noise_std``: the torque noise (N m) the
     updates assume; ``param_std``: prior std of ``pi`` per scaled column (N m);
-    ``prior_gain_std``: prior std of ``beta`` around 1.
+    ``prior_gain_std``: prior std of ``beta`` around 1; ``change_threshold``, ``reset_std``,
+    ``change_bodies``, ``change_std``: the change test and the covariance reset.
     """
 
     name = "rigid-body"
@@ -71,7 +76,9 @@ class RigidBodyGP(Learner):
         param_std: float = 10.0,
         prior_gain_std: float = 0.3,
         change_threshold: float = 100.0,
-        reset_std: float = 1.0,
+        reset_std: float = 0.3,
+        change_bodies: Sequence[str] = (),
+        change_std: float = 100.0,
         reference_rows: int = 256,
     ) -> None:
         super().__init__(prior.input_dim, prior.output_dim, device=prior.device, dtype=prior.dtype, seed=prior.seed)
@@ -80,7 +87,7 @@ class RigidBodyGP(Learner):
             raise LearnerError(f"RigidBodyGP: a {n}-joint arm maps [q, qd, qdd] ({3 * n}) -> tau ({n}), "
                                f"the prior maps {prior.input_dim} -> {prior.output_dim}")
         for name, value in (("noise_std", noise_std), ("param_std", param_std), ("prior_gain_std", prior_gain_std),
-                            ("change_threshold", change_threshold), ("reset_std", reset_std)):
+                            ("change_threshold", change_threshold), ("reset_std", reset_std), ("change_std", change_std)):
             if not (np.isfinite(value) and value > 0):
                 raise LearnerError(f"RigidBodyGP: {name} must be finite and > 0, got {value!r}")
         kw = {"device": prior.device, "dtype": prior.dtype}
@@ -92,7 +99,14 @@ class RigidBodyGP(Learner):
         self.prior, self.regressor = prior, regressor
         self.x_mean, self.x_std, self.y_mean, self.y_std = x_mean, x_std, y_mean, y_std
         self.noise_var = float(noise_std) ** 2
-        self.change_threshold, self.reset_var = float(change_threshold), float(reset_std) ** 2
+        self.change_threshold = float(change_threshold)
+        known = {name.split(".")[0] for name in regressor.names}
+        unknown = [b for b in change_bodies if b not in known]
+        if unknown:
+            raise LearnerError(f"RigidBodyGP: change_bodies {unknown} are not moving bodies of the arm ({', '.join(sorted(known))})")
+        # the covariance a detected change adds: reset_std^2 on every parameter, change_std^2 on those of change_bodies
+        reset = [change_std**2 if name.split(".")[0] in change_bodies else reset_std**2 for name in regressor.names]
+        self.reset_covariance = torch.diag(torch.as_tensor(reset + [reset_std**2] * n, **kw))
         rows = reference_x[torch.randperm(reference_x.shape[0], generator=self.generator)[:reference_rows]]
         columns = self._regressor(rows.to(**kw))
         self.column_scale = columns.pow(2).mean((0, 1)).sqrt().clamp_min(1e-9)  # [p]: the RMS of each column
@@ -103,7 +117,8 @@ class RigidBodyGP(Learner):
         self.observed, self.resets = 0, 0
         self.config.update(prior={"learner": prior.name, "config": prior.config}, noise_std=float(noise_std),
                            param_std=float(param_std), prior_gain_std=float(prior_gain_std),
-                           change_threshold=float(change_threshold), reset_std=float(reset_std))
+                           change_threshold=float(change_threshold), reset_std=float(reset_std),
+                           change_bodies=list(change_bodies), change_std=float(change_std))
 
     initialized = True  # it predicts from the start: as the prior
 
@@ -133,8 +148,7 @@ class RigidBodyGP(Learner):
             ph = self.covariance @ h.T
             s = h @ ph + self.noise_var * eye
             if float(innovation @ torch.linalg.solve(s, innovation)) > self.change_threshold:
-                self.covariance = self.covariance + self.reset_var * torch.eye(self.covariance.shape[0], device=self.device,
-                                                                               dtype=self.dtype)
+                self.covariance = self.covariance + self.reset_covariance
                 self.resets += 1
                 ph = self.covariance @ h.T
                 s = h @ ph + self.noise_var * eye
