@@ -120,18 +120,14 @@ class InertialRegressor:
                 self._add(f"{name}.{term}", moved, 1.0)
         self._base = base
         self.p = len(self.names)
+        self._all_models = [base, *self._models]
+        self._steps = np.asarray(self._scales)
         self._data = mujoco.MjData(base)
 
     def _add(self, name: str, model: mujoco.MjModel, step: float) -> None:
         self.names.append(name)
         self._models.append(model)
         self._scales.append(step)
-
-    def _inverse(self, model: mujoco.MjModel, q: np.ndarray, qd: np.ndarray, qdd: np.ndarray) -> np.ndarray:
-        data = self._data
-        data.qpos[:], data.qvel[:], data.qacc[:] = q, qd, qdd
-        mujoco.mj_inverse(model, data)
-        return data.qfrc_inverse.copy()
 
     def __call__(self, q: np.ndarray, qd: np.ndarray, qdd: np.ndarray) -> np.ndarray:
         """``Y [N, n, p]`` at the rows of ``q, qd, qdd [N, n]`` (or one row ``[n]``: ``[n, p]``)."""
@@ -142,11 +138,17 @@ class InertialRegressor:
             raise InputError(f"InertialRegressor: q, qd, qdd must be [N, {self.n}] alike, got {q.shape}, {qd.shape}, {qdd.shape}")
         if not (np.isfinite(q).all() and np.isfinite(qd).all() and np.isfinite(qdd).all()):
             raise InputError("InertialRegressor: q, qd, qdd must be finite")
-        out = np.empty((q.shape[0], self.n, self.p))
+        data, inverse = self._data, mujoco.mj_inverse
+        qfrc_inverse = data.qfrc_inverse  # a view of the data's buffer, read after each call
+        torques = np.empty((q.shape[0], self.p + 1, self.n))  # the base model's, then each moved model's
         for row in range(q.shape[0]):
-            base = self._inverse(self._base, q[row], qd[row], qdd[row])
-            for k, (model, step) in enumerate(zip(self._models, self._scales)):
-                out[row, :, k] = (self._inverse(model, q[row], qd[row], qdd[row]) - base) / step
+            # mj_inverse reads the state and writes qfrc_inverse: one state serves every model
+            data.qpos[:], data.qvel[:], data.qacc[:] = q[row], qd[row], qdd[row]
+            out_row = torques[row]
+            for k, model in enumerate(self._all_models):
+                inverse(model, data)
+                out_row[k] = qfrc_inverse
+        out = ((torques[:, 1:] - torques[:, :1]) / self._steps[:, None]).transpose(0, 2, 1)
         return out[0] if single else out
 
     def parameters(self, model: mujoco.MjModel) -> np.ndarray:
