@@ -122,3 +122,16 @@ def test_a_change_at_the_payload_mount_is_learnt_in_a_few_samples(arm, regressor
         assert gp.resets == 1
         errors[len(bodies)] = float((gp.predict_mean(held) - truth).abs().max())
     assert errors[1] < 0.1 * errors[0] and errors[1] < 0.01 * float(truth.abs().max())
+
+
+def test_a_batch_update_equals_one_sample_at_a_time_and_the_state_round_trips(arm, regressor):
+    q, qd, qdd = states(arm, 8, seed=7)
+    x, y = tensor(q, qd, qdd), torch.as_tensor(torques(arm, 0.0, q, qd, qdd))
+    together, one_by_one = make_gp(regressor, x), make_gp(regressor, x)
+    together.observe(x, y)
+    for row in range(8):
+        one_by_one.observe(x[row : row + 1], y[row : row + 1])
+    torch.testing.assert_close(together.theta, one_by_one.theta, rtol=1e-6, atol=1e-8)
+    restored = make_gp(regressor, x)
+    restored.load_state_dict(together.state_dict())
+    assert torch.equal(restored.predict_mean(x), together.predict_mean(x)) and restored.observed == 8

@@ -18,8 +18,8 @@ accelerated one way holds where it accelerates another, which is what a computed
 controller queried at its reference needs (an SE kernel over the accelerations returns to
 its prior a few length scales from its data).
 
-Online, each sample is one Kalman measurement update of ``theta`` (the posterior of Bayesian
-linear regression, exact and O(p^2) per sample for p parameters, independent of n). A
+Online, each observed batch is one Kalman measurement update of ``theta`` (the posterior of
+Bayesian linear regression, exact, O(p^2) per sample for p parameters, independent of n). A
 sudden plant change (a payload) shows as an innovation far outside the predictive
 distribution: when the normalised innovation squared ``nu^T S^-1 nu`` of a sample exceeds
 ``change_threshold`` (a chi-square test with ``P`` degrees of freedom; the default is far
@@ -136,27 +136,27 @@ class RigidBodyGP(Learner):
         return torch.cat([self._regressor(x) / self.column_scale, torch.diag_embed(prior_torque)], dim=-1)
 
     def observe(self, x: Tensor, y: Tensor) -> None:
-        """One Kalman update of ``theta`` per row, in order (covariance reset first on a detected change)."""
+        """One Kalman update of ``theta`` by the rows of the batch together (the posterior of Bayesian
+        linear regression given them), after a covariance reset if any row fails the change test."""
         self.check_xy(x, y, "observe")
         self.check_finite("observe", x=x, y=y)
-        design = self._design(x)
+        design = self._design(x)  # [q, n, p + n]
         self.check_finite("observe", design=design)
-        torque = y * self.y_std + self.y_mean
-        eye = torch.eye(self.output_dim, device=self.device, dtype=self.dtype)
-        for h, target in zip(design, torque):
-            innovation = target - h @ self.theta
-            ph = self.covariance @ h.T
-            s = h @ ph + self.noise_var * eye
-            if float(innovation @ torch.linalg.solve(s, innovation)) > self.change_threshold:
-                self.covariance = self.covariance + self.reset_covariance
-                self.resets += 1
-                ph = self.covariance @ h.T
-                s = h @ ph + self.noise_var * eye
-            gain = torch.linalg.solve(s, ph.T).T  # [p + n, n]
-            self.theta = self.theta + gain @ innovation
-            self.covariance = self.covariance - gain @ ph.T
-            self.covariance = 0.5 * (self.covariance + self.covariance.T)
-            self.observed += 1
+        innovation = y * self.y_std + self.y_mean - design @ self.theta  # [q, n]
+        noise = self.noise_var * torch.eye(self.output_dim, device=self.device, dtype=self.dtype)
+        spread = design @ self.covariance @ design.transpose(-1, -2) + noise  # each row's predictive covariance
+        nis = (innovation * torch.linalg.solve(spread, innovation.unsqueeze(-1)).squeeze(-1)).sum(-1)
+        if bool((nis > self.change_threshold).any()):  # one host read per observation: this learner runs on the CPU
+            self.covariance = self.covariance + self.reset_covariance
+            self.resets += 1
+        h = design.reshape(-1, design.shape[-1])  # the batch as one measurement of q n torques
+        ph = self.covariance @ h.T
+        s = h @ ph + self.noise_var * torch.eye(h.shape[0], device=self.device, dtype=self.dtype)
+        gain = torch.linalg.solve(s, ph.T).T
+        self.theta = self.theta + gain @ innovation.reshape(-1)
+        covariance = self.covariance - gain @ ph.T
+        self.covariance = 0.5 * (covariance + covariance.T)
+        self.observed += x.shape[0]
 
     def step(self, x: Tensor, y: Tensor) -> dict[str, float]:
         """Nothing to optimise: every observation already updated the posterior exactly."""
