@@ -98,7 +98,7 @@ def test_peer_comparison_times_both_on_the_same_models(tmp_path) -> None:
     assert [r["model"] for r in rows] == [bm.TRIVIAL, "orth"]
     assert rows[0]["repeats"] == bm.TRIVIAL_REPEATS and rows[1]["repeats"] == 1
     for r in rows:
-        assert r["gpdyn_seconds"] > 0 and r["peer_seconds"] > 0
+        assert r["gpdyn_seconds"] > 0 and r["peer_seconds"] > 0 and r["model_seconds"] > 0
         assert r["ratio"] == pytest.approx(r["gpdyn_seconds"] / r["peer_seconds"])
     assert "| orth |" in bm.peer_table(rows)
     out = tmp_path / "bench"

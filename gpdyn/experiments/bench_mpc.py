@@ -353,9 +353,11 @@ def peer_comparison(models: list[str], samples: int, horizon: int, repeats: int,
                     progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Seconds per planning step of gpdyn's MPPI and the peer's (:func:`peer_planners`) on
     :class:`DoubleIntegrator` and on each learned model of ``models`` (its mean-only path),
-    after one warm-up step each; the two are timed alternately, one step at a time
-    (:func:`gpdyn.device.seconds`), ``repeats`` steps each (at least :data:`TRIVIAL_REPEATS`
-    for the trivial model), and the rows give the mean and the ratio gpdyn / peer."""
+    and of the model's ``H`` calls on ``K`` points alone (what any planner must spend), after
+    one warm-up step each; the three are timed alternately, one step at a time, in turned
+    order every other round (:func:`gpdyn.device.seconds`), ``repeats`` steps each (at least
+    :data:`TRIVIAL_REPEATS` for the trivial model), and the rows give the means and the ratio
+    gpdyn / peer."""
     import_peer(peer)  # refuse before building any model
     cfg = MPCConfig(horizon=horizon, samples=samples, noise_std=noise_std, temperature=temperature, control_cost=1.0,
                     uncertainty="mean")
@@ -369,31 +371,35 @@ def peer_comparison(models: list[str], samples: int, horizon: int, repeats: int,
             learned = filled_model(name, device, dtype, seed, preset)
             dynamics, sizes, n = learned.predict_mean, basis_sizes(learned.model.learner), repeats
         ours, theirs = peer_planners(dynamics, cost, cfg, device, dtype, seed, peer)
-        steps = {"gpdyn": lambda: ours.plan(state), peer: lambda: theirs.command(state)}
+        x = state.expand(samples, -1).clone()
+        a = torch.zeros(samples, NU, device=device, dtype=dtype)
+        steps = {"gpdyn": lambda: ours.plan(state), peer: lambda: theirs.command(state),
+                 "model": lambda: [dynamics(x, a) for _ in range(horizon)]}
         times: dict[str, list[float]] = {k: [] for k in steps}
         with torch.no_grad():
             for fn in steps.values():  # warm-up
                 fn()
-            for _ in range(n):
-                for k, fn in steps.items():
-                    times[k].append(seconds(fn, device, 1))
-        ours_s, peer_s = (sum(times[k]) / n for k in steps)
+            for i in range(n):
+                # A B C, then C B A: neither planner always runs after the other
+                for k in (list(steps) if i % 2 == 0 else list(reversed(steps))):
+                    times[k].append(seconds(steps[k], device, 1))
+        ours_s, peer_s, model_s = (sum(times[k]) / n for k in steps)
         rows.append({"model": name, "sizes": sizes, "K": samples, "H": horizon, "noise_std": noise_std,
                      "temperature": temperature, "repeats": n, "gpdyn_seconds": ours_s, "peer": peer,
-                     "peer_seconds": peer_s, "ratio": ours_s / peer_s})
+                     "peer_seconds": peer_s, "ratio": ours_s / peer_s, "model_seconds": model_s})
         progress(f"  peer {name:<18} gpdyn {ours_s * 1e3:8.2f} ms/step  {peer} {peer_s * 1e3:8.2f} ms/step  "
-                 f"ratio {ours_s / peer_s:.2f}")
+                 f"ratio {ours_s / peer_s:.2f}  (the model's H calls alone {model_s * 1e3:.2f} ms)")
     return rows
 
 
 def peer_table(rows: list[dict[str, Any]]) -> str:
     """Markdown table of :func:`peer_comparison`."""
     peer = rows[0]["peer"] if rows else "peer"
-    lines = [f"| model | sizes | gpdyn MPPI: CPU-ms/step | {peer}: CPU-ms/step | gpdyn / {peer} | timed steps |",
-             "|---|---|---|---|---|---|"]
+    lines = [f"| model | sizes | gpdyn MPPI: CPU-ms/step | {peer}: CPU-ms/step | gpdyn / {peer} | the model's H calls "
+             "alone: CPU-ms | timed steps |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['sizes']} | {r['gpdyn_seconds'] * 1e3:.2f} | {r['peer_seconds'] * 1e3:.2f} | "
-                     f"{r['ratio']:.2f} | {r['repeats']} |")
+                     f"{r['ratio']:.2f} | {r['model_seconds'] * 1e3:.2f} | {r['repeats']} |")
     return "\n".join(lines)
 
 
@@ -480,7 +486,8 @@ def run_benchmark(
         ptext = (f"\n\n## Peer: gpdyn's MPPI against {peer} (same run)\n\nSame dynamics, cost (`TrackingCost`), "
                  f"K = {samples}, H = {horizon}, noise std {cfg['noise_std']}, temperature {cfg['temperature']}, action "
                  f"box, MPPI control cost, no proposal; learned models through their mean-only path. The two planners "
-                 f"are timed alternately, one step at a time, after one warm-up step each.\n\n{peer_table(peer_rows)}")
+                 f"and the model's H calls alone are timed alternately, one step at a time, in turned order every "
+                 f"other round, after one warm-up step each.\n\n{peer_table(peer_rows)}")
     clock = ("CPU seconds of this process (`time.process_time`)" if device.type == "cpu"
              else "Wall seconds between two device syncs")
     header = (f"# MPC planning rate\n\n"
