@@ -198,17 +198,17 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float:
 
 
 def summary(records: list[dict[str, Any]], steps: int) -> list[dict[str, Any]]:
-    """Per change and controller: means over seeds, falls, and per change the recovery fraction."""
+    """Per plant (change and factor) and controller: means over seeds, falls, and per plant the recovery fraction."""
     out = []
-    for change in dict.fromkeys(r["change"] for r in records):
-        by = {c: [r for r in records if r["change"] == change and r["controller"] == c] for c in CONTROLLERS}
+    for plant_text in dict.fromkeys(r["plant"] for r in records):  # per change and factor
+        by = {c: [r for r in records if r["plant"] == plant_text and r["controller"] == c] for c in CONTROLLERS}
         means = {c: _mean(rows, "return") for c, rows in by.items()}
         lost = means["true"] - means["frozen"]
         recovery = (means["online"] - means["frozen"]) / lost if np.isfinite(lost) and abs(lost) > 1e-9 else float("nan")
         for c, rows in by.items():
             if not rows:
                 continue
-            out.append({"change": change, "plant": rows[0]["plant"], "controller": c, "seeds": len(rows),
+            out.append({"change": rows[0]["change"], "plant": plant_text, "controller": c, "seeds": len(rows),
                         "return": means[c], "return_std": float(np.std([r["return"] for r in rows])),
                         "steps": _mean(rows, "length"), "falls": sum(r["fell"] for r in rows),
                         "walked_all": sum(r["length"] == steps and not r["fell"] for r in rows),
