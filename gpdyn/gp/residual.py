@@ -49,8 +49,8 @@ class LinearKernelGP(Stateful):
     the action differs from the prior's, a bias and a gain per action, the form of the
     change a weakened motor makes. Unlike an SE kernel over all inputs it cannot follow
     the prior's own errors as they vary with the state along a trajectory. Those that
-    correlate with the action along a gait still enter ``W`` (measured in
-    docs/studies/2026-11-walker-control-studies.md), which is why it is used behind
+    correlate with the action along a gait still enter ``W`` (fitted gains mix the plant
+    change with the pretrained model's own errors), which is why it is used behind
     ResidualGP's evidence gate.
     """
 
@@ -185,7 +185,7 @@ class ResidualGP(Learner):
     """
 
     name = "residual"
-    # the window is chosen for control (docs/studies/2026-11-walker-control-studies.md), not by a paper: one size at every scale
+    # the window is chosen for control (the walker and arm runs: 4 s of 100 Hz data), not by a paper: one size at every scale
     presets = {"small": {"window": 400}, "cpu": {"window": 400}, "paper": {"window": 400}}
     state_fields = ("prior", "hyper", "residual", "observed", "gate_sums")
 
