@@ -185,7 +185,7 @@ class ResidualGP(Learner):
     """
 
     name = "residual"
-    # the window is chosen for control (the walker and arm runs: 4 s of 100 Hz data), not by a paper: one size at every scale
+    # the window is chosen for the control runs (a few seconds of transitions), not by a paper: one size at every scale
     presets = {"small": {"window": 400}, "cpu": {"window": 400}, "paper": {"window": 400}}
     state_fields = ("prior", "hyper", "residual", "observed", "gate_sums")
 
