@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--explore", type=float, default=WalkLearnedConfig.explore_std, help="action noise while learning")
     p.add_argument("--kernel", default=ResidualConfig.kernel, help="residual GP kernel: se or linear")
     p.add_argument("--linear-inputs", default=ResidualConfig.linear_inputs, help="linear kernel over: all or action")
+    p.add_argument("--space", default=ResidualConfig.space, help="residual as a velocity change or a generalized force")
     p.add_argument("--window", type=int, default=ResidualConfig.window)
     p.add_argument("--noise", type=float, default=ResidualConfig.noise, help="residual GP noise (scaled targets)")
     p.add_argument("--eval-every", type=int, default=WalkLearnedConfig.eval_every)
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         changes, factors = parse_changes(args.changes)
-        residual = ResidualConfig(kernel=args.kernel, linear_inputs=args.linear_inputs, window=args.window, noise=args.noise)
+        residual = ResidualConfig(kernel=args.kernel, space=args.space, linear_inputs=args.linear_inputs, window=args.window, noise=args.noise)
         config = WalkLearnedConfig(seeds=seeds, steps=args.steps, changes=changes, factors=factors,
                                    controllers=[c.strip() for c in args.controllers.split(",") if c.strip()],
                                    explore_std=args.explore, eval_every=args.eval_every, sampler=SamplerConfig(),

@@ -70,12 +70,19 @@ class ResidualConfig:
     forget: float = 1.0  # linear: forgetting factor per transition
     # linear: over the "action" alone (r = b + W u over the sliding window: a locally linear actuator residual) or "all" 23 inputs
     linear_inputs: str = "action"
+    # "velocity": the GP predicts the velocity change added after each planning step; "force": it predicts a
+    # generalized force (the velocity residual times the nominal mass matrix, per second) that MuJoCo applies
+    # inside every step (``qfrc_applied``), so that contacts and inertia answer it; needs the action-only linear kernel
+    space: str = "velocity"
     target: str = "plant"  # "plant": residual against the nominal plant simulated at its own step; "planning": against the planning model
 
     def validate(self) -> None:
         """Raise InputError naming the first impossible option."""
         checks = (("kernel", self.kernel in ("se", "linear")), ("target", self.target in ("plant", "planning")),
-                  ("linear_inputs", self.linear_inputs in ("all", "action")), ("window", self.window >= 4),
+                  ("linear_inputs", self.linear_inputs in ("all", "action")),
+                  ("space", self.space in ("velocity", "force")
+                   and (self.space == "velocity" or (self.kernel == "linear" and self.linear_inputs == "action"
+                                                     and self.target == "plant"))), ("window", self.window >= 4),
                   ("warmup", 2 <= self.warmup <= self.window), ("amplitude", np.isfinite(self.amplitude) and self.amplitude > 0),
                   ("noise", np.isfinite(self.noise) and self.noise > 0),
                   ("lengthscale_factor", np.isfinite(self.lengthscale_factor) and self.lengthscale_factor > 0),
@@ -116,6 +123,7 @@ class HybridForward:
         self.model.opt.integrator = INTEGRATORS[integrator]
         self.data = mujoco.MjData(self.model)
         self.dt, self.stride, self.seed = float(self.model.opt.timestep), int(stride), int(seed)
+        self._control_dt = float(control_dt)
         self.nq, self.nv, self.nu = model.nq, model.nv, model.nu
         self.nstate = mujoco.mj_stateSize(self.model, mujoco.mjtState.mjSTATE_FULLPHYSICS)
         self._q = slice(1, 1 + self.nq)
@@ -148,7 +156,8 @@ class HybridForward:
         return self.learner is not None
 
     def residual(self, qpos: np.ndarray, qvel: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """The residual's mean velocity change ``[K, nv]`` (zeros before warm-up), one batched prediction."""
+        """The residual's mean ``[K, nv]``, one batched prediction (zeros before warm-up): the velocity change
+        per planning step, or (``space="force"``) the generalized force."""
         if self.learner is None:
             return np.zeros(qvel.shape)
         x = torch.as_tensor((self.features(qpos, qvel, u) - self.x_mean) / self.x_scale)
@@ -161,6 +170,13 @@ class HybridForward:
         init = self._init_states(np.broadcast_to(qpos, (k, self.nq)), np.broadcast_to(qvel, (k, self.nv)))
         if self.learner is None:  # zero residual: the nominal model's one rollout call
             states, _ = mj_rollout.rollout(self.model, self.data, init, controls)
+            return states[..., self._q], states[..., self._v]
+        if self.config.space == "force":  # a force of the action alone: predicted for all K x H, one rollout call
+            force = self.residual(np.broadcast_to(qpos, (k * h, self.nq)), np.broadcast_to(qvel, (k * h, self.nv)),
+                                  controls.reshape(k * h, -1)).reshape(k, h, self.nv)
+            spec = mujoco.mjtState.mjSTATE_CTRL.value | mujoco.mjtState.mjSTATE_QFRC_APPLIED.value
+            states, _ = mj_rollout.rollout(self.model, self.data, init, np.concatenate([controls, force], -1),
+                                           control_spec=spec)
             return states[..., self._q], states[..., self._v]
         # one planning step at a time (the residual enters between steps) through a persistent Rollout without
         # its per-call checks and allocations: 32 calls cost about one whole-horizon call (~1.1x), not 1.5-3x
@@ -199,9 +215,22 @@ class HybridForward:
         out, _ = mj_rollout.rollout(self.plant_model, self.plant_data, init, per_substep)
         return out[:, -1, self._v]
 
+    def mass_matrix(self, qpos: np.ndarray) -> np.ndarray:
+        """The nominal plant's joint-space inertia ``M(q) [nv, nv]``."""
+        self.plant_data.qpos[:] = qpos
+        mujoco.mj_kinematics(self.plant_model, self.plant_data)
+        mujoco.mj_comPos(self.plant_model, self.plant_data)
+        mujoco.mj_crb(self.plant_model, self.plant_data)
+        full = np.zeros((self.nv, self.nv))
+        mujoco.mj_fullM(self.plant_model, self.plant_data, full)
+        return full
+
     def target(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, next_qvel: np.ndarray) -> np.ndarray:
         """The residual targets ``[K, nv]`` of transitions ``(qpos, qvel) [K, n]`` under ``controls [K, stride, nu]``
         to ``next_qvel [K, nv]``: observed minus nominal (``config.target``: the nominal plant or planning model)."""
+        if self.config.space == "force":  # the generalized force that makes this velocity change: M(q) dv / dt
+            dv = next_qvel - self.nominal_plant(qpos, qvel, controls)
+            return np.stack([self.mass_matrix(q) @ d for q, d in zip(qpos, dv, strict=True)]) / (self.stride * self._control_dt)
         if self.config.target == "plant":
             return next_qvel - self.nominal_plant(qpos, qvel, controls)
         return next_qvel - self.nominal_step(qpos, qvel, controls.mean(1))[1]
