@@ -144,3 +144,17 @@ def test_force_residual_enters_the_rollout_as_applied_force_and_helps_a_weak_mot
 def test_force_space_needs_the_action_only_linear_kernel() -> None:
     with pytest.raises(InputError, match="space"):
         ResidualConfig(space="force", kernel="se").validate()
+
+
+def test_summary_recovery_fraction() -> None:
+    from gpdyn.experiments.walk_learned_model import summary
+
+    def rec(c: str, seed: int, ret: float, length: int = 100) -> dict:
+        return {"change": "weak_motor", "plant": "hip x0.1", "controller": c, "seed": seed, "return": ret,
+                "length": length, "fell": length < 100, "speed_m_s": 1.0, "cpu_ms_per_step": 1.0}
+
+    records = [rec("true", 0, 200), rec("true", 1, 200), rec("frozen", 0, 100, 50), rec("frozen", 1, 100, 50),
+               rec("online", 0, 150), rec("online", 1, 190), rec("variant", 0, 100), rec("variant", 1, 100)]
+    rows = {r["controller"]: r for r in summary(records, 100)}
+    assert rows["online"]["recovery"] == pytest.approx(0.7) and rows["variant"]["recovery"] == pytest.approx(0.0)
+    assert rows["frozen"]["falls"] == 2 and rows["online"]["walked_all"] == 2 and np.isnan(rows["true"]["recovery"])

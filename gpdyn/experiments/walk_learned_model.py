@@ -201,10 +201,13 @@ def summary(records: list[dict[str, Any]], steps: int) -> list[dict[str, Any]]:
     """Per plant (change and factor) and controller: means over seeds, falls, and per plant the recovery fraction."""
     out = []
     for plant_text in dict.fromkeys(r["plant"] for r in records):  # per change and factor
-        by = {c: [r for r in records if r["plant"] == plant_text and r["controller"] == c] for c in CONTROLLERS}
+        names = list(CONTROLLERS) + [c for c in dict.fromkeys(r["controller"] for r in records) if c not in CONTROLLERS]
+        by = {c: [r for r in records if r["plant"] == plant_text and r["controller"] == c] for c in names}
         means = {c: _mean(rows, "return") for c, rows in by.items()}
         lost = means["true"] - means["frozen"]
-        recovery = (means["online"] - means["frozen"]) / lost if np.isfinite(lost) and abs(lost) > 1e-9 else float("nan")
+
+        def recovery_of(mean: float, lost: float = lost, frozen: float = means["frozen"]) -> float:
+            return (mean - frozen) / lost if np.isfinite(lost) and abs(lost) > 1e-9 else float("nan")
         for c, rows in by.items():
             if not rows:
                 continue
@@ -213,11 +216,11 @@ def summary(records: list[dict[str, Any]], steps: int) -> list[dict[str, Any]]:
                         "steps": _mean(rows, "length"), "falls": sum(r["fell"] for r in rows),
                         "walked_all": sum(r["length"] == steps and not r["fell"] for r in rows),
                         "speed_m_s": _mean(rows, "speed_m_s"), "cpu_ms_per_step": _mean(rows, "cpu_ms_per_step"),
-                        "recovery": recovery if c == "online" else float("nan"),
+                        "recovery": recovery_of(means[c]) if c not in ("true", "frozen") else float("nan"),
                         **{k: _mean(rows, k) for k in ("spearman_nominal", "spearman_online", "qvel_rmse_nominal",
                                                        "qvel_rmse_online", "one_step_qvel_rmse_nominal",
                                                        "one_step_qvel_rmse_online", "torso_end_err_nominal",
-                                                       "torso_end_err_online") if c == "online"}})
+                                                       "torso_end_err_online") if c not in ("true", "frozen")}})
     return out
 
 
@@ -239,9 +242,9 @@ def tables(rows: list[dict[str, Any]], records: list[dict[str, Any]], steps: int
               "| open-loop qvel RMSE nominal | online | torso end error nominal | online |",
               "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        if r["controller"] != "online":
+        if r["controller"] in ("true", "frozen"):
             continue
-        lines.append(f"| {r['plant']} | {_f(r['spearman_nominal'])} | {_f(r['spearman_online'])} "
+        lines.append(f"| {r['plant']} ({r['controller']}) | {_f(r['spearman_nominal'])} | {_f(r['spearman_online'])} "
                      f"| {_f(r['one_step_qvel_rmse_nominal'], '.3f')} | {_f(r['one_step_qvel_rmse_online'], '.3f')} "
                      f"| {_f(r['qvel_rmse_nominal'], '.3f')} | {_f(r['qvel_rmse_online'], '.3f')} "
                      f"| {_f(r['torso_end_err_nominal'], '.3f')} | {_f(r['torso_end_err_online'], '.3f')} |")
@@ -287,12 +290,19 @@ def run(config: WalkLearnedConfig | None = None, cost: WalkingCost | None = None
 
 
 def combine(paths: list[str | Path]) -> str:
-    """One markdown report (:func:`tables`) of the episodes of several finished run folders (e.g. one per plant change)."""
+    """One markdown report (:func:`tables`) of the episodes of several finished run folders (e.g. one per plant
+    change). ``FOLDER@NAME`` renames that folder's learning controller ("online") to NAME: a variant beside the
+    main run's true / frozen / online rows of the same seeds."""
     records, steps = [], set()
-    for path in paths:
+    for item in paths:
+        path, _, rename = str(item).partition("@")
         run_dir = RunDir(path)
         steps.add(int(run_dir.config()["steps"]))
-        records += [m for m in run_dir.metrics() if m.get("kind") == "episode"]
+        for m in run_dir.metrics():
+            if m.get("kind") == "episode":
+                if rename and m.get("controller") == "online":
+                    m = {**m, "controller": rename}
+                records.append(m)
     if not records:
         raise InputError(f"no episode records in {', '.join(map(str, paths))}")
     if len(steps) != 1:
