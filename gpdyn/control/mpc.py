@@ -194,7 +194,7 @@ class PlanInfo:
 class Rollout:
     """The sampled sequences of one planning iteration."""
 
-    actions: Tensor  # [K, H, nu], the planned variable: actions as applied (clipped, proposal included), or
+    actions: Tensor  # [K, H, nu] (a view of a time-major buffer), the planned variable: actions as applied (clipped, proposal included), or
     # with ``relative_to_proposal`` the applied actions' offsets to the proposal's
     costs: Tensor  # [K], non-finite replaced by +inf
     variance: Tensor  # [K], summed predictive variance over the horizon and the proposal tail
@@ -409,8 +409,9 @@ class Planner:
 
 
 def _finite_summary(roll: Rollout) -> tuple[Tensor, float]:
+    """The samples with a finite cost and their fraction (exactly 1.0 when all are: a count over K)."""
     finite = torch.isfinite(roll.costs)
-    return finite, float(finite.to(roll.costs.dtype).mean())
+    return finite, int(finite.sum()) / finite.numel()
 
 
 def _finite_std(values: Tensor, finite: Tensor, frac: float) -> float:
@@ -445,7 +446,7 @@ class MPPI(Planner):
         w = torch.softmax(-(costs - best) / lam, dim=0)
         # sum_k w_k actions_k over the finite samples: one vector-matrix product per step of the
         # time-major actions; a non-finite sample's actions may be NaN (0 * NaN is NaN),
-        # so they are zeroed first, when there are any (frac is exact: a mean of ones and zeros)
+        # so they are zeroed first, when there are any
         actions = roll.actions if frac == 1.0 else torch.where(finite[:, None, None], roll.actions, 0.0)
         new_plan = torch.matmul(w, actions.transpose(0, 1))  # [K] @ [H, K, nu]: the time-major buffer itself
         self.nominal = self._shift(new_plan)
