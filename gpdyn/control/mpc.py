@@ -56,7 +56,7 @@ samples for a few iterations. Both warm-start from the previous plan shifted by 
 unless ``MPCConfig.warm_start`` is off: then every plan starts again from the initial
 nominal (the proposal's rollout, or zero offsets to it).
 
-Why a cold start (measured in docs/studies/2026-11-walker-control-studies.md): planning offsets ``u`` to the
+Why a cold start (measured on Walker2d MPC around the TRPO policy): planning offsets ``u`` to the
 proposal with the control cost, the term ``u' Sigma^-1 eps`` of a warm-started ``u`` as
 large as the noise spreads by about ``sqrt(H nu)`` across samples (measured 9-10 for H = 10
 and 6 actions), while the sampled costs over lambda spread by 0.1-0.35: the importance
