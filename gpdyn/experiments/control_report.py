@@ -241,9 +241,11 @@ def write_arm_report(run: RunDir, cfg: Any, arm: Any, joint_rmse: dict[str, dict
         "`pd` has no feed-forward, `true` uses MuJoCo's inverse dynamics of the actual plant; f is evaluated "
         "at the reference of the middle of the step. PD gains: critically damped at "
         f"{cfg.omega:g} rad/s on the effective joint inertia.",
-        f"Online model: `{cfg.adapt}`"
-        + (f" (ResidualGP: exact GP on the frozen model's residuals, window {cfg.window})." if cfg.adapt == "residual"
-           else f" ({cfg.updates} learner step(s) per control step on the latest {cfg.online_batch} samples)."),
+        f"Online model: `{cfg.adapt}` " + {
+            "rigid-body": "(RigidBodyGP: the arm's rigid-body regressor and the frozen model as features, one Kalman "
+                          "update per control step, covariance reset on a detected change).",
+            "residual": f"(ResidualGP: exact GP on the frozen model's residuals, window {cfg.window}).",
+        }.get(cfg.adapt, f"({cfg.updates} learner step(s) per control step on the latest {cfg.online_batch} samples)."),
         "",
         "## Tracking RMSE per joint [rad]",
         "",
