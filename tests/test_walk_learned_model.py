@@ -46,12 +46,13 @@ def test_zero_residual_is_the_planning_model() -> None:
     for got, want in zip(forward(q, v, controls), expected, strict=True):
         np.testing.assert_array_equal(got, want)
     # a built residual GP fitted to zero residuals (the nominal plant): its stepwise rollout is the same paths
-    zero = HybridForward(model, DT, cfg.stride, cfg.integrator, ResidualConfig(warmup=4))
-    for q0, v0, u, nv in _transitions("none", None, 6, seed=1):
-        zero.observe(q0, v0, u, nv)
-    assert zero.active
-    for got, want in zip(zero(q, v, controls), expected, strict=True):
-        np.testing.assert_allclose(got, want, atol=1e-9)
+    for space in ("velocity", "force"):  # stepwise with a velocity residual; one call with an applied force
+        zero = HybridForward(model, DT, cfg.stride, cfg.integrator, ResidualConfig(warmup=4, space=space))
+        for q0, v0, u, nv in _transitions("none", None, 6, seed=1):
+            zero.observe(q0, v0, u, nv)
+        assert zero.active
+        for got, want in zip(zero(q, v, controls), expected, strict=True):
+            np.testing.assert_allclose(got, want, atol=1e-9)
     env.close()
 
 
@@ -66,7 +67,7 @@ def test_residual_target_is_zero_on_the_nominal_plant_and_not_on_a_changed_one()
 def test_online_residual_reduces_held_out_error_on_a_changed_plant() -> None:
     data = _transitions("weak_motor", 0.1, 100, seed=4)
     train, test = data[:80], data[80:]  # held out: the 20 planning steps after the ones it learned from
-    forward = HybridForward(nominal_model(), DT, config=ResidualConfig(warmup=20))  # the default: linear in the action
+    forward = HybridForward(nominal_model(), DT, config=ResidualConfig(warmup=20, space="velocity"))  # linear in the action
     for q, v, u, nv in train:
         forward.observe(q, v, u, nv)
     q, v, u, nv = (np.stack(a) for a in zip(*test, strict=True))
@@ -98,7 +99,8 @@ def test_bad_residual_config_is_an_input_error() -> None:
         ResidualConfig(warmup=1).validate()
 
 
-@pytest.mark.parametrize("residual", [ResidualConfig(warmup=10), ResidualConfig(kernel="linear", linear_inputs="all", warmup=10)])
+@pytest.mark.parametrize("residual", [ResidualConfig(warmup=10, space="velocity"),
+                                      ResidualConfig(kernel="linear", linear_inputs="all", warmup=10, space="velocity")])
 def test_hybrid_rollout_is_nominal_step_plus_residual(residual: ResidualConfig) -> None:
     """The batched rollout (residual of the action predicted ahead for all K x H, or per step from the state)
     equals stepping the nominal planning model one step at a time and adding the residual to qvel and dt * it to qpos."""

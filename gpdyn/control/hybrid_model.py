@@ -73,7 +73,7 @@ class ResidualConfig:
     # "velocity": the GP predicts the velocity change added after each planning step; "force": it predicts a
     # generalized force (the velocity residual times the nominal mass matrix, per second) that MuJoCo applies
     # inside every step (``qfrc_applied``), so that contacts and inertia answer it; needs the action-only linear kernel
-    space: str = "velocity"
+    space: str = "force"
     target: str = "plant"  # "plant": residual against the nominal plant simulated at its own step; "planning": against the planning model
 
     def validate(self) -> None:
@@ -90,7 +90,9 @@ class ResidualConfig:
                   ("forget", 0 < self.forget <= 1))
         for name, ok in checks:
             if not ok:
-                raise InputError(f"residual model: option {name}={getattr(self, name)!r} is out of range")
+                extra = (" (the force space needs kernel='linear', linear_inputs='action', target='plant'; "
+                         "use space='velocity' otherwise)" if name == "space" and self.space == "force" else "")
+                raise InputError(f"residual model: option {name}={getattr(self, name)!r} is out of range{extra}")
 
 
 class HybridForward:
