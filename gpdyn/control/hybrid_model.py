@@ -12,7 +12,16 @@ A pure 17-D GP of contact-rich walking does not rank 0.5 s plans
 carries the contacts and the GP only the difference a plant change makes.
 
 One planning step from ``s = (qpos, qvel)`` under control ``u`` (held for ``stride``
-control steps):
+control steps), ``space="force"`` (the default):
+
+    tau = GP(u)                                               # a generalized force of the action alone
+    (qpos', qvel') = mj_step_nominal(s, u, qfrc_applied=tau)  # applied inside MuJoCo's step: contacts answer it
+
+so a whole K x H plan needs one GP prediction and one ``mujoco.rollout`` call. Its
+targets are ``M(q_t) (qvel_{t+stride} - qvel_nominal) / (stride dt)``, the force that makes
+the observed velocity residual through the nominal mass matrix (contact forces ignored in
+this inversion). A weakened motor is exactly such a force, ``-(1 - f) gear u`` on its joint,
+whatever the state. ``space="velocity"``:
 
     (qpos', qvel') = mj_step_nominal(s, u)                    # the nominal planning model
     r = GP(x),  x = [qpos[1:], qvel, u]                       # walker-1's input layout
