@@ -468,3 +468,25 @@ def test_mppi_update_is_the_weighted_average_of_the_finite_samples() -> None:
         torch.testing.assert_close(u, expected[0], rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(planner.nominal, torch.cat([expected[1:], expected[-1:]]), rtol=1e-12, atol=1e-12)
         assert info.finite_fraction == pytest.approx(float(finite.double().mean()))
+
+
+def test_a_proposal_that_broadcasts_plans_in_relative_mode():
+    """A proposal may return one row for all samples (a state-independent nominal action): the
+    relative rollout adds the offsets and the noise out of place, as the plain loop does."""
+
+    def constant(x: torch.Tensor) -> torch.Tensor:
+        return torch.full((1, 1), 0.2, dtype=torch.float64)
+
+    cfg = MPCConfig(horizon=3, samples=16, noise_std=0.3, relative_to_proposal=True, proposal_tail=2)
+    planner = MPPI(linear, cost, [-1.0], [1.0], cfg, proposal=constant, seed=3)
+    state = torch.tensor([0.0, 0.0], dtype=torch.float64)
+    mean = torch.full((3, 1), 0.1, dtype=torch.float64)
+    roll = planner.rollout(state, mean, torch.full((3, 1), 0.3, dtype=torch.float64))
+    for k in range(cfg.samples):
+        x, total = state[None], 0.0
+        for t in range(5):
+            a = (0.2 + mean[t] + roll.noise[k, t]).clamp(-1, 1)[None] if t < 3 else constant(x)
+            nxt = linear(x, a)
+            total += float(cost(x, a, nxt)[0])
+            x = nxt
+        assert float(roll.costs[k]) == pytest.approx(total, rel=1e-12)

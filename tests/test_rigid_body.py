@@ -46,7 +46,7 @@ def test_the_regressor_times_the_parameters_is_the_inverse_dynamics(arm, regress
     tau = torques(frictionless, payload, q, qd, qdd)
     predicted = regressor(q, qd, qdd) @ regressor.parameters(frictionless.torque_model(payload))
     np.testing.assert_allclose(predicted, tau, atol=1e-8 * np.abs(tau).max())  # exactly linear
-    # dry friction is MuJoCo's soft constraint: linear in the friction loss only nearly (at most 0.5 N m here)
+    # dry friction is MuJoCo's soft constraint: linear in the friction loss only nearly (within 0.2 N m here)
     tau = torques(arm, payload, q, qd, qdd)
     predicted = regressor(q, qd, qdd) @ regressor.parameters(arm.torque_model(payload))
     np.testing.assert_allclose(predicted, tau, atol=0.2)
@@ -132,6 +132,34 @@ def test_a_batch_update_equals_one_sample_at_a_time_and_the_state_round_trips(ar
     for row in range(8):
         one_by_one.observe(x[row : row + 1], y[row : row + 1])
     torch.testing.assert_close(together.theta, one_by_one.theta, rtol=1e-6, atol=1e-8)
-    restored = make_gp(regressor, x)
+    # restored into one built on other reference inputs: the column scales come with the state
+    restored = make_gp(regressor, tensor(*states(arm, 8, seed=8)))
+    assert not torch.equal(restored.column_scale, together.column_scale)
     restored.load_state_dict(together.state_dict())
     assert torch.equal(restored.predict_mean(x), together.predict_mean(x)) and restored.observed == 8
+
+
+def test_a_large_batch_is_one_update_of_fixed_size(arm, regressor):
+    """300 rows (2,100 torques) are taken a chunk at a time: no 2,100 x 2,100 innovation covariance."""
+    q, qd, qdd = states(arm, 300, seed=9)
+    x, y = tensor(q, qd, qdd), torch.as_tensor(torques(arm, 0.0, q, qd, qdd))
+    gp = make_gp(regressor, x)
+    gp.observe(x, y)
+    held = tensor(*states(arm, 10, seed=10))
+    h = held.numpy()
+    truth = torch.as_tensor(torques(arm, 0.0, h[:, :N], h[:, N:2 * N], h[:, 2 * N:]))
+    assert (gp.predict_mean(held) - truth).abs().max() < 0.01 * truth.abs().max()
+
+
+def test_an_arm_run_refuses_a_bad_change_body_before_collecting(tmp_path):
+    from gpdyn.experiments.control_arm import ArmRunConfig, run_arm
+    from gpdyn.runs import RunDir
+
+    cfg = ArmRunConfig(change_bodies=("gripper",), progress=False)
+    with pytest.raises(InputError, match=r"change_bodies \['gripper'\].*payload"):
+        cfg.check_arm(cfg.arm())
+    run = RunDir.create("t", {}, out=tmp_path / "run")
+    with pytest.raises(InputError, match="change_bodies"):
+        run_arm(run, cfg)
+    assert not (tmp_path / "run" / "kuka.zarr").exists()  # refused before any data was collected
+    ArmRunConfig(change_bodies=("payload", "link7")).check_arm(cfg.arm())  # real bodies pass

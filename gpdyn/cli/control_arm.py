@@ -64,6 +64,7 @@ def cli_control_arm(args: argparse.Namespace) -> int:
         cfg.change_at = cfg.steps // 2
     cfg.validate()
     arm = cfg.arm()
+    cfg.check_arm(arm)
     record = recipe_record(recipe, given) if recipe else {"recipe": None, "options_given": given}
     run = RunDir.create(f"control-{args.robot}", {**asdict(cfg), "model_sha256": arm.sha256, **record}, out=args.out)
     print(f"gpdyn control {args.robot}: {arm.path.name} ({arm.n} joints)"

@@ -370,7 +370,7 @@ class Planner:
                     a = torch.clamp(self.proposal(x), *bounds)
                 elif relative:
                     base = self.proposal(x)
-                    a = (base + mean[t]).add_(noise_t[t]).clamp_(*bounds)
+                    a = torch.add(base + mean[t], noise_t[t]).clamp_(*bounds)  # not in place: a proposal may broadcast
                     torch.sub(a, base, out=applied[t])  # the offset as applied, so the update averages what was used
                 else:
                     a = applied[t]

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import mujoco
 import numpy as np
 import torch
 
@@ -46,7 +47,7 @@ from gpdyn.gp.residual import ResidualGP
 from gpdyn.gp.rigid_body import RigidBodyGP
 from gpdyn.gp.training import OnlineUpdater, pretrain_learner
 from gpdyn.robots.arm import ArmModel, pd_gains
-from gpdyn.robots.regressor import InertialRegressor
+from gpdyn.robots.regressor import InertialRegressor, moving_bodies
 from gpdyn.runs import RunDir
 
 ARM_CONTROLLERS = ("pd", "true", "frozen", "online")
@@ -149,6 +150,22 @@ class ArmRunConfig:
             raise InputError(f"{where}: --from-run {self.from_run} is not a run folder of `gpdyn learn`")
 
 
+    def check_arm(self, arm: ArmModel) -> None:
+        """Raise InputError if the online model cannot be built for ``arm`` (checked before any data is collected)."""
+        if "online" not in self.controllers or self.adapt != "rigid-body":
+            return
+        where = f"control {self.robot}: --adapt rigid-body"
+        model = arm.torque_model()
+        if model.nq != model.nv:
+            raise InputError(f"{where} needs hinge or slide joints (nq = nv); {arm.path.name} has nq={model.nq}, "
+                             f"nv={model.nv}: use --adapt residual")
+        known = {mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, b) for b in moving_bodies(model)}
+        unknown = [b for b in self.change_bodies or () if b not in known]
+        if unknown:
+            raise InputError(f"{where}: change_bodies {unknown} are not moving bodies of {arm.path.name} "
+                             f"({', '.join(sorted(str(b) for b in known))})")
+
+
 def _problem(run: RunDir, cfg: ArmRunConfig, arm: ArmModel, store: str | Path | None):
     """The ``arm`` problem of ``store`` (collected into the run folder when None), checked against the arm."""
     from gpdyn.data.problems import load_problem
@@ -233,6 +250,7 @@ def run_arm(run: RunDir, cfg: ArmRunConfig, store: str | Path | None = None) -> 
 
     cfg.validate()
     arm = cfg.arm()
+    cfg.check_arm(arm)
     frame_skip = arm.steps_per_sample(cfg.rate_hz)
     frozen = x_train = None
     if any(FEEDFORWARD[c] == "learned" for c in cfg.controllers):

@@ -18,8 +18,9 @@ accelerated one way holds where it accelerates another, which is what a computed
 controller queried at its reference needs (an SE kernel over the accelerations returns to
 its prior a few length scales from its data).
 
-Online, each observed batch is one Kalman measurement update of ``theta`` (the posterior of
-Bayesian linear regression, exact, O(p^2) per sample for p parameters, independent of n). A
+Online, each observed batch updates the Gaussian posterior of ``theta`` exactly (Bayesian
+linear regression as Kalman measurement updates, a chunk of rows at a time): ``O(p^2)`` per
+torque observed for the ``p`` parameters, whatever the number of samples seen before. A
 sudden plant change (a payload) shows as an innovation far outside the predictive
 distribution: when the normalised innovation squared ``nu^T S^-1 nu`` of a sample exceeds
 ``change_threshold`` (a chi-square test with ``P`` degrees of freedom; the default is far
@@ -34,7 +35,8 @@ load; re-opening all parameters as widely would leave 7 equations per sample aga
 
 Units: like every learner it speaks normalised inputs and outputs (the problem's
 :class:`~gpdyn.data.problems.Normalizer`); the regressor needs physical ones, so it is
-given the normaliser's statistics.
+given the normaliser's statistics. The regressor runs MuJoCo on the CPU: on a GPU every
+prediction and update makes a host round trip.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ from torch import Tensor
 
 from gpdyn.gp.base import LOG_2PI, Learner, LearnerError
 from gpdyn.robots.regressor import InertialRegressor
+
+# rows of a batch taken into one Kalman update: its innovation covariance is (rows x joints)^2
+UPDATE_ROWS = 16
 
 
 class RigidBodyGP(Learner):
@@ -63,7 +68,10 @@ class RigidBodyGP(Learner):
     """
 
     name = "rigid-body"
-    state_fields = ("theta", "covariance", "observed", "resets")
+    # step() has nothing to optimise: the updater need not gather recent samples for it
+    capabilities = frozenset({"step_on_observed"})
+    # the prior and the column scales give theta its meaning: they are state too
+    state_fields = ("prior", "column_scale", "theta", "covariance", "observed", "resets")
 
     def __init__(
         self,
@@ -136,26 +144,32 @@ class RigidBodyGP(Learner):
         return torch.cat([self._regressor(x) / self.column_scale, torch.diag_embed(prior_torque)], dim=-1)
 
     def observe(self, x: Tensor, y: Tensor) -> None:
-        """One Kalman update of ``theta`` by the rows of the batch together (the posterior of Bayesian
-        linear regression given them), after a covariance reset if any row fails the change test."""
+        """The posterior of ``theta`` given the batch: a Kalman measurement update per chunk of at most
+        :data:`UPDATE_ROWS` rows (the chunk's torques as one measurement), each after a covariance reset
+        if one of its rows fails the change test. Nothing changes unless every chunk succeeds."""
         self.check_xy(x, y, "observe")
         self.check_finite("observe", x=x, y=y)
         design = self._design(x)  # [q, n, p + n]
         self.check_finite("observe", design=design)
-        innovation = y * self.y_std + self.y_mean - design @ self.theta  # [q, n]
+        torque = y * self.y_std + self.y_mean
+        theta, covariance, resets = self.theta, self.covariance, 0
         noise = self.noise_var * torch.eye(self.output_dim, device=self.device, dtype=self.dtype)
-        spread = design @ self.covariance @ design.transpose(-1, -2) + noise  # each row's predictive covariance
-        nis = (innovation * torch.linalg.solve(spread, innovation.unsqueeze(-1)).squeeze(-1)).sum(-1)
-        if bool((nis > self.change_threshold).any()):  # one host read per observation: this learner runs on the CPU
-            self.covariance = self.covariance + self.reset_covariance
-            self.resets += 1
-        h = design.reshape(-1, design.shape[-1])  # the batch as one measurement of q n torques
-        ph = self.covariance @ h.T
-        s = h @ ph + self.noise_var * torch.eye(h.shape[0], device=self.device, dtype=self.dtype)
-        gain = torch.linalg.solve(s, ph.T).T
-        self.theta = self.theta + gain @ innovation.reshape(-1)
-        covariance = self.covariance - gain @ ph.T
-        self.covariance = 0.5 * (covariance + covariance.T)
+        for start in range(0, x.shape[0], UPDATE_ROWS):
+            rows, target = design[start : start + UPDATE_ROWS], torque[start : start + UPDATE_ROWS]
+            innovation = target - rows @ theta  # [r, n]
+            spread = rows @ covariance @ rows.transpose(-1, -2) + noise  # each row's predictive covariance
+            nis = (innovation * torch.linalg.solve(spread, innovation.unsqueeze(-1)).squeeze(-1)).sum(-1)
+            if bool((nis > self.change_threshold).any()):  # one host read per chunk: a CPU learner
+                covariance, resets = covariance + self.reset_covariance, resets + 1
+            h = rows.reshape(-1, rows.shape[-1])  # the chunk's r n torques as one measurement
+            ph = covariance @ h.T
+            gain = torch.linalg.solve(h @ ph + self.noise_var * torch.eye(h.shape[0], device=self.device,
+                                                                          dtype=self.dtype), ph.T).T
+            theta = theta + gain @ innovation.reshape(-1)
+            covariance = covariance - gain @ ph.T
+            covariance = 0.5 * (covariance + covariance.T)
+        self.theta, self.covariance = theta, covariance
+        self.resets += resets
         self.observed += x.shape[0]
 
     def step(self, x: Tensor, y: Tensor) -> dict[str, float]:
@@ -205,4 +219,4 @@ class RigidBodyGP(Learner):
         return {"regressor_columns": self.regressor.names}
 
 
-__all__ = ["RigidBodyGP"]
+__all__ = ["UPDATE_ROWS", "RigidBodyGP"]

@@ -100,8 +100,9 @@ class InertialRegressor:
             if base.body_mass[body] < 1e-6:
                 _set_body_linear(base, body, np.concatenate([[1.0], np.zeros(3), [1e-3, 1e-3, 1e-3, 0, 0, 0]]))
         self.names: list[str] = []
-        self._models: list[mujoco.MjModel] = []
-        self._scales: list[float] = []
+        # the base model first, then one model moved along each parameter, with the size of its move
+        self._models: list[mujoco.MjModel] = [base]
+        steps: list[float] = []
         for body in self.bodies:
             pi = _body_linear(base, body)
             name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, body) or f"body{body}"
@@ -110,24 +111,21 @@ class InertialRegressor:
                 step = (0.1 * pi[0] if k == 0 else 0.01 * pi[0] if k < 4 else 0.1 * max(pi[4:7].min(), 1e-4))
                 moved = copy.deepcopy(base)
                 _set_body_linear(moved, body, pi + step * np.eye(10)[k])
-                self._add(f"{name}.{term}", moved, step)
+                self.names.append(f"{name}.{term}")
+                self._models.append(moved)
+                steps.append(step)
         for joint in range(self.n):
             dof = model.jnt_dofadr[joint]
             name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_JOINT, joint) or f"joint{joint}"
             for term, array in (("armature", "dof_armature"), ("damping", "dof_damping"), ("frictionloss", "dof_frictionloss")):
                 moved = copy.deepcopy(base)
                 getattr(moved, array)[dof] += 1.0
-                self._add(f"{name}.{term}", moved, 1.0)
-        self._base = base
+                self.names.append(f"{name}.{term}")
+                self._models.append(moved)
+                steps.append(1.0)
         self.p = len(self.names)
-        self._all_models = [base, *self._models]
-        self._steps = np.asarray(self._scales)
+        self._steps = np.asarray(steps)
         self._data = mujoco.MjData(base)
-
-    def _add(self, name: str, model: mujoco.MjModel, step: float) -> None:
-        self.names.append(name)
-        self._models.append(model)
-        self._scales.append(step)
 
     def __call__(self, q: np.ndarray, qd: np.ndarray, qdd: np.ndarray) -> np.ndarray:
         """``Y [N, n, p]`` at the rows of ``q, qd, qdd [N, n]`` (or one row ``[n]``: ``[n, p]``)."""
@@ -145,7 +143,7 @@ class InertialRegressor:
             # mj_inverse reads the state and writes qfrc_inverse: one state serves every model
             data.qpos[:], data.qvel[:], data.qacc[:] = q[row], qd[row], qdd[row]
             out_row = torques[row]
-            for k, model in enumerate(self._all_models):
+            for k, model in enumerate(self._models):
                 inverse(model, data)
                 out_row[k] = qfrc_inverse
         out = ((torques[:, 1:] - torques[:, :1]) / self._steps[:, None]).transpose(0, 2, 1)
