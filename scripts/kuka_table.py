@@ -20,14 +20,12 @@ import argparse
 import json
 import platform
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from gpdyn.experiments.control_arm import run_arm
-from gpdyn.recipes import load_recipe
+from gpdyn.experiments.demo import control_stage
 from gpdyn.runs import RunDir
 
 VARIANTS = {"isotropic-reset": {"adapt": "rigid-body", "change_bodies": ()}, "residual": {"adapt": "residual"}}
@@ -39,21 +37,16 @@ def mean_se(values: list[float]) -> str:
     return f"{a.mean():.4f} ± {se:.4f}"
 
 
-def one_run(out: Path, name: str, **config) -> dict:
+def one_run(out: Path, name: str, **options) -> dict:
+    """One run of the ``kuka-payload`` recipe with ``options`` over it (the demo's control stage)."""
     folder = out / "runs" / name
-    cfg = load_recipe("kuka-payload", "kuka").build(robot="kuka", device="cpu")
-    for key, value in {"progress": False, **config}.items():
-        setattr(cfg, key, value)
-    cfg.validate()
-    run = RunDir.create("control-kuka", {**asdict(cfg), "recipe": "kuka-payload", "options_given": config}, out=folder)
     t0 = time.perf_counter()
-    result = run_arm(run, cfg)
-    steps = [r for r in run.metrics() if r.get("kind") == "step" and r.get("controller") == "online"]
+    summary = control_stage(folder, **options)
+    steps = [r for r in RunDir(folder).metrics() if r.get("kind") == "step" and r.get("controller") == "online"]
     # CPU time of one control step of the online model: its feed-forward prediction and its update
     updates = [r["feedforward_seconds"] + r["update_seconds"] for r in steps if "update_seconds" in r]
     print(f"{name}: {time.perf_counter() - t0:.0f} s")
-    return {"rmse_after": {c: float(np.mean(v["after"])) for c, v in result["rmse"].items()},
-            "rmse_before": {c: float(np.mean(v["before"])) for c, v in result["rmse"].items()},
+    return {"rmse_after": summary["rmse_after"], "rmse_before": summary["rmse_before"],
             "update_ms": [1e3 * float(np.mean(updates)), 1e3 * float(np.percentile(updates, 95))] if updates else None}
 
 

@@ -176,6 +176,11 @@ def test_options_override_the_recipe(tmp_path, captured):
     # another plant change takes its own factor, not the recipe's 0.3 for the motor
     assert main(["control", "walker", "--change", "foot_friction", "--out", str(tmp_path / "b")]) == 0
     assert (captured["walker"][1].change, captured["walker"][1].change_factor) == ("foot_friction", None)
+    # a recipe's switches can be turned off (and a cold start back on) from the command line
+    assert main(["control", "walker", "--no-relative-to-proposal", "--no-residual-gate", "--warm-start",
+                 "--out", str(tmp_path / "d")]) == 0
+    off = captured["walker"][1]
+    assert (off.relative_to_proposal, off.residual_gate, off.warm_start) == (False, False, True)
     # the quick look is the configuration's defaults
     assert main(["control", "walker", "--recipe", "walker-quick-look", "--out", str(tmp_path / "c")]) == 0
     assert dataclasses.asdict(captured["walker"][1]) == dataclasses.asdict(type(cfg)())

@@ -66,7 +66,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--control-cost", type=FRACTION, default=None,
                    help="weight in [0, 1] on MPPI's control cost lambda u'Sigma^-1 eps (default 0): 1 keeps the "
                         "plan a KL-regularised improvement of the TRPO proposal instead of drifting from it")
-    p.add_argument("--relative-to-proposal", action="store_true", default=None,
+    p.add_argument("--relative-to-proposal", action=argparse.BooleanOptionalAction, default=None,
                    help="plan offsets to the TRPO policy's closed-loop actions (the zero offset is the policy)")
     p.add_argument("--proposal-tail", type=NON_NEGATIVE_INT, default=None,
                    help="steps the TRPO policy alone runs through the model after the horizon, before the "
@@ -74,9 +74,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cold-start", dest="warm_start", action="store_const", const=False, default=None,
                    help="every plan starts afresh from the policy (zero offsets with --relative-to-proposal) "
                         "instead of the previous plan shifted; the weights then rest on the model's costs alone")
+    p.add_argument("--warm-start", dest="warm_start", action="store_const", const=True, default=None,
+                   help="start each plan from the previous one shifted (undoes a recipe's cold start)")
     p.add_argument("--uncertainty", choices=("mean", "penalty", "sample"), default=None, help="use of the predictive variance")
     p.add_argument("--var-weight", type=NON_NEGATIVE, default=None, help="weight of the variance penalty")
-    p.add_argument("--terminal-value", action="store_true", default=None,
+    p.add_argument("--terminal-value", action=argparse.BooleanOptionalAction, default=None,
                    help="the TRPO critic's value of each sample's last state joins its cost")
     p.add_argument("--target", choices=("change", "velocity"), default=None,
                    help="what the learner predicts, the velocity change over the step (default) or the next velocity")
@@ -85,7 +87,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="scale of the plant change (default: the recipe's when --change is not given, else the "
                         "change's own: torso mass x1.3, foot friction x0.5, motor x0.5)")
     p.add_argument("--conditions", default=None, help="comma-separated nominal,changed")
-    p.add_argument("--residual-gate", action="store_true", default=None,
+    p.add_argument("--residual-gate", action=argparse.BooleanOptionalAction, default=None,
                    help="--adapt residual: add the residual GP to an output's prediction only while it has "
                         "predicted that output better than the frozen model (prequential errors)")
     p.add_argument("--residual-gate-z", type=NON_NEGATIVE, default=None,
@@ -136,12 +138,6 @@ def recipe_for(args: argparse.Namespace, robot: str):
     return load_recipe(args.recipe, robot) if args.recipe is not None else default_recipe(robot)
 
 
-def recipe_record(recipe: Any, given: dict[str, Any]) -> dict[str, Any]:
-    """What config.json keeps of the recipe: its name and file, its values, and the options that overrode them."""
-    return {"recipe": recipe.name, "recipe_file": str(recipe.path), "recipe_values": recipe.values["config"],
-            "options_given": given}
-
-
 def cli_control(args: argparse.Namespace) -> int:
     """``gpdyn control walker``: the online control experiment, its run folder and report.
 
@@ -159,7 +155,7 @@ def cli_control(args: argparse.Namespace) -> int:
     if "change" in given and "change_factor" not in given:
         cfg.change_factor = None  # a recipe's factor belongs to its change: another change takes its own
     cfg.validate()
-    run = RunDir.create("control-walker", {"robot": "walker", **asdict(cfg), **recipe_record(recipe, given)},
+    run = RunDir.create("control-walker", {"robot": "walker", **asdict(cfg), **recipe.record(given)},
                         out=args.out)
     print(f"gpdyn control walker: recipe {recipe.name}, run folder {run.path}")
     result = run_walker(run, cfg, args.store)

@@ -42,7 +42,7 @@ def cli_control_arm(args: argparse.Namespace) -> int:
     """
     from dataclasses import asdict
 
-    from gpdyn.cli.control import copy_options, recipe_for, recipe_record
+    from gpdyn.cli.control import copy_options, recipe_for
     from gpdyn.experiments.control_arm import ArmRunConfig, run_arm
     from gpdyn.runs import RunDir
 
@@ -60,12 +60,14 @@ def cli_control_arm(args: argparse.Namespace) -> int:
         if "learner" not in given:  # the learner is the run's, not the recipe's
             learner = _run_learner(cfg.from_run)
             cfg.learner = learner if learner is not None else cfg.learner
-    if args.steps is not None and args.change_at is None:
-        cfg.change_at = cfg.steps // 2
+    derived = {}
+    if args.steps is not None and args.change_at is None:  # the payload halfway through the run asked for
+        cfg.change_at = derived["change_at"] = cfg.steps // 2
     cfg.validate()
     arm = cfg.arm()
     cfg.check_arm(arm)
-    record = recipe_record(recipe, given) if recipe else {"recipe": None, "options_given": given}
+    record = recipe.record(given) if recipe else {"recipe": None, "options_given": given}
+    record["options_derived"] = derived
     run = RunDir.create(f"control-{args.robot}", {**asdict(cfg), "model_sha256": arm.sha256, **record}, out=args.out)
     print(f"gpdyn control {args.robot}: {arm.path.name} ({arm.n} joints)"
           + (f", recipe {recipe.name}" if recipe else "") + f", run folder {run.path}")

@@ -109,11 +109,13 @@ def _replay(run: RunDir, seed: int) -> dict[str, Any]:
     return {"replay": {name: {"nmse_mean": r["nmse_mean"], "vlb_mean": r["vlb_mean"]} for name, r in finals.items()}}
 
 
-def control_stage(out: str | Path, seed: int = 0, recipe: str = DEMO["control_recipe"], **options: Any) -> dict[str, Any]:
+def control_stage(out: str | Path, seed: int = 0, recipe: str = DEMO["control_recipe"], store: str | Path | None = None,
+                  **options: Any) -> dict[str, Any]:
     """The demo's control stage: the ``kuka`` recipe ``recipe`` (``options`` override its values)
-    into the run folder ``out``; returns each controller's mean tracking RMSE over the joints
-    before and after the payload, and whether the online model adapted (after the payload it
-    tracks better than the frozen model by at least a factor 2)."""
+    into the run folder ``out``, pretrained on ``store`` (None: a collection of its own); returns
+    each controller's mean tracking RMSE over the joints before and after the payload, and
+    whether the online model adapted (after the payload it tracks better than the frozen model
+    by at least a factor 2)."""
     from dataclasses import asdict
 
     from gpdyn.experiments.control_arm import run_arm
@@ -127,10 +129,9 @@ def control_stage(out: str | Path, seed: int = 0, recipe: str = DEMO["control_re
             raise TypeError(f"control_stage: ArmRunConfig has no option '{name}'")
         setattr(cfg, name, value)
     cfg.validate()
-    run = RunDir.create("control-kuka", {**asdict(cfg), "recipe": chosen.name, "recipe_file": str(chosen.path),
-                                         "recipe_values": chosen.values["config"], "options_given": options}, out=out)
+    run = RunDir.create("control-kuka", {**asdict(cfg), **chosen.record(options)}, out=out)
     print(f"   recipe {chosen.name}: {chosen.title}")
-    result = run_arm(run, cfg)
+    result = run_arm(run, cfg, store)
     rmse = {c: {phase: float(np.mean(v)) for phase, v in phases.items()} for c, phases in result["rmse"].items()}
     summary: dict[str, Any] = {"recipe": chosen.name, "rmse_before": {c: p.get("before") for c, p in rmse.items()},
                                "rmse_after": {c: p.get("after") for c, p in rmse.items()}, "report": result["report"]}
@@ -148,7 +149,7 @@ def control_stage(out: str | Path, seed: int = 0, recipe: str = DEMO["control_re
 
 
 def _control(run: RunDir, seed: int) -> dict[str, Any]:
-    return control_stage(run.path / "control", seed=seed)
+    return control_stage(run.path / "control", seed=seed, store=run.path / "kuka.zarr")  # stage 2's stream
 
 
 def demo(out: str | Path | None = None, seed: int = 0) -> RunDir:

@@ -86,6 +86,11 @@ class Recipe:
         cls = _section_class(self.robot, section)
         return cls(**{**fixed, **self.values.get(section, {})})
 
+    def record(self, given: dict[str, Any], section: str = "config") -> dict[str, Any]:
+        """What a run's config.json keeps of its recipe: name, file, the section's values and the options over them."""
+        return {"recipe": self.name, "recipe_file": str(self.path), "recipe_values": self.values[section],
+                "options_given": given}
+
     def summary(self) -> dict[str, Any]:
         """What a run folder's config records of its recipe."""
         return {"name": self.name, "file": str(self.path), "values": {s: dict(v) for s, v in self.values.items()}}
