@@ -6,19 +6,10 @@ import math
 
 import pytest
 import torch
+from double_integrator import A, DT, GOAL, linear
 
 from gpdyn.control.mpc import CEM, MPPI, MPCConfig, MPCConfigError, make_planner
 from gpdyn.errors import InputError
-
-DT = 0.1
-GOAL = torch.tensor([1.0, 0.0], dtype=torch.float64)
-A = torch.tensor([[1.0, DT], [0.0, 1.0]], dtype=torch.float64)
-B = torch.tensor([[0.5 * DT**2], [DT]], dtype=torch.float64)
-
-
-def linear(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Exact double-integrator step under a constant acceleration ``u`` for ``DT``."""
-    return x @ A.T + u @ B.T
 
 
 def cost(x: torch.Tensor, u: torch.Tensor, nxt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

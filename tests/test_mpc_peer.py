@@ -11,21 +11,12 @@ import sys
 
 import pytest
 import torch
+from double_integrator import GOAL, linear
 
 from gpdyn.cli import main
 from gpdyn.control.mpc import MPPI, MPCConfig
 from gpdyn.errors import InputError
 from gpdyn.experiments import bench_mpc as bm
-
-DT = 0.1
-GOAL = torch.tensor([1.0, 0.0], dtype=torch.float64)
-A = torch.tensor([[1.0, DT], [0.0, 1.0]], dtype=torch.float64)
-B = torch.tensor([[0.5 * DT**2], [DT]], dtype=torch.float64)
-
-
-def linear(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Exact double-integrator step under a constant acceleration ``u`` for ``DT``."""
-    return x @ A.T + u @ B.T
 
 
 def step_cost(nxt: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

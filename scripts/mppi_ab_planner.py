@@ -1,6 +1,6 @@
 """Planner overhead before and after, and pytorch-mppi, in one process (docs/results/mppi-peer/report.md).
 
-    python docs/results/mppi-peer/ab_planner.py [--base dc721a3] [--steps 20] [--out DIR]
+    python scripts/mppi_ab_planner.py [--base dc721a3] [--steps 20] [--out DIR]
 
 The baseline is gpdyn/control/mpc.py at ``--base`` (read with ``git show``, loaded as its own
 module) with the TRPO proposal as it was there (``FastTanh`` in place of ``tanh``); the new one
