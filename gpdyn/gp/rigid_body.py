@@ -68,6 +68,7 @@ class RigidBodyGP(Learner):
     """
 
     name = "rigid-body"
+    initialized = True  # it predicts from the start: as the prior
     # step() has nothing to optimise: the updater need not gather recent samples for it
     capabilities = frozenset({"step_on_observed"})
     # the prior and the column scales give theta its meaning: they are state too
@@ -127,8 +128,6 @@ class RigidBodyGP(Learner):
                            param_std=float(param_std), prior_gain_std=float(prior_gain_std),
                            change_threshold=float(change_threshold), reset_std=float(reset_std),
                            change_bodies=list(change_bodies), change_std=float(change_std))
-
-    initialized = True  # it predicts from the start: as the prior
 
     def _regressor(self, x_normalised: Tensor) -> Tensor:
         """``Y [N, n, p]`` at normalised inputs (the regressor works in physical units, on the CPU)."""
