@@ -2,8 +2,8 @@
 
 What the "learned model" is here: the sampler's planning model of the NOMINAL plant (a
 copy of its ``MjModel`` at the planning step, :class:`gpdyn.control.spline_sampling.SplineSampler`)
-plus a Gaussian-process residual on the joint-velocity change of each planning step,
-learned online from the controller's own executed transitions (residual physics:
+plus a Gaussian-process residual of each planning step (a generalized force by default, or
+a joint-velocity change), learned online from the controller's own executed transitions (residual physics:
 Zeng et al. 2020, "TossingBot"; Johannink et al. 2019, "Residual Reinforcement Learning
 for Robot Control"; with a GP residual as in Deisenroth & Rasmussen 2011's GP dynamics
 and Nguyen-Tuong & Peters 2010, "Using model knowledge for learning inverse dynamics").
@@ -105,7 +105,7 @@ class ResidualConfig:
 
 
 class HybridForward:
-    """Nominal planning model + online GP velocity residual (module docs), a ``Forward`` for
+    """Nominal planning model + online GP residual (force or velocity, module docs), a ``Forward`` for
     ``SplineSampler(forward=...)``: ``(qpos [nq], qvel [nv], controls [K, H, nu]) -> (qpos [K, H, nq], qvel [K, H, nv])``.
 
     ``model``: the nominal plant's ``MjModel`` (copied; the copy gets the planning time step
@@ -221,9 +221,7 @@ class HybridForward:
     def nominal_plant(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray) -> np.ndarray:
         """``qvel [K, nv]`` of the nominal plant at its own time step after the control steps ``controls [K, stride, nu]``."""
         per_substep = np.repeat(controls, self.frame_skip, axis=1)
-        init = np.zeros((qpos.shape[0], self.nstate))
-        init[:, self._q], init[:, self._v] = qpos, qvel
-        out, _ = mj_rollout.rollout(self.plant_model, self.plant_data, init, per_substep)
+        out, _ = mj_rollout.rollout(self.plant_model, self.plant_data, self._init_states(qpos, qvel), per_substep)
         return out[:, -1, self._v]
 
     def mass_matrix(self, qpos: np.ndarray) -> np.ndarray:
@@ -345,19 +343,15 @@ class HybridSamplingController(SamplingController):
         return action, record
 
     def observe(self, obs: np.ndarray, action: np.ndarray, next_obs: np.ndarray, info: Any) -> dict[str, Any]:
-        if not self.learn or len(self._history) < self.stride_steps:
+        if not self.learn or len(self._history) < self.config.stride:
             return {}
         start = time.process_time()
-        qpos, qvel, _ = self._history[-self.stride_steps]
-        controls = np.stack([h[2] for h in self._history[-self.stride_steps:]])
+        qpos, qvel, _ = self._history[-self.config.stride]
+        controls = np.stack([h[2] for h in self._history[-self.config.stride:]])
         self.forward.observe(qpos, qvel, controls, self.data.qvel.copy())
-        del self._history[: -self.stride_steps]  # older entries are no longer needed
+        del self._history[: -self.config.stride]  # older entries are no longer needed
         self._cpu[-1] += time.process_time() - start
         return {}
-
-    @property
-    def stride_steps(self) -> int:
-        return self.config.stride
 
     def summary(self) -> dict[str, Any]:
         return {**super().summary(), "residual_points": float(self.forward.observed), "residual_active": self.forward.active}

@@ -7,8 +7,8 @@ spline-sampling controllers (:mod:`gpdyn.control.spline_sampling`, :class:`gpdyn
 - ``true``: the changed plant's own ``MjModel`` as the planning model (the reference);
 - ``frozen``: :class:`gpdyn.control.hybrid_model.HybridForward` with its residual never
   updated, i.e. the NOMINAL plant's planning model;
-- ``online``: the same hybrid model, its GP velocity residual learned online from every
-  executed transition (with exploration noise ``explore_std`` on the executed action).
+- ``online``: the same hybrid model, its GP residual (``space``: a generalized force or a
+  velocity change) learned online from every executed transition (with exploration noise ``explore_std`` on the executed action).
 
 The "learned model" is nominal MuJoCo physics plus a learned GP residual, not a pure GP
 model (a pure GP of walking does not rank plans: ``scripts/sampler_learned_model.py``).
@@ -187,8 +187,7 @@ def episode(controller_name: str, change: str, seed: int, config: WalkLearnedCon
         diagnostics = [{**r, **loops.get(r["t"], {})} for r in diag.rank]
         for key in ("spearman_nominal", "spearman_online", "qvel_rmse_nominal", "qvel_rmse_online",
                     "one_step_qvel_rmse_nominal", "one_step_qvel_rmse_online", "torso_end_err_nominal", "torso_end_err_online"):
-            values = [d[key] for d in diagnostics if key in d and np.isfinite(d[key])]
-            record[key] = float(np.mean(values)) if values else float("nan")
+            record[key] = _mean(diagnostics, key)
     return record, diagnostics
 
 
@@ -279,8 +278,8 @@ def run(config: WalkLearnedConfig | None = None, cost: WalkingCost | None = None
     for r in rows:
         run_dir.log(kind="summary", **r)
     text = (f"# Walker2d, predictive sampling on a learned (hybrid) model after a plant change\n\n"
-            "The learned model is the NOMINAL plant's MuJoCo planning model plus a GP residual on the joint-velocity "
-            "change per planning step, learned online from the controller's own transitions "
+            "The learned model is the NOMINAL plant's MuJoCo planning model plus a GP residual per planning step "
+            f"(space: {config.residual.space}), learned online from the controller's own transitions "
             "(gpdyn/control/hybrid_model.py). true: the changed plant's own model; frozen: the nominal model (residual "
             "never updated); online: residual learned while walking. recovery = (online - frozen) / (true - frozen) of "
             f"the mean returns.\n\n{tables(rows, records, config.steps)}\n\nConfig: {asdict(config)}; cost: {asdict(cost)}.\n")
