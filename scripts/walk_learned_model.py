@@ -1,13 +1,15 @@
 """Walker2d walking by predictive sampling on a learned (hybrid) model after a plant change: true / frozen / online.
 
-    .venv/bin/python scripts/walk_learned_model.py --seeds 200,201,202,203,204,205,206,207 \
-        --changes weak_motor:0.3 --steps 1000 --out logs/walk-learned
-    .venv/bin/python scripts/walk_learned_model.py --combine logs/walk-learned,logs/other-run  # one table of finished runs
+    .venv/bin/python scripts/walk_learned_model.py --out logs/walk-learned        # the walker-learned-hip recipe
+    .venv/bin/python scripts/walk_learned_model.py --changes weak_motor:0.3 --seeds 200,201 --out logs/hip30
+    .venv/bin/python scripts/walk_learned_model.py --combine logs/walk-learned,logs/hip30  # one table of finished runs
 
-Each ``--changes`` item is CHANGE[:FACTOR] (a name of gpdyn.robots.walker.PLANT_CHANGES, or
-``none`` for the nominal plant). The learned model is the nominal plant's MuJoCo planning
-model plus a GP residual on the velocity change per planning step, learned online
-(gpdyn/control/hybrid_model.py). Writes the run folder's metrics.jsonl and report.md
+The sampler, cost, residual model, seeds, plant changes and controllers come from a
+``walker-learned`` recipe (``--recipe``, default ``walker-learned-hip``: gpdyn/recipes/); the
+options given here override its values. Each ``--changes`` item is CHANGE[:FACTOR] (a name of
+gpdyn.robots.walker.PLANT_CHANGES, or ``none`` for the nominal plant). The learned model is
+the nominal plant's MuJoCo planning model plus a GP residual per planning step (a
+generalized force or a velocity change), learned online (gpdyn/control/hybrid_model.py). Writes the run folder's metrics.jsonl, report.md and recipe.json
 (return, steps, falls, speed, CPU ms per control step, recovery fraction, model checks);
 see gpdyn/experiments/walk_learned_model.py.
 """
@@ -15,13 +17,13 @@ see gpdyn/experiments/walk_learned_model.py.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
-from gpdyn.control.hybrid_model import ResidualConfig
-from gpdyn.control.spline_sampling import SamplerConfig
 from gpdyn.device import set_threads
 from gpdyn.errors import InputError
-from gpdyn.experiments.walk_learned_model import CONTROLLERS, WalkLearnedConfig, combine, run
+from gpdyn.experiments.walk_learned_model import CONTROLLERS, combine, run
+from gpdyn.recipes import load_recipe
 
 
 def parse_changes(text: str) -> tuple[list[str], dict[str, float]]:
@@ -40,19 +42,23 @@ def parse_changes(text: str) -> tuple[list[str], dict[str, float]]:
     return names, factors
 
 
+RECIPE = "walker-learned-hip"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", default="200,201,202,203,204,205,206,207", help="comma-separated episode seeds")
-    p.add_argument("--changes", default="weak_motor:0.3", help="CHANGE[:FACTOR],... (none: the nominal plant)")
-    p.add_argument("--controllers", default=",".join(CONTROLLERS))
-    p.add_argument("--steps", type=int, default=1000)
-    p.add_argument("--explore", type=float, default=WalkLearnedConfig.explore_std, help="action noise while learning")
-    p.add_argument("--kernel", default=ResidualConfig.kernel, help="residual GP kernel: se or linear")
-    p.add_argument("--linear-inputs", default=ResidualConfig.linear_inputs, help="linear kernel over: all or action")
-    p.add_argument("--space", default=ResidualConfig.space, help="residual as a velocity change or a generalized force")
-    p.add_argument("--window", type=int, default=ResidualConfig.window)
-    p.add_argument("--noise", type=float, default=ResidualConfig.noise, help="residual GP noise (scaled targets)")
-    p.add_argument("--eval-every", type=int, default=WalkLearnedConfig.eval_every)
+    p.add_argument("--recipe", default=RECIPE, help=f"a walker-learned recipe, name or TOML file (default {RECIPE})")
+    p.add_argument("--seeds", default=None, help="comma-separated episode seeds (default: the recipe's)")
+    p.add_argument("--changes", default=None, help="CHANGE[:FACTOR],... (none: the nominal plant; default: the recipe's)")
+    p.add_argument("--controllers", default=None, help=f"comma-separated, of {', '.join(CONTROLLERS)}")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--explore", type=float, default=None, help="action noise while learning")
+    p.add_argument("--kernel", default=None, help="residual GP kernel: se or linear")
+    p.add_argument("--linear-inputs", default=None, help="linear kernel over: all or action")
+    p.add_argument("--space", default=None, help="residual as a velocity change or a generalized force")
+    p.add_argument("--window", type=int, default=None)
+    p.add_argument("--noise", type=float, default=None, help="residual GP noise (scaled targets)")
+    p.add_argument("--eval-every", type=int, default=None)
     p.add_argument("--out", default=None)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--combine", default=None, help="comma-separated finished run folders: print their joint tables, run nothing")
@@ -62,14 +68,24 @@ def main(argv: list[str] | None = None) -> int:
         if args.combine:
             print(combine([s.strip() for s in args.combine.split(",") if s.strip()]))
             return 0
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-        changes, factors = parse_changes(args.changes)
-        residual = ResidualConfig(kernel=args.kernel, space=args.space, linear_inputs=args.linear_inputs, window=args.window, noise=args.noise)
-        config = WalkLearnedConfig(seeds=seeds, steps=args.steps, changes=changes, factors=factors,
-                                   controllers=[c.strip() for c in args.controllers.split(",") if c.strip()],
-                                   explore_std=args.explore, eval_every=args.eval_every, sampler=SamplerConfig(),
-                                   residual=residual)
-        run(config, out=args.out, progress=not args.no_progress)
+        recipe = load_recipe(args.recipe, "walker-learned")
+        residual = dataclasses.replace(recipe.build("residual"), **{k: v for k, v in (
+            ("kernel", args.kernel), ("space", args.space), ("linear_inputs", args.linear_inputs),
+            ("window", args.window), ("noise", args.noise)) if v is not None})
+        config = recipe.build("run", sampler=recipe.build("sampler"), residual=residual)
+        if args.seeds is not None:
+            config.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        if args.changes is not None:
+            config.changes, config.factors = parse_changes(args.changes)
+        if args.controllers is not None:
+            config.controllers = [c.strip() for c in args.controllers.split(",") if c.strip()]
+        for name, value in (("steps", args.steps), ("explore_std", args.explore), ("eval_every", args.eval_every)):
+            if value is not None:
+                setattr(config, name, value)
+        print(f"walk_learned_model: recipe {recipe.name}")
+        folder = run(config, recipe.build("cost"), out=args.out, progress=not args.no_progress)
+        given = {k: v for k, v in vars(args).items() if k not in ("recipe", "out", "no_progress", "combine") and v is not None}
+        folder.write_json("recipe.json", {**recipe.summary(), "options_given": given})
     except (InputError, ValueError) as err:
         print(f"walk_learned_model: {err}", file=sys.stderr)
         return 2

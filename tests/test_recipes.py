@@ -258,3 +258,23 @@ def test_the_walking_script_runs_its_recipe_with_options_over_it(tmp_path):
     assert config["cost"] == recipe["values"]["cost"]
     bad = _write(tmp_path, "[sampler]\nknots = 1\n", HEAD.replace('robot = "walker"', 'robot = "walker-sampling"'))
     assert script.main(["--recipe", str(bad), "--out", str(tmp_path / "x")]) == 2 and not (tmp_path / "x").exists()
+
+
+def test_the_learned_walking_script_runs_its_recipe_with_options_over_it(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("walk_learned_model_script", ROOT / "scripts" / "walk_learned_model.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--seeds", "5", "--steps", "2", "--controllers", "frozen", "--eval-every", "0",
+                        "--window", "50", "--no-progress", "--out", str(tmp_path / "w")]) == 0
+    config = json.loads((tmp_path / "w" / "config.json").read_text())
+    recipe = json.loads((tmp_path / "w" / "recipe.json").read_text())
+    assert recipe["name"] == "walker-learned-hip" and recipe["options_given"]["window"] == 50
+    assert config["seeds"] == [5] and config["steps"] == 2 and config["controllers"] == ["frozen"]
+    assert config["factors"] == {"weak_motor": 0.1} == recipe["values"]["run"]["factors"]  # the recipe's
+    assert config["residual"]["window"] == 50 and config["residual"]["space"] == recipe["values"]["residual"]["space"]
+    assert config["cost"] == recipe["values"]["cost"]
+    bad = _write(tmp_path, "[run]\nfactors = { weak_motor = \"strong\" }\n",
+                 HEAD.replace('robot = "walker"', 'robot = "walker-learned"'))
+    assert script.main(["--recipe", str(bad), "--out", str(tmp_path / "x")]) == 2 and not (tmp_path / "x").exists()

@@ -11,7 +11,10 @@ A recipe is data, never code: a TOML file (read with :mod:`tomllib`) with
   and ``kuka`` (:class:`~gpdyn.experiments.control_arm.ArmRunConfig`); ``[sampler]``
   (:class:`~gpdyn.control.spline_sampling.SamplerConfig`), ``[cost]``
   (:class:`~gpdyn.robots.walker.WalkingCost`) and ``[run]`` (:class:`WalkRun`) for
-  ``walker-sampling`` (``scripts/walk_true_model.py``).
+  ``walker-sampling`` (``scripts/walk_true_model.py``); the same ``[sampler]`` and ``[cost]``,
+  ``[residual]`` (:class:`~gpdyn.control.hybrid_model.ResidualConfig`) and ``[run]``
+  (:class:`~gpdyn.experiments.walk_learned_model.WalkLearnedConfig`) for ``walker-learned``
+  (``scripts/walk_learned_model.py``).
 
 Loading is strict: an unknown key, a value of the wrong type, a non-finite number or a
 value the config's own ``validate`` refuses raises :class:`~gpdyn.errors.InputError`
@@ -45,6 +48,10 @@ KINDS: dict[str, dict[str, str]] = {
     "walker-sampling": {"sampler": "gpdyn.control.spline_sampling:SamplerConfig",
                         "cost": "gpdyn.robots.walker:WalkingCost",
                         "run": "gpdyn.recipes:WalkRun"},
+    "walker-learned": {"sampler": "gpdyn.control.spline_sampling:SamplerConfig",
+                       "cost": "gpdyn.robots.walker:WalkingCost",
+                       "residual": "gpdyn.control.hybrid_model:ResidualConfig",
+                       "run": "gpdyn.experiments.walk_learned_model:WalkLearnedConfig"},
 }
 # what a robot's command runs without --recipe: the best reported setting (see each recipe's description)
 DEFAULT_RECIPES = {"walker": "walker-weak-motor", "kuka": "kuka-payload"}
@@ -232,10 +239,15 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
         if isinstance(value, str):
             return value
         raise InputError(f"{where}: must be a string, got {value!r}")
-    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+    if (origin is tuple and len(args) == 2 and args[1] is Ellipsis) or origin is list:
         if not isinstance(value, list):
             raise InputError(f"{where}: must be a list, got {value!r}")
-        return tuple(_convert(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+        items = [_convert(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict and args[0] is str:
+        if not isinstance(value, dict):
+            raise InputError(f"{where}: must be a table, got {value!r}")
+        return {k: _convert(v, args[1], f"{where}.{k}") for k, v in value.items()}
     raise InputError(f"{where}: a field of type {hint} cannot be set by a recipe")
 
 
