@@ -149,6 +149,11 @@ class ArmRunConfig:
         if self.from_run is not None and not (Path(self.from_run) / "config.json").is_file():
             raise InputError(f"{where}: --from-run {self.from_run} is not a run folder of `gpdyn learn`")
 
+    def resolved_change_bodies(self, arm: ArmModel) -> list[str]:
+        """``change_bodies``, or the arm's payload body (where a load attaches) when it is None."""
+        if self.change_bodies is not None:
+            return list(self.change_bodies)
+        return [arm.payload_body] if arm.payload_body else []
 
     def check_arm(self, arm: ArmModel) -> None:
         """Raise InputError if the online model cannot be built for ``arm`` (checked before any data is collected)."""
@@ -160,7 +165,7 @@ class ArmRunConfig:
             raise InputError(f"{where} needs hinge or slide joints (nq = nv); {arm.path.name} has nq={model.nq}, "
                              f"nv={model.nv}: use --adapt residual")
         known = {mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, b) for b in moving_bodies(model)}
-        unknown = [b for b in self.change_bodies or () if b not in known]
+        unknown = [b for b in self.resolved_change_bodies(arm) if b not in known]
         if unknown:
             raise InputError(f"{where}: change_bodies {unknown} are not moving bodies of {arm.path.name} "
                              f"({', '.join(sorted(str(b) for b in known))})")
@@ -232,8 +237,8 @@ def _controller(name: str, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.nda
     learner = copy.deepcopy(frozen.learner)  # the frozen controller keeps the pretrained one
     if cfg.adapt == "rigid-body":
         stats = tuple(getattr(frozen.normalizer, k) for k in ("x_mean", "x_std", "y_mean", "y_std"))
-        bodies = cfg.change_bodies if cfg.change_bodies is not None else [arm.payload_body] if arm.payload_body else []
-        learner = RigidBodyGP(learner, InertialRegressor(arm.torque_model()), stats, x_train, change_bodies=bodies)
+        learner = RigidBodyGP(learner, InertialRegressor(arm.torque_model()), stats, x_train,
+                              change_bodies=cfg.resolved_change_bodies(arm))
     elif cfg.adapt == "residual":
         factors = [1.0] * (2 * n) + [cfg.qdd_lengthscale] * n
         learner = ResidualGP(learner, x_train, window=cfg.window, amplitude=1.0, lengthscale_factor=factors)
