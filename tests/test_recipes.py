@@ -69,8 +69,9 @@ def test_the_walker_sampling_recipe_is_the_planner_reported():
     from gpdyn.robots.walker import WalkingCost
 
     recipe = load_recipe("walker-true-model-walk", "walker-sampling")
-    assert recipe.build("sampler") == SamplerConfig() and recipe.build("cost") == WalkingCost()
-    assert recipe.build("run").seeds == tuple(range(100, 108)) and recipe.build("run").steps == 1000
+    # the sampler's defaults with 14 samples, which plan within the 8 ms control period
+    assert recipe.build("sampler") == SamplerConfig(samples=14) and recipe.build("cost") == WalkingCost()
+    assert recipe.build("run").seeds == tuple(range(108, 116)) and recipe.build("run").steps == 1000
 
 
 @pytest.mark.parametrize("body, key, what", [
