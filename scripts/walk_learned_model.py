@@ -84,8 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                 setattr(config, name, value)
         print(f"walk_learned_model: recipe {recipe.name}")
         folder = run(config, recipe.build("cost"), out=args.out, progress=not args.no_progress)
-        given = {k: v for k, v in vars(args).items() if k not in ("recipe", "out", "no_progress", "combine") and v is not None}
-        folder.write_json("recipe.json", {**recipe.summary(), "options_given": given})
+        recipe.write_summary(folder, vars(args), not_options=("no_progress", "combine"))
     except (InputError, ValueError) as err:
         print(f"walk_learned_model: {err}", file=sys.stderr)
         return 2

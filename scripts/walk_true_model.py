@@ -43,8 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         steps = episodes.steps if args.steps is None else args.steps
         print(f"walk_true_model: recipe {recipe.name}")
         folder = run(seeds, steps, sampler, cost, out=args.out)
-        given = {k: v for k, v in vars(args).items() if k not in ("recipe", "out") and v is not None}
-        folder.write_json("recipe.json", {**recipe.summary(), "options_given": given})
+        recipe.write_summary(folder, vars(args))
     except (InputError, ValueError) as err:
         print(f"walk_true_model: {err}", file=sys.stderr)
         return 2

@@ -98,9 +98,13 @@ class Recipe:
         return {"recipe": self.name, "recipe_file": str(self.path), "recipe_values": self.values[section],
                 "options_given": given}
 
-    def summary(self) -> dict[str, Any]:
-        """What a run folder's config records of its recipe."""
-        return {"name": self.name, "file": str(self.path), "values": {s: dict(v) for s, v in self.values.items()}}
+    def write_summary(self, folder: Any, options: dict[str, Any], not_options: tuple[str, ...] = ()) -> None:
+        """``recipe.json`` in a script's run folder (a :class:`~gpdyn.runs.RunDir`): the recipe and the
+        options given over it (``options``, e.g. ``vars(args)``: those that are None were not given;
+        ``recipe``, ``out`` and ``not_options`` are not settings)."""
+        given = {k: v for k, v in options.items() if k not in ("recipe", "out", *not_options) and v is not None}
+        folder.write_json("recipe.json", {"name": self.name, "file": str(self.path),
+                                          "values": {s: dict(v) for s, v in self.values.items()}, "options_given": given})
 
 
 def _section_class(robot: str, section: str) -> type:
