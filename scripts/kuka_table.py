@@ -25,16 +25,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gpdyn.experiments.control_report import mean_se
 from gpdyn.experiments.demo import control_stage
 from gpdyn.runs import RunDir
 
 VARIANTS = {"isotropic-reset": {"adapt": "rigid-body", "change_bodies": ()}, "residual": {"adapt": "residual"}}
-
-
-def mean_se(values: list[float]) -> str:
-    a = np.asarray(values)
-    se = a.std(ddof=1) / np.sqrt(len(a)) if len(a) > 1 else float("nan")
-    return f"{a.mean():.4f} ± {se:.4f}"
 
 
 def one_run(out: Path, name: str, **options) -> dict:
@@ -82,12 +77,12 @@ def main() -> None:
              "|---|---|---|---|---|---|---|---|"]
     for key, per_seed in results.items():
         runs = list(per_seed.values())
-        cell = {c: mean_se([r["rmse_after"][c] for r in runs]) if c in runs[0]["rmse_after"] else ""
+        cell = {c: mean_se([r["rmse_after"][c] for r in runs], 4) if c in runs[0]["rmse_after"] else ""
                 for c in ("pd", "true", "frozen", "online")}
         online = np.mean([r["rmse_after"]["online"] for r in runs])
         pd = [r["rmse_after"]["pd"] for r in runs if "pd" in r["rmse_after"]]
         ratio = f"{np.mean(pd) / online:.0f}x" if pd else ""
-        before = mean_se([r["rmse_before"]["online"] for r in runs])
+        before = mean_se([r["rmse_before"]["online"] for r in runs], 4)
         ms = np.mean([r["update_ms"] for r in runs], axis=0)
         lines.append(f"| {key} | {cell['pd']} | {cell['true']} | {cell['frozen']} | {cell['online']} | {ratio} | "
                      f"{before} | {ms[0]:.1f} / {ms[1]:.1f} |")

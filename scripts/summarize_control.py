@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpdyn.experiments.control_report import walker_planner_text
+from gpdyn.experiments.control_report import mean_se, walker_planner_text
 
 
 Episodes = dict[tuple[str, str], list[dict]]  # (condition, controller) -> episode records in episode order
@@ -64,11 +64,6 @@ def cell(record: dict | None, steps: int) -> str:
     return f"{record['return']:.1f}{fell}"
 
 
-def _mean_se(values: list[float]) -> str:
-    se = np.std(values, ddof=1) / np.sqrt(len(values)) if len(values) > 1 else float("nan")
-    return f"{np.mean(values):.1f} ± {se:.1f}"
-
-
 def _online_minus_frozen(runs: list[tuple[dict, Episodes, Errors]], steps: int, episodes: range | None = None) -> str | None:
     """Online − frozen on the changed plant, paired by seed and episode, over the episode indices ``episodes`` (None: all)."""
     diffs, falls = [], {"frozen": 0, "online": 0}
@@ -81,7 +76,7 @@ def _online_minus_frozen(runs: list[tuple[dict, Episodes, Errors]], steps: int, 
                 falls["online"] += o["length"] < steps
     if not diffs:
         return None
-    return (f"{_mean_se(diffs)}; online wins {sum(d > 0 for d in diffs)} of {len(diffs)}; falls: frozen "
+    return (f"{mean_se(diffs)}; online wins {sum(d > 0 for d in diffs)} of {len(diffs)}; falls: frozen "
             f"{falls['frozen']}, online {falls['online']}")
 
 
@@ -112,7 +107,7 @@ def summarize(folders: list[Path]) -> str:
                 if records.get((cond, ctrl)):
                     returns[(ctrl, cond)].append(records[(cond, ctrl)]["return"])
     lines.append("| mean ± se | " + ("| " if n_episodes > 1 else "")
-                 + " | ".join(_mean_se(returns[c]) if returns[c] else "-" for c in columns) + " |")
+                 + " | ".join(mean_se(returns[c]) if returns[c] else "-" for c in columns) + " |")
     lines.append("")
     overall = _online_minus_frozen(runs, steps)
     if overall:

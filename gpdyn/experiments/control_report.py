@@ -135,6 +135,13 @@ def write_walker_report(run: RunDir, cfg: Any) -> Path:
     return path
 
 
+def mean_se(values: list[float], digits: int = 1) -> str:
+    """``"mean ± standard error"`` of ``values`` (the error nan for one value), to ``digits`` decimals."""
+    a = np.asarray(values, dtype=float)
+    se = a.std(ddof=1) / np.sqrt(len(a)) if len(a) > 1 else float("nan")
+    return f"{a.mean():.{digits}f} ± {se:.{digits}f}"
+
+
 def _returns_cell(eps: list[dict[str, Any]], steps: int) -> str:
     """One controller's returns on one plant: the return, or the mean then each episode's; lengths where it fell."""
     each = [f"{e['return']:.1f}" + (f" ({e['length']} steps)" if e["length"] < steps else "") for e in eps]
@@ -288,4 +295,4 @@ def write_arm_report(run: RunDir, cfg: Any, arm: Any, joint_rmse: dict[str, dict
     return path
 
 
-__all__ = ["write_arm_report", "write_walker_report"]
+__all__ = ["mean_se", "write_arm_report", "write_walker_report"]
