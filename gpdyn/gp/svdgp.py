@@ -28,6 +28,22 @@ lowered by shrinking the amplitude. Each basis function added to beta (Algorithm
 q's covariance starts as the GPR posterior covariance after one noisy observation at each
 beta point (the posterior that eq. (7) is built to agree with, Section 3.3); the steps
 move ``B`` from there.
+
+Shared kernel (``shared_kernel=True``, off by default). The paper fits one GP per output,
+each with its own SE-ARD length scales (eq. (14)) and bases alpha, beta. With the option all
+outputs share one ``[1, D]`` set of length scales and one set of each basis (points and the
+factors c of eq. (15)), learned jointly from the sum of the outputs' bounds (eq. (5)); each
+output keeps its own a, L (eq. (7)), amplitude rho_p^2 and noise: the "shared independent"
+layout of multi-output sparse GPs (GPflow's ``SharedIndependent`` inducing variables). Since
+``k_p = rho_p^2 k_1`` with ``k_1`` the unit-amplitude kernel, eq. (8) becomes::
+
+    m_p(x) = k_1(x, alpha) (rho_p^2 a_p),
+    s_p(x, x) = rho_p^2 - || k_1(x, beta) (rho_p^2 L_p R_p^{-T}) ||^2,   R_p R_p^T = H_p
+
+so a prediction builds ``K_1(x, alpha)`` and ``K_1(x, beta)`` once for all P outputs (one
+matmul against ``[M, P]`` coefficients instead of P feature products), whatever training
+does to the hyperparameters: the one-kernel path that a fresh per-output model takes only
+until its outputs' length scales part.
 """
 
 from __future__ import annotations
@@ -56,6 +72,9 @@ class SVDGP(VariationalLearner):
             (:class:`~gpdyn.gp.hyperparams.InitWindow`), so that a time-ordered stream, whose
             first batch spans a fraction of a second, still starts from length scales of the
             data's spread; 0: from the first batch only.
+        shared_kernel: one set of length scales and one set of bases alpha, beta for all
+            outputs, each output with its own a, L, amplitude and noise (see the module docs);
+            False (default): one GP per output, as the paper.
         **kwargs: see :class:`~gpdyn.gp.variational.VariationalLearner`.
     """
 
@@ -80,8 +99,10 @@ class SVDGP(VariationalLearner):
         n_columns: int | None = 1024,
         jacobi: bool = True,
         init_window: int = 1024,
+        shared_kernel: bool = False,
         **kwargs,
     ) -> None:
+        self.shared_kernel = shared_kernel  # read by VariationalLearner.__init__ (shapes of the kernel tensors)
         super().__init__(input_dim, output_dim, init_window=init_window, **kwargs)
         if n_columns is not None and n_columns < 1:
             raise LearnerError(f"SVDGP: n_columns must be >= 1 or None, got {n_columns}")
@@ -91,7 +112,8 @@ class SVDGP(VariationalLearner):
             raise LearnerError(f"SVDGP: jacobi must be True or False, got {jacobi!r}")
         self.n_columns = n_columns
         self.jacobi = bool(jacobi)
-        self.config.update(m_alpha=int(m_alpha), m_beta=int(m_beta), n_columns=n_columns, jacobi=self.jacobi)
+        self.config.update(m_alpha=int(m_alpha), m_beta=int(m_beta), n_columns=n_columns, jacobi=self.jacobi,
+                           shared_kernel=self.shared_kernel)
         self.add_basis_set("alpha", m_alpha)
         self.add_basis_set("beta", m_beta)
         p = self.output_dim
@@ -163,14 +185,22 @@ class SVDGP(VariationalLearner):
         """Base-2 basis features of both bases (shared across outputs where they agree,
         :meth:`~gpdyn.gp.variational.VariationalLearner.prediction_features`) and
         ``W = L R^{-T}``: a prediction then costs one feature matmul and one ``exp2`` per
-        kernel entry, and no per-call work over the basis parameters."""
+        kernel entry, and no per-call work over the basis parameters. A basis shared by all
+        outputs (always with ``shared_kernel``) comes as unit-amplitude features, and the
+        amplitudes are folded into ``a`` and ``W`` (the module docs' form of eq. (8))."""
         terms = self.shared_terms()
         has_beta = "R" in terms
-        feats = self.prediction_features("alpha", *(("beta",) if has_beta else ()))
-        cache = {"ls": feats["ls"], "amp": self.amplitude, "a": terms["a"], "fa": feats["alpha"]}
+        feats = self.prediction_features("alpha", *(("beta",) if has_beta else ()), fold_amplitude=True)
+        a = terms["a"]
+        if "alpha_scale" in feats:
+            a = a * feats["alpha_scale"][:, None]
+        cache = {"ls": feats["ls"], "amp": self.amplitude, "a": a, "fa": feats["alpha"]}
         if has_beta:
             # k_{x,beta} L R^{-T}: the variance needs only W = L R^{-T}
-            cache.update(fb=feats["beta"], W=tri_solve(terms["R"], terms["L"].transpose(-1, -2)).transpose(-1, -2))
+            w = tri_solve(terms["R"], terms["L"].transpose(-1, -2)).transpose(-1, -2)
+            if "beta_scale" in feats:
+                w = w * feats["beta_scale"][:, None, None]
+            cache.update(fb=feats["beta"], W=w)
         return {k: v.detach() for k, v in cache.items()}
 
     def predict_cached(self, cache: Mapping[str, Tensor], x: Tensor) -> tuple[Tensor, Tensor]:

@@ -13,6 +13,12 @@ One :class:`VariationalLearner` holds, batched over the P outputs:
   each with log length-scale factors ``c`` of the generalized SE-ARD kernel (SVDGP
   eq. (15)): one per basis function (``scales="basis"``), one per basis function and
   dimension (``"dim"``) or none (``"none"``, plain SE-ARD);
+- with ``shared_kernel`` (a subclass option, SVDGP's): one set of length scales ``[1, D]``
+  and one of each basis ``[1, M, D]`` for every output, seen by the kernels as ``[P, ...]``
+  views (:meth:`VariationalLearner.lengthscale`, :meth:`VariationalLearner.basis`), so
+  that the loss summed over the outputs gives the shared tensors the gradient of the sum of
+  the outputs' bounds (SVDGP eq. (5)); amplitudes, noises and the variational parameters stay
+  per output ("shared independent" inducing variables of multi-output SVGP);
 - one Adam optimiser over everything the subclass does not update by natural or mirror
   steps, with the step size schedule ``gamma_t = gamma_0 / (1 + 0.1 sqrt(t))`` (SVDGP
   Section 4).
@@ -90,6 +96,9 @@ class VariationalLearner(Learner):
     """
 
     default_lr: float = 1e-2
+    #: one kernel (length scales) and one set of bases for every output (see the module
+    #: docs); a subclass that offers the option sets it before calling this ``__init__``
+    shared_kernel: bool = False
     capabilities = frozenset({"basis", "n_delta", "n_data"})
     # parameters, non-optimised buffers, basis counts, Adam state, counters and the generator
     state_fields = ("params", "buffers", "counts", "initialized", "t", "n_seen", "n_data", "optimizer", "generator")
@@ -129,6 +138,8 @@ class VariationalLearner(Learner):
             raise LearnerError(f"{type(self).__name__}: eval_chunk must be >= 1, got {eval_chunk}")
         if init_window < 0:
             raise LearnerError(f"{type(self).__name__}: init_window must be >= 0, got {init_window}")
+        if not isinstance(self.shared_kernel, bool):  # bool("false") is True: text must not pass
+            raise LearnerError(f"{type(self).__name__}: shared_kernel must be True or False, got {self.shared_kernel!r}")
         self.config: dict[str, Any] = {
             "input_dim": self.input_dim,
             "output_dim": self.output_dim,
@@ -143,7 +154,7 @@ class VariationalLearner(Learner):
         }
         p, d = self.output_dim, self.input_dim
         self.params: dict[str, Tensor] = {
-            "log_ls": self._zeros(p, d),
+            "log_ls": self._zeros(self.kernel_outputs, d),
             "log_amp": self._zeros(p),
             "log_noise": self._zeros(p),
         }
@@ -164,14 +175,21 @@ class VariationalLearner(Learner):
         return self.state_fields + (("init_window",) if self.init_window is not None else ())
 
     # -- construction helpers -----------------------------------------------------
+    @property
+    def kernel_outputs(self) -> int:
+        """Outputs that own a kernel and bases: 1 with ``shared_kernel``, else P (the leading
+        size of the length scales and basis tensors in ``params``)."""
+        return 1 if self.shared_kernel else self.output_dim
+
     def _zeros(self, *shape: int, grad: bool = True) -> Tensor:
         return torch.zeros(shape, dtype=self.dtype, device=self.device, requires_grad=grad)
 
     def add_basis_set(self, name: str, size: int, learn_points: bool = True) -> None:
-        """Preallocate basis ``name`` of ``size`` inducing functions per output."""
+        """Preallocate basis ``name`` of ``size`` inducing functions per output (one set for all
+        outputs with ``shared_kernel``)."""
         if size < 0:
             raise LearnerError(f"{type(self).__name__}: basis '{name}' size must be >= 0, got {size}")
-        p, d = self.output_dim, self.input_dim
+        p, d = self.kernel_outputs, self.input_dim
         k = {"basis": 1, "dim": d, "none": 0}[self.scales]
         self.params[f"{name}_z"] = self._zeros(p, size, d, grad=learn_points)
         if k:
@@ -189,7 +207,9 @@ class VariationalLearner(Learner):
     # -- hyperparameters and kernels ------------------------------------------------
     @property
     def lengthscale(self) -> Tensor:
-        return torch.exp(self.params["log_ls"])
+        """``[P, D]``; with ``shared_kernel`` a view of the one ``[1, D]`` set (its gradient is
+        the sum over the outputs)."""
+        return torch.exp(self.params["log_ls"]).expand(self.output_dim, -1)
 
     @property
     def amplitude(self) -> Tensor:
@@ -203,11 +223,16 @@ class VariationalLearner(Learner):
         return self.noise.detach()
 
     def basis(self, name: str) -> tuple[Tensor, Tensor | None]:
-        """Active inducing points ``[P, m, D]`` and factors ``[P, m, K]`` (None for c = 1)."""
-        m = self.counts[name]
+        """Active inducing points ``[P, m, D]`` and factors ``[P, m, K]`` (None for c = 1); with
+        ``shared_kernel`` views of the one set of every output."""
+        m, p = self.counts[name], self.output_dim
         z = self.params[f"{name}_z"][:, :m]
         logc = self.params.get(f"{name}_logc")
-        return z, (torch.exp(logc[:, :m]) if logc is not None else None)
+        c = torch.exp(logc[:, :m]) if logc is not None else None
+        if self.shared_kernel:
+            z = z.expand(p, -1, -1)
+            c = None if c is None else c.expand(p, -1, -1)
+        return z, c
 
     def kern(self, x1: Tensor, x2: Tensor, c1: Tensor | None = None, c2: Tensor | None = None) -> Tensor:
         """Prior covariance (SE-ARD) or inducing-function covariance (eq. (15)), ``[P, N, M]``."""
@@ -250,7 +275,7 @@ class VariationalLearner(Learner):
         return kernel_matvec(x, z, self.lengthscale, self.amplitude, v, c, cz)
 
     # -- prediction features -------------------------------------------------------------
-    def prediction_features(self, *names: str) -> dict[str, Tensor]:
+    def prediction_features(self, *names: str, fold_amplitude: bool = False) -> dict[str, Tensor]:
         """Detached base-2 features of the bases ``names`` for :func:`~gpdyn.gp.kernels.exp2_matvec`
         (keys: the names) and the length scales of the input features (key ``"ls"``).
 
@@ -259,15 +284,30 @@ class VariationalLearner(Learner):
         basis whose points, factors, length scales and amplitudes agree across outputs as
         ``[M, R]`` (one kernel serves all outputs), as in a freshly filled model whose outputs
         share their starting hyperparameters and points. Telling that reads values back, so
-        it is done on the CPU only (where it is free), once per cache rebuild.
+        it is done on the CPU only (where it is free), once per cache rebuild. With
+        ``shared_kernel`` the length scales and bases are one tensor by construction: shared
+        on any device, with no read-back.
+
+        ``fold_amplitude``: a basis whose points, factors and length scales agree is kept once
+        even where the amplitudes differ, as the features of the unit-amplitude kernel, and
+        the amplitudes ``rho_p^2 [P]`` come under the key ``"<name>_scale"``: since
+        ``k_p = rho_p^2 k_1`` (SVDGP eqs. (14)-(15)), the caller multiplies them into its
+        coefficients (``k_{x,alpha} a = k_1 (rho^2 a)`` for the mean of SVDGP eq. (8)). A
+        trained shared-kernel model, whose amplitudes differ, needs this to keep one kernel.
         """
         with torch.no_grad():
             ls, amp = self.lengthscale, self.amplitude
-            shared_ls = self.device.type == "cpu" and self.output_dim > 1 and same_across_outputs(ls)
+            shared_ls = self.output_dim > 1 and (
+                self.shared_kernel or (self.device.type == "cpu" and same_across_outputs(ls)))
             out = {"ls": ls[:1] if shared_ls else ls}
             for name in names:
                 z, c = self.basis(name)
-                if shared_ls and same_across_outputs(amp, z, c):
+                same_basis = shared_ls and (self.shared_kernel or same_across_outputs(z, c))
+                if same_basis and fold_amplitude:
+                    c1 = None if c is None else c[:1]
+                    out[name] = basis_features(z[:1], c1, ls[:1], torch.ones_like(amp[:1]), base2=True)[0]
+                    out[f"{name}_scale"] = amp
+                elif same_basis and self.device.type == "cpu" and same_across_outputs(amp):  # never read back on a GPU
                     out[name] = basis_features(z[:1], None if c is None else c[:1], ls[:1], amp[:1], base2=True)[0]
                 else:
                     out[name] = basis_features(z, c, ls, amp, base2=True)
@@ -326,7 +366,7 @@ class VariationalLearner(Learner):
                 ls = self.init_window.start(x, self.generator)
             else:
                 ls = median_lengthscale(x, generator=self.generator)
-            self.params["log_ls"].copy_(torch.log(ls).expand(self.output_dim, -1))
+            self.params["log_ls"].copy_(torch.log(ls).expand_as(self.params["log_ls"]))
             self.params["log_amp"].zero_()
             self.params["log_noise"].copy_(torch.log(initial_noise_variance(y)))
         self.initialized = True
