@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+import shutil
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from gpdyn.gp import make_learner
 from gpdyn.gp.base import LearnerError
 from gpdyn.gp.exact import ExactOnlineGP
 from gpdyn.gp.ski import AdditiveSKIKernel, GridError, SKIKernel
-from gpdyn.gp.wiski import WISKI
+from gpdyn.gp.wiski import WISKI, additive_mean_dense
 
 D64 = torch.float64
 HYPER = {
@@ -123,6 +124,9 @@ def test_bad_input_and_config_raise():
         WISKI(5, 1, components=0)
     with pytest.raises(LearnerError, match="basis functions"):
         WISKI(5, 1, components=200, grid_size=100)
+    for options in ({"structure": "single"}, {"projection": "per-output"}, {"proj_dim": 2}):
+        with pytest.raises(LearnerError, match="compiled_mean=True needs"):
+            WISKI(5, 1, compiled_mean=True, **options)
 
 
 def test_registry_builds_wiski_with_projection_for_wide_inputs():
@@ -358,6 +362,48 @@ def test_predict_mean_equals_predict_mean_and_counts_clamps(make):
     assert int(learner.predict_clamped) - before == 2 * clamped  # predict counts the same points
     with pytest.raises(LearnerError, match="predict_mean: x has"):
         learner.predict_mean(xt[..., :1])
+
+
+def test_dense_additive_mean_equals_the_gather_at_nodes_cell_edges_and_far_out():
+    """additive_mean_dense (the compiled_mean kernel, run eagerly here) against the fused gather:
+    points on grid nodes and cell edges (where the dense kernel switches pieces) and
+    inputs far out (tanh saturates: features at the grid's interior edge)."""
+    learner = _additive("shared")
+    x, y = _data(80, d=ADD_D)
+    learner.observe(x, y)
+    learner.step(x, y)
+    learner.predict_mean(x)  # the caches
+    g = torch.Generator().manual_seed(5)
+    xt = torch.cat([torch.randn(50, ADD_D, generator=g, dtype=D64), 40 * torch.randn(10, ADD_D, generator=g, dtype=D64)])
+    # inputs whose first component's feature lands exactly on grid nodes: invert the feature map
+    f = learner._fast
+    nodes = torch.arange(2, learner.grid_points - 2, dtype=D64)
+    feature = (nodes - f["offset"]) / f["inv_spacing"]  # tanh(x proj[:, 0] + shift[0]) = feature
+    w = f["proj"][:, 0]
+    on_nodes = torch.zeros(len(nodes), ADD_D, dtype=D64)
+    on_nodes[:, :] = ((torch.atanh(feature) - f["shift"][0]) / (w @ w)).unsqueeze(-1) * w
+    xt = torch.cat([xt, on_nodes])
+    dense = additive_mean_dense(xt, f["proj"], f["shift"], f["offset"], f["inv_spacing"],
+                                torch.arange(learner.grid_points, dtype=D64),
+                                learner._mean_cache[:, : learner.components * learner.grid_points], f["linear"])
+    torch.testing.assert_close(dense, learner._fused_mean(xt)[0], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")), reason="torch.compile needs a C++ compiler")
+def test_compiled_mean_equals_the_gather_path_across_batch_sizes():
+    """compiled_mean=True: the same means as the gather path (float64), for several chunk sizes
+    (dynamic shapes), and predict's mean takes it too."""
+    x, y = _data(80, d=ADD_D)
+    plain, compiled = (_additive(compiled_mean=c) for c in (False, True))
+    for learner in (plain, compiled):
+        learner.observe(x, y)
+        learner.step(x, y)
+    xt = torch.randn(2, 37, ADD_D, generator=torch.Generator().manual_seed(6), dtype=D64)
+    for chunk in (4096, 16, 5):
+        compiled.predict_chunk = chunk
+        torch.testing.assert_close(compiled.predict_mean(xt), plain.predict_mean(xt), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(compiled.predict(xt)[0], plain.predict(xt)[0], rtol=1e-12, atol=1e-12)
+    assert int(compiled.predict_clamped) == 0
 
 
 def test_predict_mean_before_data_and_with_nan_raise():

@@ -111,7 +111,9 @@ def bench_predict_mean(device: torch.device, points: int = 4096, rounds: int = 1
 
     Float32, the :data:`ADDITIVE` sizes (D = 21, P = 7) and each structure's default grid: the
     paper's 2-D structure (``structure="single"``, a learned 2-D projection per output, 16 x 16
-    grid, K = 16) and the additive one (C = 42 components of 8 points, K = 4 C + D + 1 = 190).
+    grid, K = 16) and the additive one (C = 42 components of 8 points, K = 4 C + D + 1 = 190),
+    on the CPU also the additive one with ``compiled_mean=True`` (its dense kernel through
+    :func:`torch.compile`; the compile happens in the warm-up call, outside the timing).
     Returns per structure: K, the seconds per call of predict_mean, of predict (mean and
     variance), of the 16-weight gather and of the K-weight gather, and the two ratios.
     """
@@ -121,10 +123,12 @@ def bench_predict_mean(device: torch.device, points: int = 4096, rounds: int = 1
     x_fit, y_fit = next(_stream_d(4096, seed, device, dtype, d, p))
     x = torch.randn(points, d, generator=gen, dtype=dtype).to(device)
     rows = []
-    for structure in ("single", "additive"):
-        learner = WISKI(d, p, device=device, dtype=dtype, seed=seed, structure=structure, validate=False)
+    variants = [("single", False), ("additive", False)] + ([("additive", True)] if device.type == "cpu" else [])
+    for structure, compiled in variants:
+        learner = WISKI(d, p, device=device, dtype=dtype, seed=seed, structure=structure, validate=False,
+                        compiled_mean=compiled)
         learner.observe(x_fit, y_fit)
-        learner.predict_mean(x)  # the cache refresh, outside the timing
+        learner.predict_mean(x)  # the cache refresh (and the compile), outside the timing
         idx, _, _ = learner._rows(x[:1])
         k_own, m = idx.shape[-1], learner.num_inducing
         table = torch.randn(p, m, generator=gen, dtype=dtype).to(device)
@@ -142,7 +146,7 @@ def bench_predict_mean(device: torch.device, points: int = 4096, rounds: int = 1
                     best[name] = min(best[name], seconds(lambda fn=fn: [fn() for _ in range(reps)], device) / reps)
             t_predict = min(seconds(lambda: learner.predict(x), device) for _ in range(3))
         rows.append({
-            "structure": structure, "K": k_own, "M": m, "points": points,
+            "structure": structure + (" (compiled mean)" if compiled else ""), "K": k_own, "M": m, "points": points,
             "predict_mean_s": best["predict_mean"], "predict_s": t_predict,
             "gather16_s": best["gather16"], "gather_own_s": best[f"gather{k_own}"],
             "ratio_gather16": best["predict_mean"] / best["gather16"],
