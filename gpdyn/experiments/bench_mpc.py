@@ -8,7 +8,11 @@ control runs use, ``gpdyn control walker --scale small``) with every basis funct
 place, from random normalised inputs (the cost of a prediction does not depend on the
 values), and its outputs are then given different length scales, as training leaves
 them: a fresh model's outputs share their starting hyperparameters and points, and the
-learners would then build one kernel for all of them (``fresh`` rows show that case).
+learners would then build one kernel for all of them (``fresh`` rows show that case). The
+``svdgp (shared kernel)`` row is SVDGP with ``shared_kernel=True``: one length-scale set and
+one set of bases for all outputs by construction, so after training its outputs differ in
+their amplitudes (given distinct ones here) and coefficients only, and it keeps the one
+kernel (:mod:`gpdyn.gp.svdgp`, docs/results/svdgp-shared-kernel/).
 
 Each model plans twice: with the cost ignoring the variance (``uncertainty="mean"``: the
 planner asks the learner's mean-only path, :meth:`~gpdyn.gp.base.Learner.predict_mean`) and
@@ -66,6 +70,8 @@ BENCH_MODELS = tuple(LEARNERS)  # every registered learner
 RESIDUAL_POINTS = 300
 #: rows of the random data that fill the bases
 FILL_ROWS = 2048
+#: extra rows of the planning table: (label, learner, its options), benched with distinct outputs
+OPTION_VARIANTS = {"svdgp": [("svdgp (shared kernel)", {"shared_kernel": True})]}
 #: benchmark-only peer planners and how to install each without replacing torch
 PEERS = {"pytorch-mppi": "bash scripts/install_peer.sh pytorch-mppi   (pip install --no-deps pytorch-mppi==0.9.1 "
                          "arm-pytorch-utilities==0.5.0 pytorch-seed==0.2.0)"}
@@ -76,7 +82,9 @@ TRIVIAL_REPEATS = 10
 
 
 def _distinct_outputs(learner: Learner, gen: torch.Generator) -> None:
-    """Give each output its own length scales (log-normal, 10 %), as training leaves them."""
+    """Give each output its own length scales (log-normal, 10 %), as training leaves them; a
+    shared-kernel SVDGP has one set (all its outputs get the first output's factor) and its
+    outputs get their own amplitudes instead (log-normal, 30 %), which training leaves apart."""
     from gpdyn.gp.exact import ExactOnlineGP
     from gpdyn.gp.residual import ResidualGP
     from gpdyn.gp.variational import VariationalLearner
@@ -85,7 +93,10 @@ def _distinct_outputs(learner: Learner, gen: torch.Generator) -> None:
     factor = torch.exp(0.1 * torch.randn(p, d, generator=gen, dtype=torch.float64)).to(learner.device, learner.dtype)
     with torch.no_grad():
         if isinstance(learner, VariationalLearner):
-            learner.params["log_ls"].add_(torch.log(factor))
+            log_ls = learner.params["log_ls"]
+            log_ls.add_(torch.log(factor)[: log_ls.shape[0]])
+            if learner.shared_kernel:
+                learner.params["log_amp"].add_((0.3 * torch.randn(p, generator=gen, dtype=torch.float64)).to(log_ls))
             learner._cache = None
         elif isinstance(learner, ExactOnlineGP):
             learner.set_hyperparameters(lengthscale=learner.hp.lengthscale.detach() * factor)
@@ -96,9 +107,10 @@ def _distinct_outputs(learner: Learner, gen: torch.Generator) -> None:
 
 
 def filled_learner(name: str, device: torch.device, dtype: torch.dtype, preset: str = "small", seed: int = 0,
-                   distinct: bool = True) -> Learner:
+                   distinct: bool = True, options: dict[str, Any] | None = None) -> Learner:
     """A walker-1 learner at ``preset`` with every basis function in place (random inputs);
-    ``distinct``: each output with its own length scales (:func:`_distinct_outputs`)."""
+    ``distinct``: each output with its own length scales (:func:`_distinct_outputs`);
+    ``options``: learner options over the preset (e.g. ``{"shared_kernel": True}``)."""
     d, p = LAYOUT.input_dim, LAYOUT.nv
     gen = torch.Generator().manual_seed(seed)
 
@@ -113,7 +125,7 @@ def filled_learner(name: str, device: torch.device, dtype: torch.dtype, preset: 
                                seed=seed)
         learner.observe(x, y)
     else:
-        learner = make_learner(name, d, p, preset=preset, device=device, dtype=dtype, seed=seed)
+        learner = make_learner(name, d, p, preset=preset, device=device, dtype=dtype, seed=seed, **(options or {}))
         if learner.can("point_limit"):  # the exact GP at its limit
             learner.observe(*batch(learner.room()))
         else:
@@ -128,10 +140,10 @@ def filled_learner(name: str, device: torch.device, dtype: torch.dtype, preset: 
 
 
 def filled_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0, preset: str = "small",
-                 distinct: bool = True) -> LearnedDynamics:
+                 distinct: bool = True, options: dict[str, Any] | None = None) -> LearnedDynamics:
     """Walker dynamics on :func:`filled_learner` (identity normaliser, delta target)."""
     d, p = LAYOUT.input_dim, LAYOUT.nv
-    learner = filled_learner(name, device, dtype, preset, seed, distinct)
+    learner = filled_learner(name, device, dtype, preset, seed, distinct, options)
     normalizer = Normalizer(np.zeros(d), np.ones(d), np.zeros(p), np.ones(p))
     return LearnedDynamics.from_learner(learner, normalizer, LAYOUT)
 
@@ -225,13 +237,14 @@ def bench_mpc(
     identity = lambda x, a: x  # noqa: E731  the planner alone: no model cost
     row("(planner alone)", "identity model", "mean", planning_seconds(identity, proposal, modes["mean"], repeats, device,
                                                                         dtype, seed))
-    variants = [(name, True) for name in models]
+    variants: list[tuple[str, str, bool, dict[str, Any] | None]] = [(name, name, True, None) for name in models]
     if fresh and "svdgp" in models:
-        variants.append(("svdgp", False))
-    for name, distinct in variants:
-        label = name if distinct else f"{name} (fresh)"
+        variants.append(("svdgp (fresh)", "svdgp", False, None))
+    for name in models:
+        variants += [(label, name, True, options) for label, options in OPTION_VARIANTS.get(name, [])]
+    for label, name, distinct, options in variants:
         try:
-            dyn = filled_model(name, device, dtype, seed, preset, distinct)
+            dyn = filled_model(name, device, dtype, seed, preset, distinct, options)
         except Exception as err:  # noqa: BLE001  reported in the table, the other models still run
             rows.append({"model": label, "sizes": "", "mode": "error", "error": f"{type(err).__name__}: {err}"})
             progress(f"  {label}: {type(err).__name__}: {err}")
