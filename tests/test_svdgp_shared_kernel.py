@@ -173,3 +173,44 @@ def test_bad_config_is_a_clear_error():
     # the option is SVDGP's: the other learners refuse it by name
     with pytest.raises(LearnerError, match="learner 'orthnat' has no option 'shared_kernel'"):
         make_learner("orthnat", D, P, preset="small", shared_kernel=True)
+
+
+def test_column_sampled_loss_equals_the_references_on_the_same_columns():
+    """A step's bound (SVDGP Section 3.4: a^T K_alpha a from sampled columns) per output equals
+    the one-output model's on the same draw of columns."""
+    model, x, y = _trained()
+    model.n_columns = 10  # of 40 basis functions
+    refs = [_reference(model, p) for p in range(P)]
+    state = model.generator.get_state()
+    loss = model.loss(x, y)
+    for p, ref in enumerate(refs):
+        ref.n_columns = 10
+        ref.generator.set_state(state)
+        torch.testing.assert_close(loss[p], ref.loss(x, y[:, p : p + 1])[0], rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("k", [None, 1, D])
+def test_shared_kernel_matmul_is_the_kernel_times_every_vector(k):
+    """Against gen_se_ard: value and gradients, in one block and in checkpointed blocks."""
+    from gpdyn.gp.kernels import gen_se_ard, shared_kernel_matmul
+
+    g = torch.Generator().manual_seed(3)
+    n, m = 7, 11
+    leaves = {"x1": torch.randn(n, D, generator=g, dtype=F64), "x2": torch.randn(m, D, generator=g, dtype=F64),
+              "ls": torch.rand(1, D, generator=g, dtype=F64) + 0.5, "v": torch.randn(P, m, generator=g, dtype=F64)}
+    if k is not None:
+        leaves["c1"] = torch.rand(n, k, generator=g, dtype=F64) + 0.5
+        leaves["c2"] = torch.rand(m, k, generator=g, dtype=F64) + 0.5
+    leaves = {name: t.requires_grad_() for name, t in leaves.items()}
+    c1, c2 = leaves.get("c1"), leaves.get("c2")
+    one = torch.ones(1, dtype=F64)
+    want = (gen_se_ard(leaves["x1"][None], leaves["x2"][None], leaves["ls"], one,
+                       None if c1 is None else c1[None], None if c2 is None else c2[None])[0] @ leaves["v"].T).T
+    w = torch.randn(P, n, generator=g, dtype=F64)
+    want_grads = torch.autograd.grad((w * want).sum(), list(leaves.values()))
+    for chunk in (10**6, 2 * n):  # one block; blocks of two columns (recomputed in backward)
+        got = shared_kernel_matmul(leaves["x1"], leaves["x2"], leaves["ls"], leaves["v"], c1, c2, chunk_elements=chunk)
+        torch.testing.assert_close(got, want)
+        grads = torch.autograd.grad((w * got).sum(), list(leaves.values()))
+        for name, a, b in zip(leaves, grads, want_grads):
+            torch.testing.assert_close(a, b, msg=lambda text, name=name: f"{name}: {text}")

@@ -476,6 +476,49 @@ def kernel_quadratic(
     return (w * kernel_matvec(x1, x2, lengthscale, amplitude, v, c1, c2, chunk_elements)).sum(-1)
 
 
+def shared_kernel_matmul(
+    x1: Tensor,
+    x2: Tensor,
+    lengthscale: Tensor,
+    v: Tensor,
+    c1: Tensor | None = None,
+    c2: Tensor | None = None,
+    chunk_elements: int = CHUNK_ELEMENTS,
+) -> Tensor:
+    """``K_1(x1, x2) v_p`` for every row of ``v [P, M]``: ``[P, N]``, where ``K_1`` is the
+    unit-amplitude kernel of SVDGP eq. (15) (eq. (14) for c = 1) with ``lengthscale [1, D]``,
+    one kernel for every output; ``x1 [N, D]``, ``x2 [M, D]``, factors ``c1 [N, K]``, ``c2 [M, K]``.
+
+    The training path of a shared-kernel learner: each kernel entry is computed once for all
+    P outputs (a ``[N, C] x [C, P]`` matmul per block) instead of once per output as
+    :func:`kernel_matvec` on ``[P, ...]`` views would. Differentiable in everything through
+    autograd on blocks of :func:`gen_se_ard`; with more than one block of ``chunk_elements``
+    entries each block is recomputed in the backward pass (``torch.utils.checkpoint``), so that
+    memory stays one block, not ``N x M``.
+    """
+    n, m = x1.shape[-2], x2.shape[-2]
+    if m == 0 or n == 0:
+        return v.new_zeros(v.shape[0], n) + 0.0 * v.sum()  # keeps v in the graph
+    one = torch.ones(1, dtype=lengthscale.dtype, device=lengthscale.device)
+    e1 = None if c1 is None else c1.unsqueeze(0)
+
+    def block(x2c: Tensor, c2c: Tensor | None, vc: Tensor) -> Tensor:
+        k = gen_se_ard(x1.unsqueeze(0), x2c.unsqueeze(0), lengthscale, one, e1, None if c2c is None else c2c.unsqueeze(0))
+        return vc @ k[0].transpose(0, 1)
+
+    chunk = max(1, min(m, chunk_elements // max(1, n)))
+    if chunk >= m:
+        return block(x2, c2, v)
+    from torch.utils.checkpoint import checkpoint
+
+    out = None
+    for lo in range(0, m, chunk):
+        sl = slice(lo, lo + chunk)
+        part = checkpoint(block, x2[sl], None if c2 is None else c2[sl], v[:, sl], use_reentrant=False)
+        out = part if out is None else out + part
+    return out
+
+
 def kernel_matvec(
     x1: Tensor,
     x2: Tensor,

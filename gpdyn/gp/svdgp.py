@@ -54,7 +54,7 @@ import torch
 from torch import Tensor
 
 from gpdyn.gp.base import LearnerError, cholesky
-from gpdyn.gp.kernels import basis_features, exp2_matvec, exp_matvec, input_features
+from gpdyn.gp.kernels import basis_features, exp2_matvec, exp_matvec, gen_se_ard, input_features, shared_kernel_matmul
 from gpdyn.gp.variational import VariationalLearner, tri_solve
 
 
@@ -155,7 +155,10 @@ class SVDGP(VariationalLearner):
         return terms
 
     def marginals(self, x: Tensor, terms: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
-        """SVDGP eq. (8) at the inputs (Appendix A.2.1); both kernels from one set of input features."""
+        """SVDGP eq. (8) at the inputs (Appendix A.2.1); both kernels from one set of input features
+        (with ``shared_kernel``: one kernel for all outputs, the module docs' form)."""
+        if self.shared_kernel:
+            return self._shared_marginals(x, terms)
         u = input_features(x, self.lengthscale, self.scales == "dim")
         za, ca = self.basis("alpha")
         mean = exp_matvec(u, basis_features(za, ca, self.lengthscale, self.amplitude), terms["a"])
@@ -164,6 +167,20 @@ class SVDGP(VariationalLearner):
             zb, cb = self.basis("beta")
             k_bx = torch.exp(basis_features(zb, cb, self.lengthscale, self.amplitude) @ u.transpose(-1, -2))
             v = tri_solve(terms["R"], terms["L"].transpose(-1, -2) @ k_bx)
+            var = var - (v * v).sum(-2)
+        return mean, var.clamp_min(1e-10)
+
+    def _shared_marginals(self, x: Tensor, terms: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """Eq. (8) with ``k_p = rho_p^2 k_1``: ``K_1(x, alpha)`` and ``K_1(beta, x)`` once for all outputs."""
+        ls, amp = self.lengthscale[:1], self.amplitude
+        za, ca = self.shared_basis("alpha")
+        mean = shared_kernel_matmul(x, za, ls, terms["a"] * amp[:, None], None, ca)
+        var = amp[:, None].expand_as(mean)
+        if "R" in terms:
+            zb, cb = self.shared_basis("beta")
+            one = torch.ones(1, dtype=self.dtype, device=self.device)
+            k_bx = gen_se_ard(zb.unsqueeze(0), x.unsqueeze(0), ls, one, None if cb is None else cb.unsqueeze(0))[0]
+            v = tri_solve(terms["R"], amp[:, None, None] * (terms["L"].transpose(-1, -2) @ k_bx))
             var = var - (v * v).sum(-2)
         return mean, var.clamp_min(1e-10)
 

@@ -50,6 +50,7 @@ from gpdyn.gp.kernels import (
     kernel_quadratic,
     median_lengthscale,
     same_across_outputs,
+    shared_kernel_matmul,
 )
 
 SCALES = ("basis", "dim", "none")
@@ -234,6 +235,15 @@ class VariationalLearner(Learner):
             c = None if c is None else c.expand(p, -1, -1)
         return z, c
 
+    def shared_basis(self, name: str) -> tuple[Tensor, Tensor | None]:
+        """With ``shared_kernel``: the one set of active points ``[m, D]`` and factors ``[m, K]``
+        (None for c = 1), without the output axis."""
+        if not self.shared_kernel:
+            raise LearnerError(f"{type(self).__name__}.shared_basis: the outputs have their own bases (shared_kernel=False)")
+        m = self.counts[name]
+        logc = self.params.get(f"{name}_logc")
+        return self.params[f"{name}_z"][0, :m], (torch.exp(logc[0, :m]) if logc is not None else None)
+
     def kern(self, x1: Tensor, x2: Tensor, c1: Tensor | None = None, c2: Tensor | None = None) -> Tensor:
         """Prior covariance (SE-ARD) or inducing-function covariance (eq. (15)), ``[P, N, M]``."""
         return gen_se_ard(x1, x2, self.lengthscale, self.amplitude, c1, c2)
@@ -254,8 +264,12 @@ class VariationalLearner(Learner):
 
         With ``n_columns`` smaller than the basis, an unbiased estimate from that many
         uniformly sampled columns of K (SVDGP Section 3.4: O(N_c M) instead of O(M^2));
-        otherwise exact, in row chunks.
+        otherwise exact, in row chunks. With ``shared_kernel`` the kernel is built once for all
+        outputs (:func:`~gpdyn.gp.kernels.shared_kernel_matmul`; ``a_p^T K_p a_p = rho_p^2
+        a_p^T K_1 a_p``), from the same sampled columns.
         """
+        if self.shared_kernel:
+            return self._shared_quadratic(name, a, n_columns)
         z, c = self.basis(name)
         m = z.shape[1]
         if n_columns is not None and n_columns < m:
@@ -266,6 +280,21 @@ class VariationalLearner(Learner):
             cj = None if c is None else c[:, idx]
             return (m / n_columns) * kernel_quadratic(z, z[:, idx], self.lengthscale, self.amplitude, a, a[:, idx], c, cj)
         return kernel_quadratic(z, z, self.lengthscale, self.amplitude, a, a, c, c)
+
+    def _shared_quadratic(self, name: str, a: Tensor, n_columns: int | None) -> Tensor:
+        z, c = self.shared_basis(name)
+        m = z.shape[0]
+        ls = self.lengthscale[:1]
+        if n_columns is not None and n_columns < m:
+            idx = torch.randperm(m, generator=self.generator)[:n_columns]  # the draw of the per-output path
+            if self.device.type == "cuda":
+                idx = idx.pin_memory()
+            idx = idx.to(self.device, non_blocking=True)
+            cj = None if c is None else c[idx]
+            # K_1(z_J, z) a^T: the sampled columns as rows, chunked over the whole basis
+            kv = shared_kernel_matmul(z[idx], z, ls, a, cj, c)
+            return (m / n_columns) * self.amplitude * (a[:, idx] * kv).sum(-1)
+        return self.amplitude * (a * shared_kernel_matmul(z, z, ls, a, c, c)).sum(-1)
 
     def kern_matvec(self, x: Tensor, name: str, v: Tensor, c: Tensor | None = None) -> Tensor:
         """``K_{x, basis} v`` for inputs ``x`` (factors ``c``, None for data) and ``v [P, m]``:
