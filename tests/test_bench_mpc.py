@@ -8,7 +8,7 @@ import json
 import torch
 
 from gpdyn.cli import main
-from gpdyn.experiments.bench_mpc import BENCH_MODELS, bench_mpc, filled_learner, table
+from gpdyn.experiments.bench_mpc import BENCH_MODELS, bench_mpc, filled_learner, ratio_text, table
 from gpdyn.gp import LEARNERS
 
 
@@ -46,3 +46,11 @@ def test_cli_bench_mpc_writes_its_report(tmp_path) -> None:
     config = json.loads((out / "config.json").read_text())
     assert config["dtype"] == "float32" and config["threads"] == torch.get_num_threads() and config["preset"] == "small"
     assert main(["bench", "mpc", "--models", "nope", "--out", str(tmp_path / "x")]) == 2
+
+
+def test_wiski_ratio_lines_name_each_path_and_report_errors() -> None:
+    ratios = {"wiski": {"label": "wiski", "N": 10, "m": 392, "mean_seconds": 2e-3, "gather_seconds": 5e-4, "ratio": 4.0},
+              "wiski_compiled": {"label": "wiski compiled_mean", "error": "LearnerError: no compiler"}}
+    text = ratio_text(ratios)
+    assert "`wiski` `predict_mean` at N = 10: 2.000 CPU-ms" in text and "**ratio 4.00**" in text
+    assert "`wiski compiled_mean` mean vs gather: error: LearnerError: no compiler" in text

@@ -12,7 +12,9 @@ learners would then build one kernel for all of them (``fresh`` rows show that c
 ``svdgp (shared kernel)`` row is SVDGP with ``shared_kernel=True``: one length-scale set and
 one set of bases for all outputs by construction, so after training its outputs differ in
 their amplitudes (given distinct ones here) and coefficients only, and it keeps the one
-kernel (:mod:`gpdyn.gp.svdgp`, docs/results/svdgp-shared-kernel/).
+kernel (:mod:`gpdyn.gp.svdgp`, docs/results/svdgp-shared-kernel/). The ``wiski (compiled
+mean)`` row (CPU only) is WISKI with ``compiled_mean=True``: its mean through a
+:func:`torch.compile`'d dense kernel (:func:`gpdyn.gp.wiski.additive_mean_dense`).
 
 Each model plans twice: with the cost ignoring the variance (``uncertainty="mean"``: the
 planner asks the learner's mean-only path, :meth:`~gpdyn.gp.base.Learner.predict_mean`) and
@@ -71,7 +73,10 @@ RESIDUAL_POINTS = 300
 #: rows of the random data that fill the bases
 FILL_ROWS = 2048
 #: extra rows of the planning table: (label, learner, its options), benched with distinct outputs
-OPTION_VARIANTS = {"svdgp": [("svdgp (shared kernel)", {"shared_kernel": True})]}
+OPTION_VARIANTS = {"svdgp": [("svdgp (shared kernel)", {"shared_kernel": True})],
+                   "wiski": [("wiski (compiled mean)", {"compiled_mean": True})]}
+#: options of a CPU-only path (their rows are left out on a GPU)
+CPU_ONLY_OPTIONS = {"compiled_mean"}
 #: benchmark-only peer planners and how to install each without replacing torch
 PEERS = {"pytorch-mppi": "bash scripts/install_peer.sh pytorch-mppi   (pip install --no-deps pytorch-mppi==0.9.1 "
                          "arm-pytorch-utilities==0.5.0 pytorch-seed==0.2.0)"}
@@ -241,7 +246,8 @@ def bench_mpc(
     if fresh and "svdgp" in models:
         variants.append(("svdgp (fresh)", "svdgp", False, None))
     for name in models:
-        variants += [(label, name, True, options) for label, options in OPTION_VARIANTS.get(name, [])]
+        variants += [(label, name, True, options) for label, options in OPTION_VARIANTS.get(name, [])
+                     if device.type == "cpu" or not CPU_ONLY_OPTIONS & options.keys()]
     for label, name, distinct, options in variants:
         try:
             dyn = filled_model(name, device, dtype, seed, preset, distinct, options)
@@ -279,20 +285,29 @@ def measure_ratios(models: list[str], n: int, device: torch.device, dtype: torch
                 progress(f"  svdgp {size} {rate['features']}: mean {rate['mean_seconds'] * 1e3:.2f} ms, "
                          f"{rate['gflops']:.1f} GFLOP/s = {100 * rate['share_of_sgemm']:.0f} % of sgemm")
     if "wiski" in models:
-        try:
-            learner = filled_learner("wiski", device, dtype, presets[0], seed)
-            gen = torch.Generator().manual_seed(3)
-            x = torch.randn(n, learner.input_dim, generator=gen, dtype=dtype).to(device)
-            with torch.no_grad():
-                mean_sec = seconds(lambda: learner.predict_mean(x), device, repeats, warmup=1)
-            m = int(getattr(learner, "num_inducing", 256))
-            gather = gather_seconds(learner.output_dim, m, n, repeats, dtype, device=device)
-            ratios["wiski"] = {"N": n, "m": m, "mean_seconds": mean_sec, "gather_seconds": gather, "ratio": mean_sec / gather}
-            progress(f"  wiski mean {mean_sec * 1e3:.2f} ms vs 16-weight gather {gather * 1e3:.2f} ms: "
-                     f"{mean_sec / gather:.2f}x")
-        except Exception as err:  # noqa: BLE001
-            ratios["wiski"] = {"error": f"{type(err).__name__}: {err}"}
+        ratios["wiski"] = wiski_mean_ratio(n, device, dtype, presets[0], seed, repeats, progress)
+        if device.type == "cpu":
+            ratios["wiski_compiled"] = wiski_mean_ratio(n, device, dtype, presets[0], seed, repeats, progress,
+                                                        compiled_mean=True)
     return ratios
+
+
+def wiski_mean_ratio(n: int, device: torch.device, dtype: torch.dtype, preset: str, seed: int, repeats: int,
+                     progress: Callable[[str], None] = print, **options: Any) -> dict[str, Any]:
+    """WISKI's ``predict_mean`` at ``n`` points (with ``options``) against a 16-weight gather."""
+    label = "wiski" + "".join(f" {k}" for k in options)
+    try:
+        learner = filled_learner("wiski", device, dtype, preset, seed, options=options or None)
+        gen = torch.Generator().manual_seed(3)
+        x = torch.randn(n, learner.input_dim, generator=gen, dtype=dtype).to(device)
+        with torch.no_grad():
+            mean_sec = seconds(lambda: learner.predict_mean(x), device, repeats, warmup=1)  # warm-up: the compile
+        m = int(getattr(learner, "num_inducing", 256))
+        gather = gather_seconds(learner.output_dim, m, n, repeats, dtype, device=device)
+    except Exception as err:  # noqa: BLE001  reported, the other ratios still stand
+        return {"label": label, "error": f"{type(err).__name__}: {err}"}
+    progress(f"  {label} mean {mean_sec * 1e3:.2f} ms vs 16-weight gather {gather * 1e3:.2f} ms: {mean_sec / gather:.2f}x")
+    return {"label": label, "N": n, "m": m, "mean_seconds": mean_sec, "gather_seconds": gather, "ratio": mean_sec / gather}
 
 
 class DoubleIntegrator:
@@ -450,12 +465,13 @@ def ratio_text(ratios: dict[str, Any]) -> str:
                    f"N = {r['N']}: {r['mean_seconds'] * 1e3:.2f} CPU-ms per `predict_mean` "
                    f"({r['predict_seconds'] * 1e3:.2f} ms per `predict`), **{r['gflops']:.1f} GFLOP/s = "
                    f"{100 * r['share_of_sgemm']:.0f} % of sgemm**.")
-    w = ratios.get("wiski")
-    if w and "error" in w:
-        out.append(f"- WISKI mean vs gather: error: {w['error']}")
-    elif w:
-        out.append(f"- WISKI `predict_mean` at N = {w['N']}: {w['mean_seconds'] * 1e3:.3f} CPU-ms; a plain 16-weight "
-                   f"gather from a [P, {w['m']}] table: {w['gather_seconds'] * 1e3:.3f} ms; **ratio {w['ratio']:.2f}**.")
+    for w in (ratios.get("wiski"), ratios.get("wiski_compiled")):
+        if w and "error" in w:
+            out.append(f"- `{w.get('label', 'wiski')}` mean vs gather: error: {w['error']}")
+        elif w:
+            out.append(f"- `{w.get('label', 'wiski')}` `predict_mean` at N = {w['N']}: {w['mean_seconds'] * 1e3:.3f} "
+                       f"CPU-ms; a plain 16-weight gather from a [P, {w['m']}] table: {w['gather_seconds'] * 1e3:.3f} ms; "
+                       f"**ratio {w['ratio']:.2f}**.")
     return "\n".join(out)
 
 
