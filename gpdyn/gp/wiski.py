@@ -108,8 +108,8 @@ DENSE_BLOCK = 1 << 24
 CUBIC = ((0.0, 1.0, 0.0, 0.0), (-1 / 3, -0.5, 1.0, -1 / 6), (0.5, -1.0, 0.5, 0.0), (-1 / 6, 0.5, -0.5, 1 / 6))
 
 
-def additive_mean_dense(x: Tensor, proj: Tensor, shift: Tensor, offset: Tensor, inv_spacing: Tensor, nodes: Tensor,
-                        coef_t: Tensor, linear: Tensor) -> Tensor:
+def additive_mean_dense(x: Tensor, proj_t: Tensor, shift: Tensor, offset: Tensor, inv_spacing: Tensor, nodes: Tensor,
+                        coef_t: Tensor, linear_t: Tensor) -> Tensor:
     """Eq. (14)'s mean ``phi(x)^T a`` ``[N, P]`` of the additive structure with shared 1-D projections, dense.
 
     Cubic Lagrange interpolation on a regular 1-D grid is a convolution with the kernel
@@ -117,22 +117,22 @@ def additive_mean_dense(x: Tensor, proj: Tensor, shift: Tensor, offset: Tensor, 
     ``1 <= |d| < 2`` and 0 beyond (``d``: distance to a node in grid units; the weights of
     :func:`gpdyn.gp.ski.cubic_weights` at the four nodes around a point), so each
     component's row is ``u(s - j)`` over its ``g`` nodes ``j``: no cell index, no gather.
-    The ``[N, C g]`` rows then meet the mean cache in one matrix product, taken as
-    ``a^T Phi^T`` because a product with only P (~10) output columns runs several times
-    slower on MKL. Written for :func:`torch.compile`, which fuses the elementwise part
-    into one loop (:meth:`WISKI.predict_mean` with ``compiled_mean=True``); eagerly it is
-    slower than the gather of :meth:`WISKI._fused_mean`.
+    Everything is laid out points-last (``[C, g, N]`` rows, ``a^T Phi^T``): the elementwise
+    loop runs along the points, and a product with only P (~10) output columns runs 3-4x
+    slower on MKL than its transpose. Written for :func:`torch.compile`, which fuses the
+    elementwise part into one loop (:meth:`WISKI.predict_mean` with ``compiled_mean=True``);
+    eagerly it is slower than the gather of :meth:`WISKI._fused_mean`.
 
-    ``proj [D, C]``, ``shift [C]``: the projection with its batch normalisation folded in;
+    ``proj_t [C, D]``, ``shift [C]``: the projection with its batch normalisation folded in;
     ``offset``, ``inv_spacing``: the grid map into grid units; ``nodes [g]``: 0..g-1;
-    ``coef_t [P, C g]``: the mean cache's grid part; ``linear [D + 1, P]``: its linear part.
+    ``coef_t [P, C g]``: the mean cache's grid part; ``linear_t [P, D + 1]``: its linear part.
     """
-    s = offset + torch.tanh(torch.addmm(shift, x, proj)) * inv_spacing  # [N, C], grid units
-    d = (s.unsqueeze(-1) - nodes).abs()  # [N, C, g]
+    s = offset + torch.tanh(torch.addmm(shift.unsqueeze(-1), proj_t, x.T)) * inv_spacing  # [C, N], grid units
+    d = (s.unsqueeze(1) - nodes.unsqueeze(-1)).abs()  # [C, g, N]
     near = ((0.5 * d - 1.0) * d - 0.5) * d + 1.0
     far = ((1.0 - d / 6.0) * d - 11.0 / 6.0) * d + 1.0
-    rows = torch.where(d < 1.0, near, torch.where(d < 2.0, far, torch.zeros_like(d))).flatten(1)
-    return (coef_t @ rows.T).T + torch.addmm(linear[-1], x, linear[:-1])
+    rows = torch.where(d < 1.0, near, torch.where(d < 2.0, far, torch.zeros_like(d))).flatten(0, 1)  # [C g, N]
+    return torch.addmm(torch.addmm(linear_t[:, -1:], linear_t[:, :-1], x.T), coef_t, rows).T
 
 
 _compiled_mean: Callable[..., Tensor] | None = None
@@ -773,13 +773,16 @@ class WISKI(Learner):
             "one": self._one,
             "linear": self._mean_cache[:, c * m :].T.contiguous(),  # [D + 1, P]
         }
-        if self.compiled_mean:  # additive_mean_dense's operands
+        if self.compiled_mean:  # additive_mean_dense's operands (the projection's come below)
             out["nodes"] = torch.arange(m, dtype=self.dtype, device=self.device)
             out["coef_t"] = self._mean_cache[:, : c * m].contiguous()
+            out["linear_t"] = self._mean_cache[:, c * m :].contiguous()
         if self.projection != "none":
             scale = (self.bn_gamma / self.bn_std).detach()  # [Q, F]
             out["proj"] = (self.proj_weight.detach() * scale.unsqueeze(1)).permute(1, 0, 2).reshape(self.input_dim, -1)
             out["shift"] = (self.bn_beta.detach() - self.bn_mean * scale).reshape(-1)
+            if self.compiled_mean:
+                out["proj_t"] = out["proj"].T.contiguous()
         return out
 
     def _fused_mean(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -840,8 +843,8 @@ class WISKI(Learner):
             return self._fused_mean(x)
         f = self._fast
         try:
-            mean = _compiled_additive_mean()(x, f["proj"], f["shift"], f["offset"], f["inv_spacing"], f["nodes"],
-                                             f["coef_t"], f["linear"])
+            mean = _compiled_additive_mean()(x, f["proj_t"], f["shift"], f["offset"], f["inv_spacing"], f["nodes"],
+                                             f["coef_t"], f["linear_t"])
         except Exception as error:  # the compile (a C++ toolchain) or the generated code failed
             raise LearnerError(f"WISKI: compiled_mean: torch.compile failed ({type(error).__name__}: {error}); "
                                "it needs a working C++ compiler; compiled_mean=False takes the gather path") from error
