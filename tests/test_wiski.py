@@ -386,7 +386,7 @@ def test_dense_additive_mean_equals_the_gather_at_nodes_cell_edges_and_far_out()
     grid_part = learner.components * learner.grid_points
     dense = additive_mean_dense(xt, f["proj"].T, f["shift"], f["offset"], f["inv_spacing"],
                                 torch.arange(learner.grid_points, dtype=D64),
-                                learner._mean_cache[:, :grid_part], learner._mean_cache[:, grid_part:])
+                                learner._mean_cache[:, :grid_part], f["linear_t"])
     torch.testing.assert_close(dense, learner._fused_mean(xt)[0], rtol=1e-10, atol=1e-10)
 
 

@@ -745,7 +745,7 @@ class WISKI(Learner):
         (per-output maps), so one point of one component costs one gathered row and no
         ``[..., 4^d]`` index tensor is built. The projection with its batch normalisation
         folded in (``x (A gamma / std) + (beta - mu gamma / std)``), the grid scaling and the
-        linear term's weights ``a_lin [D + 1, P]`` come along.
+        linear term's weights ``a_lin^T [P, D + 1]`` come along.
         """
         assert self.grid is not None
         p, q, c, d, m = self.output_dim, self.num_maps, self.components, self.grid_dim, self.grid_points
@@ -771,12 +771,11 @@ class WISKI(Learner):
             "upper": self.grid.counts - 2.0,
             "last_cell": self.grid.counts - 3.0,
             "one": self._one,
-            "linear": self._mean_cache[:, c * m :].T.contiguous(),  # [D + 1, P]
+            "linear_t": self._mean_cache[:, c * m :].contiguous(),  # [P, D + 1]
         }
         if self.compiled_mean:  # additive_mean_dense's operands (the projection's come below)
             out["nodes"] = torch.arange(m, dtype=self.dtype, device=self.device)
             out["coef_t"] = self._mean_cache[:, : c * m].contiguous()
-            out["linear_t"] = self._mean_cache[:, c * m :].contiguous()
         if self.projection != "none":
             scale = (self.bn_gamma / self.bn_std).detach()  # [Q, F]
             out["proj"] = (self.proj_weight.detach() * scale.unsqueeze(1)).permute(1, 0, 2).reshape(self.input_dim, -1)
@@ -831,8 +830,8 @@ class WISKI(Learner):
                 v = acc
             mean = v.sum(-1) if c > 1 else v.view(n, q)
         if self.linear_dim:
-            lin = f["linear"]
-            mean = mean + torch.addmm(lin[-1], x, lin[:-1])
+            lin_t = f["linear_t"]  # transposed: see additive_mean_dense
+            mean = mean + torch.addmm(lin_t[:, -1:], lin_t[:, :-1], x.T).T
         return mean, outside
 
     def _mean_chunk(self, x: Tensor) -> tuple[Tensor, Tensor]:
