@@ -91,6 +91,8 @@ def test_the_walker_sampling_recipe_is_the_planner_reported():
     ("[config]\nconditions = [\"windy\"]\n", "conditions", "windy"),
     ("[config]\ndevice = \"cuda\"\n", "device", "unknown key"),
     ("[config]\nextra = { m_alpha = 3 }\n", "extra", "unknown key"),
+    ("[config]\nlearner_options = { m_alpha = [3] }\n", "learner_options.m_alpha", "none of"),
+    ("[config]\nlearner = \"wiski\"\nlearner_options = { m_alpha = 3 }\n", "learner_options", "takes no option m_alpha"),
     ("[config]\nsteps = 10\nchange_at = 20\n", "the combination", "change-at"),
     ("[sampler]\nsamples = 3\n", "sampler", "unknown key"),
     ("config = 3\n", "config", "table"),
@@ -185,6 +187,18 @@ def test_options_override_the_recipe(tmp_path, captured):
     # the quick look is the configuration's defaults
     assert main(["control", "walker", "--recipe", "walker-quick-look", "--out", str(tmp_path / "c")]) == 0
     assert dataclasses.asdict(captured["walker"][1]) == dataclasses.asdict(type(cfg)())
+
+
+def test_learner_options_come_from_the_recipe_and_the_command_line(tmp_path, captured):
+    path = _write(tmp_path, '[config]\nlearner = "wiski"\nlearner_options = { compiled_mean = true, lr = 0.01 }\n')
+    assert main(["control", "walker", "--recipe", str(path), "--learner-option", "lr=0.2",
+                 "--learner-option", "predict_chunk=512", "--out", str(tmp_path / "a")]) == 0
+    cfg = captured["walker"][1]
+    assert cfg.learner_options == {"compiled_mean": True, "lr": 0.2, "predict_chunk": 512}
+    config = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert config["learner_options"] == cfg.learner_options and config["options_given"]["learner_options"]["lr"] == 0.2
+    assert main(["control", "walker", "--learner", "svi", "--learner-option", "compiled_mean=true",
+                 "--out", str(tmp_path / "b")]) == 2  # svi takes no such option: refused before the run
 
 
 def test_kuka_runs_its_recipe_and_a_user_file(tmp_path, captured):

@@ -13,6 +13,7 @@ from typing import Any
 
 from gpdyn.cli.common import (COUNT, DTYPE_NAMES, FRACTION, NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, PRESET_NAMES, SEED,
                               Number, add_device, add_learner, add_out)
+from gpdyn.cli.jobs import size_option
 
 
 SAMPLES = Number(int, 2)  # a sampling planner compares at least two sequences
@@ -99,6 +100,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="--adapt residual: the residual GP's kernel, SE over all inputs (default) or linear "
                         "over the action alone (a bias plus a gain per action: how the plant answers the action)")
     p.add_argument("--video", action="store_true", default=None, help="MP4 of the online episode on the changed plant")
+    p.add_argument("--learner-option", type=size_option, action="append", default=[], metavar="KEY=VALUE",
+                   help="an option of the learner's constructor over its preset and the recipe's, e.g. "
+                        "compiled_mean=true (wiski) or shared_kernel=true (svdgp); repeatable")
     p.set_defaults(handler="gpdyn.cli.control:cli_control")
 
     from gpdyn.cli import control_arm
@@ -152,6 +156,9 @@ def cli_control(args: argparse.Namespace) -> int:
     recipe = recipe_for(args, "walker")
     cfg = recipe.build(device=args.device)
     given = copy_options(cfg, args, WALKER_OPTIONS)
+    if args.learner_option:
+        cfg.learner_options = {**cfg.learner_options, **dict(args.learner_option)}
+        given["learner_options"] = cfg.learner_options
     if "change" in given and "change_factor" not in given:
         cfg.change_factor = None  # a recipe's factor belongs to its change: another change takes its own
     cfg.validate()

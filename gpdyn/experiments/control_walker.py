@@ -41,7 +41,7 @@ from gpdyn.control.loop import Controller, Episode, run_episode
 from gpdyn.control.mpc import MPCConfig, make_planner
 from gpdyn.device import MAX_SEED, resolve_device, resolve_dtype
 from gpdyn.errors import InputError
-from gpdyn.gp import LEARNERS, PRESETS, Learner, make_learner
+from gpdyn.gp import LEARNERS, PRESETS, Learner, learner_class, learner_options, make_learner
 from gpdyn.gp.online import nmse
 from gpdyn.gp.residual import RESIDUAL_KERNELS, ResidualGP
 from gpdyn.gp.training import OnlineUpdater, pretrain_learner
@@ -144,12 +144,16 @@ class WalkerRunConfig:
     dtype: str = "float64"
     video: bool = False
     progress: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)  # learner option overrides
+    # options of the learner's constructor over its preset (e.g. compiled_mean for wiski, shared_kernel for svdgp)
+    learner_options: dict[str, bool | int | float | str] = field(default_factory=dict)
 
     def validate(self) -> None:
         """Raise InputError naming the first bad option (the device included: before any data is collected)."""
         if self.learner not in LEARNERS:
             raise InputError(f"control walker: unknown learner '{self.learner}'; choose one of {', '.join(LEARNERS)}")
+        unknown = sorted(set(self.learner_options) - set(learner_options(learner_class(self.learner))))
+        if unknown:
+            raise InputError(f"control walker: learner_options: learner '{self.learner}' takes no option {', '.join(unknown)}")
         if self.steps < 1 or self.episodes < 1 or self.store_episodes < 1 or self.pretrain_iterations < 0:
             raise InputError(f"control walker: steps, episodes, store_episodes >= 1 and pretrain_iterations >= 0 needed, "
                              f"got {self.steps}, {self.episodes}, {self.store_episodes}, {self.pretrain_iterations}")
@@ -247,7 +251,7 @@ def pretrained_walker_model(cfg: WalkerRunConfig, store: str | Path) -> tuple[Le
     dtype = cfg.torch_dtype
     x, y = problem.tensors("train", cfg.device, dtype)
     learner = make_learner(cfg.learner, LAYOUT.input_dim, LAYOUT.nv, preset=cfg.scale, device=cfg.device, dtype=dtype,
-                            seed=cfg.seed, **cfg.extra)
+                            seed=cfg.seed, **cfg.learner_options)
     t0 = time.perf_counter()
     fit = pretrain_learner(learner, x, y, iterations=cfg.pretrain_iterations, batch=cfg.pretrain_batch,
                            seed=cfg.seed, progress=cfg.progress)
@@ -287,7 +291,7 @@ def walker_residual_gp(prior: Learner, reference_x: torch.Tensor, cfg: WalkerRun
 def copy_learner(learner: Learner, cfg: WalkerRunConfig) -> Learner:
     """A new learner of the same kind and sizes holding ``learner``'s state (the contract's checkpoint)."""
     twin = make_learner(cfg.learner, learner.input_dim, learner.output_dim, preset=cfg.scale, device=cfg.device,
-                         dtype=cfg.torch_dtype, seed=cfg.seed, **cfg.extra)
+                         dtype=cfg.torch_dtype, seed=cfg.seed, **cfg.learner_options)
     twin.load_state_dict(learner.state_dict())
     return twin
 

@@ -57,7 +57,7 @@ KINDS: dict[str, dict[str, str]] = {
 DEFAULT_RECIPES = {"walker": "walker-weak-motor", "kuka": "kuka-payload"}
 # fields a recipe may not set: the machine (device), the process (progress), the run's own name
 # (robot) and learner option overrides (extra, a free-form dict)
-NOT_IN_RECIPES = frozenset({"device", "progress", "robot", "extra"})
+NOT_IN_RECIPES = frozenset({"device", "progress", "robot"})
 METADATA = ("name", "robot", "title", "description", "use", "result")
 
 
