@@ -345,7 +345,9 @@ def test_the_proposal_is_evaluated_only_on_the_samples_that_follow_it() -> None:
 
     cfg = MPCConfig(horizon=5, samples=40, proposal_fraction=0.25)
     MPPI(linear, cost, [-1.0], [1.0], cfg, proposal=pd, seed=1).plan(torch.zeros(2, dtype=torch.float64))
-    assert rows == [1] * 5 + [10] * 5  # the initial nominal (one row per step), then 10 of 40 samples per step
+    # the initial nominal (one row per step), then at t = 0 one row (every sample is at the
+    # measured state), then 10 of 40 samples per step
+    assert rows == [1] * 5 + [1] + [10] * 4
 
 
 def _reference_rollout(planner, state: torch.Tensor, mean: torch.Tensor, noise: torch.Tensor,

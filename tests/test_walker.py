@@ -224,6 +224,41 @@ def test_torch_policy_acts_as_the_numpy_policy_with_its_fast_tanh():
     np.testing.assert_allclose(torch_policy(torch.as_tensor(states)).numpy(), want, atol=1e-12)
 
 
+def test_walker_cost_and_policy_observation_equal_their_reference_formulas_exactly():
+    """WalkerCost's in-place evaluation and TorchPolicy's folded observation clip compute the
+    Walker2d-v5 formulas to the last bit, on the interval bounds, at NaN and past the clips."""
+    from gpdyn.robots.walker import OBS_CLIP, TorchPolicy, WalkerCost, observation
+
+    gen = torch.Generator().manual_seed(0)
+    policy = load_policy()
+    for dtype in (torch.float64, torch.float32):
+        state = 4.0 * torch.randn(400, 18, generator=gen, dtype=dtype)
+        nxt = state + 0.1 * torch.randn(400, 18, generator=gen, dtype=dtype)
+        nxt[:, 1] = 1.25 + 0.5 * torch.randn(400, generator=gen, dtype=dtype)
+        nxt[:, 2] = 0.8 * torch.randn(400, generator=gen, dtype=dtype)
+        nxt[:4, 1] = torch.tensor([0.8, 2.0, float("nan"), 1.0])  # on z's bounds, NaN
+        nxt[4:8, 2] = torch.tensor([-1.0, 1.0, float("nan"), 0.0])  # on the angle's bounds, NaN
+        state[8, 10], state[9, 12] = 1e4, float("nan")  # past the observation's qvel clip, NaN
+        action = torch.randn(400, 6, generator=gen, dtype=dtype)
+        for cost in (WalkerCost(), WalkerCost(forward_reward_weight=0.7, ctrl_cost_weight=0.1, healthy_reward=2.5)):
+            z, angle = nxt[:, 1], nxt[:, 2]
+            ok = ((z > cost.healthy_z[0]) & (z < cost.healthy_z[1])
+                  & (angle > cost.healthy_angle[0]) & (angle < cost.healthy_angle[1]))
+            want = (cost.forward_reward_weight * ((nxt[:, 0] - state[:, 0]) / cost.dt) + cost.healthy_reward * ok.to(dtype)
+                    - cost.ctrl_cost_weight * (action * action).sum(-1))
+            reward, done = cost.reward(state, action, nxt)
+            assert torch.equal(cost.healthy(nxt), ok) and torch.equal(done, ~ok) and not bool(ok[2] or ok[6])
+            assert torch.equal(reward, want)
+            assert torch.equal(cost(state, action, nxt)[0], -want)
+        torch_policy = TorchPolicy(policy, "cpu", dtype)
+        s = state.clone()
+        s[s.isnan()] = 0.0
+        want_obs = ((observation(s) - torch_policy.mean) / torch_policy.scale).clamp(-policy.clip_obs, policy.clip_obs)
+        assert torch.equal(torch_policy._normalized_obs(s), want_obs)
+        assert bool((observation(s)[:, 8:].abs() == OBS_CLIP).any())  # the qvel clip was exercised
+        assert torch.isnan(torch_policy._normalized_obs(state)[9]).any()  # NaN stays NaN
+
+
 def test_fast_net_folds_tanh_into_the_linear_layers_and_computes_the_same_function():
     from gpdyn.robots.walker import FastTanh, _fast_net
 

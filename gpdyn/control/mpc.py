@@ -349,12 +349,15 @@ class Planner:
         relative = cfg.relative_to_proposal
         n_prop = int(round(cfg.proposal_fraction * k)) if self.proposal is not None and not relative else 0
         # the last n_prop samples follow the proposal closed-loop, with the same noise scale;
-        # the proposal is evaluated on them alone
+        # the proposal is evaluated on them alone, and at t = 0, where every sample is at the
+        # measured state, on one row
         guided = slice(k - n_prop, k)
         applied = torch.empty(h, k, nu, **kw)  # time-major: applied[t] is one contiguous [K, nu] block
         bounds = self._bounds
-        if not relative:  # every free sample's actions at once; the proposal's rows are overwritten step by step
-            torch.add(mean.unsqueeze(1), noise_t, out=applied).clamp_(*bounds)
+        if not relative:  # every free sample's actions at once (the proposal's rows are written step by step)
+            # only the free rows: the add transposes [K, H] rows of nu numbers to [H, K], ~1.7 ns a number
+            free = slice(0, k - n_prop)
+            torch.add(mean.unsqueeze(1), noise_t[:, free], out=applied[:, free]).clamp_(*bounds)
         x = state.expand(k, -1).clone()
         alive = torch.ones(k, dtype=torch.bool, device=self.device)
         alive_f = torch.ones(k, **kw)  # alive as a number, for the cost sum
@@ -369,14 +372,14 @@ class Planner:
                 if t >= h:  # the tail: the proposal alone
                     a = torch.clamp(self.proposal(x), *bounds)
                 elif relative:
-                    base = self.proposal(x)
+                    base = self.proposal(x[:1] if t == 0 else x)
                     a = torch.add(base + mean[t], noise_t[t]).clamp_(*bounds)  # not in place: a proposal may broadcast
                     torch.sub(a, base, out=applied[t])  # the offset as applied, so the update averages what was used
                 else:
                     a = applied[t]
-                    if n_prop:
-                        prop = self.proposal(x[guided]) + noise_t[t, guided]  # not in place: a proposal may broadcast
-                        torch.clamp(prop, *bounds, out=a[guided])
+                    if n_prop:  # written into a's rows (a proposal may broadcast, so not added in place)
+                        prop = self.proposal(x[:1] if t == 0 else x[guided])
+                        torch.add(prop, noise_t[t, guided], out=a[guided]).clamp_(*bounds)
                 nxt, var_full = self._model(x, a)
                 if var_full is not None:
                     var = var_full.sum(-1)
