@@ -33,7 +33,9 @@ def test_bench_rows_modes_and_ratios() -> None:
     assert ("svdgp (fresh)", "mean") in seen and ("(planner alone)", "mean") in seen
     assert all(r["seconds_per_step"] > 0 and "error" not in r for r in rows)
     assert ratios["sgemm_gflops"] > 0
-    assert [r["features"] for r in ratios["svdgp"]] == ["per output", "shared (fresh model)"]
+    assert [r["features"] for r in ratios["svdgp"]] == ["per output", "one kernel (shared_kernel)"]
+    assert [r["kernels"] for r in ratios["svdgp"]] == [9, 1] and ratios["exp2_gps"] > 0
+    assert all(0 < r["share_of_floor"] and r["floor_seconds"] > 0 for r in ratios["svdgp"])
     text = table(rows)
     assert all(f"| {name} |" in text for name in models)
 

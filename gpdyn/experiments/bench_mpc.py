@@ -26,9 +26,11 @@ on a GPU; ``gpdyn --threads`` sets torch's thread count (default 1).
 In the same run it measures what bounds the rates:
 
 - the planner alone (an identity model): sampling, the proposal and the cost;
-- float32 matrix multiply (sgemm) throughput, and SVDGP's mean path in the same units: a
-  prediction at N points with M basis functions costs ``2 N M D + 2 N M`` flops per output
-  (the feature matmul and the matvec); effective GFLOP/s and its share of sgemm;
+- float32 matrix multiply (sgemm) throughput and ``exp2`` throughput, and SVDGP's mean
+  path against them (per-output length scales and ``shared_kernel``): a mean at N points
+  with M basis functions builds one ``2 N M D``-flop feature matmul and ``N M`` ``exp2``
+  per distinct kernel and one ``2 N M``-flop matvec per output; its share of sgemm (the
+  flops done) and of its floor (the flops at sgemm speed plus the ``exp2`` at their rate);
 - WISKI's mean prediction against a plain 16-weight gather: ``torch.gather`` of 16 indices
   per point and output from a ``[P, m]`` table, times weights, summed, on the same N.
 
@@ -62,6 +64,7 @@ from gpdyn.device import device_name, resolve_device, seconds, set_threads
 from gpdyn.errors import InputError
 from gpdyn.gp import LEARNERS, PRESETS, make_learner
 from gpdyn.gp.base import Learner
+from gpdyn.gp.kernels import PREDICT_BLOCK_ELEMENTS
 from gpdyn.robots.walker import ACTION_HIGH, ACTION_LOW, DT, LAYOUT, NQ, NU, NV, NX, TorchPolicy, WalkerCost
 from gpdyn.runs import RunDir
 
@@ -193,17 +196,37 @@ def sgemm_gflops(dtype: torch.dtype, repeats: int = 5, n: int = 2048) -> float:
     return 2.0 * n**3 / seconds(lambda: torch.mm(a, b, out=out), "cpu", repeats, warmup=1) / 1e9
 
 
-def svdgp_mean_rate(learner: Learner, n: int, repeats: int) -> dict[str, Any]:
-    """SVDGP's mean path at ``n`` points: CPU seconds per ``predict_mean`` and effective
-    GFLOP/s at ``2 N M D + 2 N M`` flops per output."""
+def exp2_rate(dtype: torch.dtype, repeats: int = 5) -> float:
+    """``exp2`` evaluations per CPU second (G/s) on one cache-sized block, as the prediction
+    kernel runs them (:data:`gpdyn.gp.kernels.PREDICT_BLOCK_ELEMENTS` entries, out of place)."""
+    gen = torch.Generator().manual_seed(0)
+    src = -torch.rand(PREDICT_BLOCK_ELEMENTS, generator=gen, dtype=dtype) * 20.0  # kernel entries: exponents <= 0
+    dst = torch.empty_like(src)
+    reps = 50
+    sec = seconds(lambda: [torch.exp2(src, out=dst) for _ in range(reps)], "cpu", repeats, warmup=1)
+    return PREDICT_BLOCK_ELEMENTS * reps / sec / 1e9
+
+
+def svdgp_mean_rate(learner: Learner, n: int, repeats: int, kernels: int, sgemm: float, exp2: float) -> dict[str, Any]:
+    """SVDGP's mean path at ``n`` points against this machine's limit.
+
+    A mean builds ``kernels`` feature matmuls of ``2 N M D`` flops and ``N M`` ``exp2`` each (P
+    with per-output length scales, 1 with one kernel for all outputs) and P matvecs of
+    ``2 N M``. Its floor is those flops at sgemm speed (``sgemm`` GFLOP/s) plus the ``exp2``
+    at their own peak rate (``exp2`` G/s): ``share_of_floor`` is floor / measured time.
+    ``gflops`` counts the flops actually done.
+    """
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(n, learner.input_dim, generator=gen, dtype=learner.dtype).to(learner.device)
     m, d, p = learner.basis_counts["alpha"], learner.input_dim, learner.output_dim
     with torch.no_grad():
         sec = seconds(lambda: learner.predict_mean(x), learner.device, repeats, warmup=1)
         full = seconds(lambda: learner.predict(x), learner.device, repeats, warmup=1)
-    flops = p * (2.0 * n * m * d + 2.0 * n * m)
-    return {"M_alpha": m, "N": n, "mean_seconds": sec, "predict_seconds": full, "gflops": flops / sec / 1e9}
+    flops = kernels * 2.0 * n * m * d + p * 2.0 * n * m
+    floor = flops / (sgemm * 1e9) + kernels * n * m / (exp2 * 1e9)
+    return {"M_alpha": m, "N": n, "kernels": kernels, "mean_seconds": sec, "predict_seconds": full,
+            "gflops": flops / sec / 1e9, "share_of_sgemm": flops / sec / 1e9 / sgemm, "floor_seconds": floor,
+            "share_of_floor": floor / sec}
 
 
 def gather_seconds(p: int, m: int, n: int, repeats: int, dtype: torch.dtype, k: int = 16,
@@ -271,19 +294,23 @@ def measure_ratios(models: list[str], n: int, device: torch.device, dtype: torch
                    seed: int, repeats: int, progress: Callable[[str], None] = print) -> dict[str, Any]:
     """sgemm throughput, SVDGP's mean path against it (at each of ``presets``), and WISKI's
     mean prediction (at ``presets[0]``) against a 16-weight gather, all at ``n`` points."""
-    ratios: dict[str, Any] = {"sgemm_gflops": sgemm_gflops(dtype) if device.type == "cpu" else None, "svdgp": [],
-                              "wiski": None}
-    progress(f"  sgemm ({str(dtype).replace('torch.', '')}): {ratios['sgemm_gflops']:.1f} GFLOP/s")
-    if "svdgp" in models and device.type == "cpu":
+    cpu = device.type == "cpu"
+    ratios: dict[str, Any] = {"sgemm_gflops": sgemm_gflops(dtype) if cpu else None,
+                              "exp2_gps": exp2_rate(dtype) if cpu else None, "svdgp": [], "wiski": None}
+    if cpu:
+        progress(f"  sgemm ({str(dtype).replace('torch.', '')}): {ratios['sgemm_gflops']:.1f} GFLOP/s, "
+                 f"exp2 {ratios['exp2_gps']:.2f} G/s")
+    if "svdgp" in models and cpu:
         for size in dict.fromkeys(presets):
-            for distinct in (True, False):
-                learner = filled_learner("svdgp", device, dtype, size, seed, distinct)
-                rate = svdgp_mean_rate(learner, n, repeats)
-                rate.update(preset=size, features="per output" if distinct else "shared (fresh model)",
-                            share_of_sgemm=rate["gflops"] / ratios["sgemm_gflops"])
+            for features, options in (("per output", None), ("one kernel (shared_kernel)", {"shared_kernel": True})):
+                learner = filled_learner("svdgp", device, dtype, size, seed, options=options)
+                kernels = 1 if options else learner.output_dim
+                rate = svdgp_mean_rate(learner, n, repeats, kernels, ratios["sgemm_gflops"], ratios["exp2_gps"])
+                rate.update(preset=size, features=features)
                 ratios["svdgp"].append(rate)
-                progress(f"  svdgp {size} {rate['features']}: mean {rate['mean_seconds'] * 1e3:.2f} ms, "
-                         f"{rate['gflops']:.1f} GFLOP/s = {100 * rate['share_of_sgemm']:.0f} % of sgemm")
+                progress(f"  svdgp {size} {features}: mean {rate['mean_seconds'] * 1e3:.2f} ms, "
+                         f"{rate['gflops']:.1f} GFLOP/s = {100 * rate['share_of_sgemm']:.0f} % of sgemm, "
+                         f"{100 * rate['share_of_floor']:.0f} % of the floor")
     if "wiski" in models:
         ratios["wiski"] = wiski_mean_ratio(n, device, dtype, presets[0], seed, repeats, progress)
         if device.type == "cpu":
@@ -459,12 +486,16 @@ def ratio_text(ratios: dict[str, Any]) -> str:
     """The ratios as markdown."""
     out = []
     if ratios.get("sgemm_gflops"):
-        out.append(f"- sgemm (2048 x 2048, this dtype): **{ratios['sgemm_gflops']:.1f} GFLOP/s** of CPU time.")
+        out.append(f"- sgemm (2048 x 2048, this dtype): **{ratios['sgemm_gflops']:.1f} GFLOP/s** of CPU time; "
+                   f"`exp2` on a cache-sized block: **{ratios.get('exp2_gps') or float('nan'):.2f} G/s**.")
     for r in ratios.get("svdgp", []):
-        out.append(f"- SVDGP mean path, {r['preset']} preset (M_alpha = {r['M_alpha']}), {r['features']} features, "
+        floor = (f"; its floor (the flops at sgemm speed plus {r['kernels']} x N x M `exp2` at their rate) "
+                 f"{r['floor_seconds'] * 1e3:.2f} ms: **{100 * r['share_of_floor']:.0f} % of the floor**"
+                 if "floor_seconds" in r else "")
+        out.append(f"- SVDGP mean path, {r['preset']} preset (M_alpha = {r['M_alpha']}), {r['features']}, "
                    f"N = {r['N']}: {r['mean_seconds'] * 1e3:.2f} CPU-ms per `predict_mean` "
-                   f"({r['predict_seconds'] * 1e3:.2f} ms per `predict`), **{r['gflops']:.1f} GFLOP/s = "
-                   f"{100 * r['share_of_sgemm']:.0f} % of sgemm**.")
+                   f"({r['predict_seconds'] * 1e3:.2f} ms per `predict`), {r['gflops']:.1f} GFLOP/s done = "
+                   f"**{100 * r['share_of_sgemm']:.0f} % of sgemm**{floor}.")
     for w in (ratios.get("wiski"), ratios.get("wiski_compiled")):
         if w and "error" in w:
             out.append(f"- `{w.get('label', 'wiski')}` mean vs gather: error: {w['error']}")
@@ -533,4 +564,4 @@ def run_benchmark(
 
 __all__ = ["BENCH_MODELS", "PEERS", "REAL_TIME_HZ", "DoubleIntegrator", "TrackingCost", "bench_mpc", "filled_learner",
            "filled_model", "gather_seconds", "import_peer", "measure_ratios", "peer_comparison", "peer_planners",
-           "peer_table", "run_benchmark", "sgemm_gflops", "svdgp_mean_rate", "table"]
+           "peer_table", "run_benchmark", "sgemm_gflops", "exp2_rate", "svdgp_mean_rate", "table"]
