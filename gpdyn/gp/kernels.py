@@ -27,6 +27,7 @@ import math
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 #: elements of one ``[P, N, chunk]`` kernel block in :func:`kernel_matvec` (8 MiB of float64):
 #: each block goes through about ten passes, and blocks that stay in the L2/L3 caches
@@ -509,8 +510,6 @@ def shared_kernel_matmul(
     chunk = max(1, min(m, chunk_elements // max(1, n)))
     if chunk >= m:
         return block(x2, c2, v)
-    from torch.utils.checkpoint import checkpoint
-
     out = None
     for lo in range(0, m, chunk):
         sl = slice(lo, lo + chunk)
