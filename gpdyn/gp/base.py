@@ -21,9 +21,11 @@ Three things every learner declares on its class, so that no caller has to probe
 from __future__ import annotations
 
 import abc
+import contextlib
 import copy
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -33,6 +35,21 @@ from gpdyn.errors import InputError
 
 
 LOG_2PI = math.log(2.0 * math.pi)  # the constant of every Gaussian log density here
+
+
+@dataclass(frozen=True)
+class MeanProgram:
+    """A learner's predictive mean as a pure tensor function: ``function(x, *operands)`` is
+    :meth:`Learner.predict_mean` at normalised inputs ``x [N, D]``, ``[N, P]``.
+
+    No checks, no Python state, no control flow on values: a caller can trace it into a
+    larger :func:`torch.compile` program (the learned dynamics' whole model step,
+    :meth:`gpdyn.control.dynamics.LearnedDynamics.predict_mean`). The operands are the
+    learner's current caches, so a program is asked for again after every update.
+    """
+
+    function: Callable[..., Tensor]
+    operands: tuple[Tensor, ...]
 
 
 def cholesky(a: Tensor) -> Tensor:
@@ -64,6 +81,20 @@ class LearnerError(InputError):
 
 class NonFiniteError(LearnerError):
     """NaN or inf in a learner's data, raised before the learner changes any state."""
+
+
+@contextlib.contextmanager
+def compile_errors(what: str, eager_option: str) -> Iterator[None]:
+    """A failure of :func:`torch.compile` inside the block (its C++ toolchain, or the code it
+    generated) as a :class:`LearnerError` naming ``what`` and the option that takes the
+    eager path instead."""
+    try:
+        yield
+    except InputError:  # the caller's own errors (LearnerError is one) pass through
+        raise
+    except Exception as error:
+        raise LearnerError(f"{what}: torch.compile failed ({type(error).__name__}: {error}); it needs a working C++ "
+                           f"compiler; {eager_option} takes the eager path") from error
 
 
 # -- checkpoint data ------------------------------------------------------------------
@@ -379,6 +410,13 @@ class Learner(Stateful, abc.ABC):
         host sync; works under ``torch.no_grad()``.
         """
         return self.predict(x)[0]
+
+    def mean_program(self) -> MeanProgram | None:
+        """:meth:`predict_mean` as a :class:`MeanProgram` for callers that compile it into a
+        larger program, or None (the default): the learner's mean is not written for
+        :func:`torch.compile`. A learner returns one only where compiling is what its
+        options asked for (WISKI's ``compiled_mean``)."""
+        return None
 
     def predict_y(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Predictive mean and variance of an observation ``y`` at ``x [..., D]``, ``[..., P]`` each:

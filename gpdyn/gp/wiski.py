@@ -79,7 +79,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from gpdyn.gp.base import LOG_2PI, Learner, LearnerError
+from gpdyn.gp.base import LOG_2PI, Learner, LearnerError, MeanProgram, compile_errors
 from gpdyn.gp.hyperparams import SEHyperparameters, initial_noise_variance
 from gpdyn.gp.kernels import median_lengthscale
 from gpdyn.gp.ski import (
@@ -127,7 +127,10 @@ def additive_mean_dense(x: Tensor, proj_t: Tensor, shift: Tensor, offset: Tensor
     ``offset``, ``inv_spacing``: the grid map into grid units; ``nodes [g]``: 0..g-1;
     ``coef_t [P, C g]``: the mean cache's grid part; ``linear_t [P, D + 1]``: its linear part.
     """
-    s = offset + torch.tanh(torch.addmm(shift.unsqueeze(-1), proj_t, x.T)) * inv_spacing  # [C, N], grid units
+    # tanh(z) = 1 - 2 / (exp(2 z) + 1), exact at both limits (exp overflows to inf: 1; underflows to 0: -1):
+    # compiled, this runs ~3x faster than the tanh kernel it would otherwise take (0.1 ms of 0.6 at N = 1000)
+    z = torch.addmm(shift.unsqueeze(-1), proj_t, x.T)
+    s = offset + (1.0 - 2.0 / (torch.exp(2.0 * z) + 1.0)) * inv_spacing  # [C, N], grid units
     d = (s.unsqueeze(1) - nodes.unsqueeze(-1)).abs()  # [C, g, N]
     near = ((0.5 * d - 1.0) * d - 0.5) * d + 1.0
     far = ((1.0 - d / 6.0) * d - 11.0 / 6.0) * d + 1.0
@@ -840,14 +843,25 @@ class WISKI(Learner):
         inside the grid: nothing is clamped)."""
         if not self.compiled_mean:
             return self._fused_mean(x)
-        f = self._fast
-        try:
-            mean = _compiled_additive_mean()(x, f["proj_t"], f["shift"], f["offset"], f["inv_spacing"], f["nodes"],
-                                             f["coef_t"], f["linear_t"])
-        except Exception as error:  # the compile (a C++ toolchain) or the generated code failed
-            raise LearnerError(f"WISKI: compiled_mean: torch.compile failed ({type(error).__name__}: {error}); "
-                               "it needs a working C++ compiler; compiled_mean=False takes the gather path") from error
+        with compile_errors("WISKI: compiled_mean", "compiled_mean=False"):
+            mean = _compiled_additive_mean()(x, *self._dense_operands())
         return mean, self._zero
+
+    def _dense_operands(self) -> tuple[Tensor, ...]:
+        """:func:`additive_mean_dense`'s operands after ``x`` (from :meth:`_mean_tables`)."""
+        f = self._fast
+        return f["proj_t"], f["shift"], f["offset"], f["inv_spacing"], f["nodes"], f["coef_t"], f["linear_t"]
+
+    def mean_program(self) -> MeanProgram | None:
+        """With ``compiled_mean``, :func:`additive_mean_dense` and the current mean cache's
+        operands (refreshed first when an update made them stale); otherwise None."""
+        if not self.compiled_mean:
+            return None
+        if not self.initialized:
+            raise LearnerError("WISKI.mean_program: no data yet (call pretrain or observe first)")
+        if self._stale:
+            self._refresh()
+        return MeanProgram(additive_mean_dense, self._dense_operands())
 
     def _check_predict(self, x: Tensor, where: str) -> None:
         if not self.initialized:

@@ -1,0 +1,46 @@
+"""Pure tensor functions compiled by TorchInductor per input signature, with no per-call guards.
+
+:func:`torch.compile` evaluates TorchDynamo's guards on every call: for a model step with
+a dozen tensor arguments that is ~80 us of a 0.55 ms WISKI step (K = 1000, one CPU
+thread), 2.4 ms of every 30-step plan. A planner calls its model with the same shapes
+every time, so :class:`SignatureCompiled` traces the function once per signature (the
+shapes, strides and dtypes of its arguments) with ``make_fx`` and compiles the graph with
+TorchInductor directly: a call is then a dictionary lookup and the compiled code, whose
+own entry checks each argument's size and stride. Past ``max_signatures`` distinct
+signatures (callers with ever-changing batch sizes) it calls ``fallback`` instead of
+compiling again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import Tensor
+
+
+class SignatureCompiled:
+    """``function(*tensors)`` (pure: tensors in, tensors out, no Python state read at call
+    time) compiled once per argument signature, or ``fallback(*tensors)`` past
+    ``max_signatures`` of them. Compile errors propagate (wrap calls in
+    :func:`gpdyn.gp.base.compile_errors`)."""
+
+    def __init__(self, function: Callable[..., Any], fallback: Callable[..., Any], max_signatures: int = 4) -> None:
+        self.function, self.fallback, self.max_signatures = function, fallback, int(max_signatures)
+        self._compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
+
+    def __call__(self, *tensors: Tensor) -> Any:
+        key = tuple((t.shape, t.stride(), t.dtype) for t in tensors)
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            if len(self._compiled) >= self.max_signatures:
+                return self.fallback(*tensors)
+            compiled = self._compiled[key] = self._compile(tensors)
+        return compiled(*tensors)
+
+    def _compile(self, tensors: tuple[Tensor, ...]) -> Callable[..., Any]:
+        import torch._inductor
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        graph = make_fx(self.function)(*tensors)
+        return torch._inductor.compile(graph, list(tensors))
