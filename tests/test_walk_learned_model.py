@@ -156,9 +156,10 @@ def test_contact_force_target_recovers_a_weak_hip_where_the_inertia_inversion_sp
     got, blind = contact.target(q, v, u, nv), inertia.target(q, v, u, nv)
     err, blind_err = np.sqrt(((got - truth) ** 2).mean()), np.sqrt(((blind - truth) ** 2).mean())
     assert err < 0.5 * blind_err, (err, blind_err)
-    # it reproduces the data (to ~1 % of what the nominal plant misses: a constant force over the planning step
+    # it reproduces the data to 2 % of what the nominal plant misses (a constant force over the planning step
     # stands for one that changes with the action between its two control steps)
-    assert np.abs(contact.nominal_plant(q, v, u, got) - nv).max() < 0.05 < np.abs(contact.nominal_plant(q, v, u) - nv).max()
+    missed = np.abs(contact.nominal_plant(q, v, u) - nv).max()
+    assert np.abs(contact.nominal_plant(q, v, u, got) - nv).max() < 0.02 * missed
     with pytest.raises(InputError, match="force_target"):
         ResidualConfig(force_target="exact").validate()
 
