@@ -79,6 +79,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from gpdyn.compiled import SignatureCompiled
 from gpdyn.gp.base import LOG_2PI, Learner, LearnerError, MeanProgram, compile_errors
 from gpdyn.gp.hyperparams import SEHyperparameters, initial_noise_variance
 from gpdyn.gp.kernels import median_lengthscale
@@ -138,15 +139,16 @@ def additive_mean_dense(x: Tensor, proj_t: Tensor, shift: Tensor, offset: Tensor
     return torch.addmm(torch.addmm(linear_t[:, -1:], linear_t[:, :-1], x.T), coef_t, rows).T
 
 
-_compiled_mean: Callable[..., Tensor] | None = None
+_compiled_mean: SignatureCompiled | None = None
 
 
-def _compiled_additive_mean() -> Callable[..., Tensor]:
-    """:func:`additive_mean_dense` through :func:`torch.compile`, built once per process
-    (dynamic shapes: a new batch size does not recompile)."""
+def _compiled_additive_mean() -> SignatureCompiled:
+    """:func:`additive_mean_dense` compiled, built once per process: per batch shape without
+    per-call guards for the first few shapes (a planner's one batch size), then one
+    dynamic-shape :func:`torch.compile` for every other (:class:`~gpdyn.compiled.SignatureCompiled`)."""
     global _compiled_mean
     if _compiled_mean is None:
-        _compiled_mean = torch.compile(additive_mean_dense, dynamic=True)
+        _compiled_mean = SignatureCompiled(additive_mean_dense, fallback=torch.compile(additive_mean_dense, dynamic=True))
     return _compiled_mean
 
 
