@@ -160,8 +160,15 @@ def test_contact_force_target_recovers_a_weak_hip_where_the_inertia_inversion_sp
     # stands for one that changes with the action between its two control steps)
     missed = np.abs(contact.nominal_plant(q, v, u) - nv).max()
     assert np.abs(contact.nominal_plant(q, v, u, got) - nv).max() < 0.02 * missed
-    with pytest.raises(InputError, match="force_target"):
-        ResidualConfig(force_target="exact").validate()
+    # on the actuated joints alone: the floating base gets no force, the hip keeps its estimate
+    actuated = HybridForward(nominal_model(), DT, config=ResidualConfig(force_dofs="actuated"))
+    np.testing.assert_array_equal(actuated.force_dofs, np.arange(3, 9))
+    on_joints = actuated.target(q, v, u, nv)
+    assert not on_joints[:, :3].any()
+    assert np.sqrt(((on_joints - truth) ** 2).mean()) < 0.5 * blind_err
+    for bad in ({"force_target": "exact"}, {"force_dofs": "root"}):
+        with pytest.raises(InputError, match=next(iter(bad))):
+            ResidualConfig(**bad).validate()
 
 
 def test_force_space_needs_the_action_only_linear_kernel() -> None:

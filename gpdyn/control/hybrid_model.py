@@ -93,6 +93,9 @@ class ResidualConfig:
     # a finite-difference Jacobian); "inertia": M(q) dv / dt, which ignores the contacts (HybridForward.target)
     force_target: str = "contact"
     force_iterations: int = 3  # "contact": Gauss-Newton (chord) iterations
+    # force space: the generalized coordinates the force acts on: "all", or "actuated" (the actuators' joints only:
+    # no force on the floating base, where a target's unidentifiable part otherwise lands as a bias)
+    force_dofs: str = "all"
 
     def validate(self) -> None:
         """Raise InputError naming the first impossible option."""
@@ -106,7 +109,7 @@ class ResidualConfig:
                   ("lengthscale_factor", np.isfinite(self.lengthscale_factor) and self.lengthscale_factor > 0),
                   ("refit_every", self.refit_every >= 1), ("refit_iters", self.refit_iters >= 0),
                   ("forget", 0 < self.forget <= 1), ("force_target", self.force_target in ("contact", "inertia")),
-                  ("force_iterations", self.force_iterations >= 1))
+                  ("force_iterations", self.force_iterations >= 1), ("force_dofs", self.force_dofs in ("all", "actuated")))
         for name, ok in checks:
             if not ok:
                 extra = (" (the force space needs kernel='linear', linear_inputs='action', target='plant'; "
@@ -149,6 +152,10 @@ class HybridForward:
         self.nstate = mujoco.mj_stateSize(self.model, mujoco.mjtState.mjSTATE_FULLPHYSICS)
         self._q = slice(1, 1 + self.nq)
         self._v = slice(1 + self.nq, 1 + self.nq + self.nv)
+        # the coordinates the residual force acts on (the velocity space: every qvel)
+        actuated = sorted({int(model.jnt_dofadr[j]) for j in model.actuator_trnid[:, 0]})
+        self.force_dofs = np.array(actuated if self.config.space == "force" and self.config.force_dofs == "actuated"
+                                   else range(model.nv))
         self.learner: Any = None
         self._runner: Any = None  # mujoco.rollout.Rollout, made at the first stepwise rollout
         self._models: list[mujoco.MjModel] = []
@@ -184,7 +191,9 @@ class HybridForward:
         x = torch.as_tensor((self.features(qpos, qvel, u) - self.x_mean) / self.x_scale)
         with torch.no_grad():
             r = self.learner.predict_mean(x).numpy()
-        return r * self.r_scale
+        out = np.zeros(qvel.shape)
+        out[..., self.force_dofs] = r * self.r_scale
+        return out
 
     def __call__(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         k, h, _ = controls.shape
@@ -245,21 +254,28 @@ class HybridForward:
                       start: np.ndarray) -> np.ndarray:
         """The generalized force ``[K, nv]`` that, applied through the nominal plant's own steps (contacts and all),
         takes ``(qpos, qvel) [K, n]`` under ``controls [K, stride, nu]`` to ``next_qvel [K, nv]``: Gauss-Newton from
-        ``start [K, nv]`` with the finite-difference Jacobian ``J = d qvel' / d force`` taken once there (one rollout
+        ``start [K, nv]`` (on :attr:`force_dofs`, zero elsewhere) with the finite-difference Jacobian ``J = d qvel' / d force`` taken once there (one rollout
         call of the ``K (nv + 1)`` forces and their perturbations) and kept (the chord method: one rollout per
         further iteration), each step the damped least squares ``(J^T J + lambda I)^-1 J^T (next_qvel - qvel'(force))``. With a foot on the ground the plant's response to
         a force is not ``M^-1 force dt``: the contact takes up part of it, so the inertia inversion spreads a
         weakened hip's torque over the other joints (Walker2d, hip at 30 %, 150 transitions: its hip-column
         estimate -27 against the true -70, and +34 on the other thigh; -62 and +2 with these targets)."""
         k, nv = qvel.shape
-        force = np.array(start, dtype=float)
-        trial = (force[:, None, :] + np.vstack([np.zeros(nv), FORCE_STEP * np.eye(nv)])[None]).reshape(-1, nv)
-        reached = self.nominal_plant(np.repeat(qpos, nv + 1, 0), np.repeat(qvel, nv + 1, 0),
-                                     np.repeat(controls, nv + 1, 0), trial).reshape(k, nv + 1, nv)
-        jac = (reached[:, 1:] - reached[:, :1]).transpose(0, 2, 1) / FORCE_STEP  # [K, nv (qvel), nv (force)]
+        dofs = self.force_dofs  # the force acts on these coordinates only (config.force_dofs)
+        m = len(dofs)
+        force = np.zeros((k, nv))
+        force[:, dofs] = start[:, dofs]
+        perturb = np.zeros((m + 1, nv))
+        perturb[np.arange(1, m + 1), dofs] = FORCE_STEP
+        trial = (force[:, None, :] + perturb[None]).reshape(-1, nv)
+        reached = self.nominal_plant(np.repeat(qpos, m + 1, 0), np.repeat(qvel, m + 1, 0),
+                                     np.repeat(controls, m + 1, 0), trial).reshape(k, m + 1, nv)
+        jac = (reached[:, 1:] - reached[:, :1]).transpose(0, 2, 1) / FORCE_STEP  # [K, nv (qvel), m (force)]
         gram = jac.transpose(0, 2, 1) @ jac
-        damping = 1e-6 * np.trace(gram, axis1=1, axis2=2)[:, None, None] * np.eye(nv)
-        step_of = np.linalg.solve(gram + damping, jac.transpose(0, 2, 1))  # [K, nv, nv]: velocity miss -> force step
+        damping = 1e-6 * np.trace(gram, axis1=1, axis2=2)[:, None, None] * np.eye(m)
+        lift = np.zeros((m, nv))
+        lift[np.arange(m), dofs] = 1.0
+        step_of = lift.T @ np.linalg.solve(gram + damping, jac.transpose(0, 2, 1))  # [K, nv, nv]: velocity miss -> force step
         # each transition keeps its best force so far: where a contact comes or goes within the step the
         # Jacobian at the start can point the wrong way, and a step that misses more is not taken
         best, best_velocity = force, reached[:, 0]
@@ -313,7 +329,7 @@ class HybridForward:
         if not all(np.isfinite(a).all() for a in (qpos, qvel, controls, next_qvel)):
             raise InputError("hybrid model: observe got a non-finite state or control")
         u = controls.mean(0, keepdims=True)
-        x, r = self.features(qpos, qvel, u)[0], self.target(qpos, qvel, controls[None], next_qvel)[0]
+        x, r = self.features(qpos, qvel, u)[0], self.target(qpos, qvel, controls[None], next_qvel)[0, self.force_dofs]
         self.observed += 1
         if self.learner is None:
             self._pending.append((x, r))
