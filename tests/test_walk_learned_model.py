@@ -171,6 +171,30 @@ def test_contact_force_target_recovers_a_weak_hip_where_the_inertia_inversion_sp
             ResidualConfig(**bad).validate()
 
 
+def test_online_check_keeps_a_residual_that_predicts_and_drops_one_that_does_not() -> None:
+    """Each transition is predicted before it is learned: on a weak hip the residual beats the nominal plant
+    and stays in use; on transitions whose difference from the nominal plant is noise no force of the action
+    explains, it predicts worse than none, and the planning model goes back to the nominal one."""
+    cfg = ResidualConfig(warmup=10, gate_window=40)
+    weak = HybridForward(nominal_model(), DT, config=cfg)
+    for q, v, u, nv in _transitions("weak_motor", 0.1, 60, seed=6):
+        weak.observe(q, v, u, nv)
+    assert weak.in_use and weak.distrusted_steps < 25  # of the 50 checked: off only while its first fits are poor
+    noisy = HybridForward(nominal_model(), DT, config=cfg)
+    rng = np.random.default_rng(0)
+    data = _transitions("none", None, 80, seed=7)
+    for q, v, u, _ in data:
+        nominal = noisy.nominal_plant(q[None], v[None], u[None])[0]
+        noisy.observe(q, v, u, nominal + 0.5 * rng.standard_normal(nominal.shape))
+    assert noisy.active and not noisy.in_use and noisy.distrusted_steps > 0
+    q, v, u, _ = data[-1]
+    assert not noisy.residual(q[None], v[None], u[:1]).any()
+    controls = rng.uniform(-1, 1, (3, 8, 6))
+    plain = HybridForward(nominal_model(), DT)
+    for got, want in zip(noisy(q, v, controls), plain(q, v, controls), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_force_space_needs_the_action_only_linear_kernel() -> None:
     with pytest.raises(InputError, match="space"):
         ResidualConfig(space="force", kernel="se").validate()

@@ -46,6 +46,7 @@ spread. Its predictions are batched over the ``K`` samples at each planning step
 
 from __future__ import annotations
 
+import collections
 import copy
 import time
 from dataclasses import dataclass
@@ -61,6 +62,8 @@ from gpdyn.errors import InputError
 from gpdyn.gp import make_learner
 
 
+#: checked transitions before the online check may switch the residual off
+GATE_MIN = 20
 #: the force perturbation (N m or N per generalized coordinate) of :meth:`HybridForward.contact_force`'s Jacobian
 FORCE_STEP = 1.0
 
@@ -96,6 +99,10 @@ class ResidualConfig:
     # force space: the generalized coordinates the force acts on: "all", or "actuated" (the actuators' joints only:
     # no force on the floating base, where a target's unidentifiable part otherwise lands as a bias)
     force_dofs: str = "all"
+    # the online check: each transition is predicted before it is learned, and over the last gate_window of them the
+    # residual is used only while its one-step squared error is below the nominal plant's (0: always used). A plant
+    # change the residual's form cannot express (feet that slip: foot friction x0.5) otherwise makes it worse than none
+    gate_window: int = 100
 
     def validate(self) -> None:
         """Raise InputError naming the first impossible option."""
@@ -109,7 +116,8 @@ class ResidualConfig:
                   ("lengthscale_factor", np.isfinite(self.lengthscale_factor) and self.lengthscale_factor > 0),
                   ("refit_every", self.refit_every >= 1), ("refit_iters", self.refit_iters >= 0),
                   ("forget", 0 < self.forget <= 1), ("force_target", self.force_target in ("contact", "inertia")),
-                  ("force_iterations", self.force_iterations >= 1), ("force_dofs", self.force_dofs in ("all", "actuated")))
+                  ("force_iterations", self.force_iterations >= 1), ("force_dofs", self.force_dofs in ("all", "actuated")),
+                  ("gate_window", self.gate_window >= 0))
         for name, ok in checks:
             if not ok:
                 extra = (" (the force space needs kernel='linear', linear_inputs='action', target='plant'; "
@@ -162,6 +170,10 @@ class HybridForward:
         self._pending: list[tuple[np.ndarray, np.ndarray]] = []
         self.observed = 0
         self.x_mean = self.x_scale = self.r_scale = None
+        # squared one-step errors (residual, nominal) of the last gate_window transitions, predicted before learning them
+        self._gate: collections.deque[tuple[float, float]] = collections.deque(maxlen=max(1, self.config.gate_window))
+        self.trusted = True  # the gate's verdict: the planner uses the residual
+        self.distrusted_steps = 0  # observed transitions after which the gate had the residual off
 
     # ----------------------------------------------------------------- the model
     def _init_states(self, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
@@ -183,11 +195,18 @@ class HybridForward:
         """Whether the residual is built (``warmup`` transitions observed)."""
         return self.learner is not None
 
+    @property
+    def in_use(self) -> bool:
+        """Whether the planning model adds the residual: built, and trusted by the online check (``gate_window``)."""
+        return self.learner is not None and self.trusted
+
     def residual(self, qpos: np.ndarray, qvel: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """The residual's mean ``[K, nv]``, one batched prediction (zeros before warm-up): the velocity change
-        per planning step, or (``space="force"``) the generalized force."""
-        if self.learner is None:
-            return np.zeros(qvel.shape)
+        """The residual's mean ``[K, nv]`` as the planning model adds it, one batched prediction (zeros before
+        warm-up and while the online check distrusts it): the velocity change per planning step, or
+        (``space="force"``) the generalized force."""
+        return self._learned(qpos, qvel, u) if self.in_use else np.zeros(qvel.shape)
+
+    def _learned(self, qpos: np.ndarray, qvel: np.ndarray, u: np.ndarray) -> np.ndarray:
         x = torch.as_tensor((self.features(qpos, qvel, u) - self.x_mean) / self.x_scale)
         with torch.no_grad():
             r = self.learner.predict_mean(x).numpy()
@@ -198,7 +217,7 @@ class HybridForward:
     def __call__(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         k, h, _ = controls.shape
         init = self._init_states(np.broadcast_to(qpos, (k, self.nq)), np.broadcast_to(qvel, (k, self.nv)))
-        if self.learner is None:  # zero residual: the nominal model's one rollout call
+        if not self.in_use:  # zero residual: the nominal model's one rollout call
             states, _ = mj_rollout.rollout(self.model, self.data, init, controls)
             return states[..., self._q], states[..., self._v]
         if self.config.space == "force":  # a force of the action alone: predicted for all K x H, one rollout call
@@ -303,17 +322,21 @@ class HybridForward:
         mujoco.mj_fullM(self.plant_model, self.plant_data, full)
         return full
 
-    def target(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, next_qvel: np.ndarray) -> np.ndarray:
+    def target(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, next_qvel: np.ndarray,
+               nominal: np.ndarray | None = None) -> np.ndarray:
         """The residual targets ``[K, nv]`` of transitions ``(qpos, qvel) [K, n]`` under ``controls [K, stride, nu]``
-        to ``next_qvel [K, nv]``: observed minus nominal (``config.target``: the nominal plant or planning model)."""
+        to ``next_qvel [K, nv]``: observed minus nominal (``config.target``: the nominal plant or planning model;
+        ``nominal``: the nominal plant's next ``qvel`` when the caller has it)."""
+        if nominal is None and (self.config.space == "force" or self.config.target == "plant"):
+            nominal = self.nominal_plant(qpos, qvel, controls)
         if self.config.space == "force":  # the generalized force that makes this velocity change
-            dv = next_qvel - self.nominal_plant(qpos, qvel, controls)
+            dv = next_qvel - nominal
             inertia = np.stack([self.mass_matrix(q) @ d for q, d in zip(qpos, dv, strict=True)]) / (self.stride * self._control_dt)
             if self.config.force_target == "inertia":  # M(q) dv / dt
                 return inertia
             return self.contact_force(qpos, qvel, controls, next_qvel, start=inertia)
         if self.config.target == "plant":
-            return next_qvel - self.nominal_plant(qpos, qvel, controls)
+            return next_qvel - nominal
         return next_qvel - self.nominal_step(qpos, qvel, controls.mean(1))[1]
 
     def observe(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, next_qvel: np.ndarray) -> None:
@@ -329,14 +352,33 @@ class HybridForward:
         if not all(np.isfinite(a).all() for a in (qpos, qvel, controls, next_qvel)):
             raise InputError("hybrid model: observe got a non-finite state or control")
         u = controls.mean(0, keepdims=True)
-        x, r = self.features(qpos, qvel, u)[0], self.target(qpos, qvel, controls[None], next_qvel)[0, self.force_dofs]
+        nominal = self.nominal_plant(qpos, qvel, controls[None])
+        x = self.features(qpos, qvel, u)[0]
+        r = self.target(qpos, qvel, controls[None], next_qvel, nominal)[0, self.force_dofs]
         self.observed += 1
         if self.learner is None:
             self._pending.append((x, r))
             if len(self._pending) >= self.config.warmup:
                 self._build()
             return
+        if self.config.gate_window:
+            self._check(qpos, qvel, controls, u, next_qvel, nominal)
         self._observe_scaled(x[None], r[None])
+
+    def _check(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, u: np.ndarray, next_qvel: np.ndarray,
+               nominal: np.ndarray) -> None:
+        """The online check (``gate_window``): this transition's one-step error with the residual, predicted
+        before it is learned, against the nominal plant's; the residual stays in use while its summed squared
+        error over the window is the smaller (after :data:`GATE_MIN` checked transitions; in use before)."""
+        learned = self._learned(qpos, qvel, u)
+        if self.config.space == "force":
+            predicted = self.nominal_plant(qpos, qvel, controls[None], learned)
+        else:
+            predicted = nominal + learned
+        self._gate.append((float(((predicted - next_qvel) ** 2).sum()), float(((nominal - next_qvel) ** 2).sum())))
+        with_residual, without = (sum(e) for e in zip(*self._gate, strict=True))
+        self.trusted = len(self._gate) < GATE_MIN or with_residual < without
+        self.distrusted_steps += not self.trusted
 
     def _observe_scaled(self, x: np.ndarray, r: np.ndarray) -> None:
         xs = torch.as_tensor((x - self.x_mean) / self.x_scale)
@@ -371,6 +413,7 @@ class HybridForward:
         other._runner, other._models = None, []  # its own rollout buffers
         other.learner = copy.deepcopy(self.learner)
         other._pending = list(self._pending)
+        other._gate = copy.copy(self._gate)
         return other
 
 
@@ -426,7 +469,8 @@ class HybridSamplingController(SamplingController):
         return {}
 
     def summary(self) -> dict[str, Any]:
-        return {**super().summary(), "residual_points": float(self.forward.observed), "residual_active": self.forward.active}
+        return {**super().summary(), "residual_points": float(self.forward.observed), "residual_active": self.forward.active,
+                "residual_distrusted_steps": float(self.forward.distrusted_steps)}
 
 
 __all__ = ["HybridForward", "HybridSamplingController", "ResidualConfig"]
