@@ -287,7 +287,7 @@ def test_the_learned_walking_script_runs_its_recipe_with_options_over_it(tmp_pat
     recipe = json.loads((tmp_path / "w" / "recipe.json").read_text())
     assert recipe["name"] == "walker-learned-hip" and recipe["options_given"]["window"] == 50
     assert config["seeds"] == [5] and config["steps"] == 2 and config["controllers"] == ["frozen"]
-    assert config["factors"] == {"weak_motor": 0.1} == recipe["values"]["run"]["factors"]  # the recipe's
+    assert config["factors"] == {"weak_motor": 0.3} == recipe["values"]["run"]["factors"]  # the recipe's
     assert config["residual"]["window"] == 50 and config["residual"]["space"] == recipe["values"]["residual"]["space"]
     assert config["cost"] == recipe["values"]["cost"]
     bad = _write(tmp_path, "[run]\nfactors = { weak_motor = \"strong\" }\n",
