@@ -18,10 +18,13 @@ control steps), ``space="force"`` (the default):
     (qpos', qvel') = mj_step_nominal(s, u, qfrc_applied=tau)  # applied inside MuJoCo's step: contacts answer it
 
 so a whole K x H plan needs one GP prediction and one ``mujoco.rollout`` call. Its
-targets are ``M(q_t) (qvel_{t+stride} - qvel_nominal) / (stride dt)``, the force that makes
-the observed velocity residual through the nominal mass matrix (contact forces ignored in
-this inversion). A weakened motor is exactly such a force, ``-(1 - f) gear u`` on its joint,
-whatever the state. ``space="velocity"``:
+targets (``force_target="contact"``) are the forces that, applied through the nominal
+plant's own steps, reproduce each observed ``qvel_{t+stride}``, contacts included
+(:meth:`HybridForward.contact_force`); ``"inertia"`` takes ``M(q_t) (qvel_{t+stride} -
+qvel_nominal) / (stride dt)`` through the nominal mass matrix, which ignores the contacts.
+A weakened motor is exactly such a force, ``-(1 - f) gear u`` on its joint, whatever the
+state. An online check keeps the residual in the planning model only while it predicts the
+executed transitions better than the nominal plant (``gate_window``). ``space="velocity"``:
 
     (qpos', qvel') = mj_step_nominal(s, u)                    # the nominal planning model
     r = GP(x),  x = [qpos[1:], qvel, u]                       # walker-1's input layout

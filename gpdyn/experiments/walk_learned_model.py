@@ -8,7 +8,8 @@ spline-sampling controllers (:mod:`gpdyn.control.spline_sampling`, :class:`gpdyn
 - ``frozen``: :class:`gpdyn.control.hybrid_model.HybridForward` with its residual never
   updated, i.e. the NOMINAL plant's planning model;
 - ``online``: the same hybrid model, its GP residual (``space``: a generalized force or a
-  velocity change) learned online from every executed transition (with exploration noise ``explore_std`` on the executed action).
+  velocity change) learned online from every executed transition (``explore_std``: exploration
+  noise on the executed action, off by default).
 
 The "learned model" is nominal MuJoCo physics plus a learned GP residual, not a pure GP
 model (a pure GP of walking does not rank plans: ``scripts/sampler_learned_model.py``).
