@@ -18,6 +18,8 @@ from typing import Any
 
 from torch import Tensor
 
+from gpdyn.errors import InputError
+
 
 class SignatureCompiled:
     """``function(*tensors)`` (pure: tensors in, tensors out, no Python state read at call
@@ -44,3 +46,25 @@ class SignatureCompiled:
 
         graph = make_fx(self.function)(*tensors)
         return torch._inductor.compile(graph, list(tensors))
+
+
+def traced(function: Any, option: str) -> Any:
+    """``function`` compiled per argument signature (:class:`SignatureCompiled`, falling back to
+    itself) when it declares itself ``traceable`` (a true attribute: straight-line tensor code,
+    no Python control flow on values, which a trace would freeze into one branch), else
+    ``function`` unchanged. A compile failure is an :class:`~gpdyn.errors.InputError` naming
+    ``option``, the setting that runs it eagerly."""
+    if not getattr(function, "traceable", False):
+        return function
+    compiled = SignatureCompiled(function, fallback=function)
+
+    def call(*tensors: Tensor) -> Any:
+        try:
+            return compiled(*tensors)
+        except InputError:
+            raise
+        except Exception as error:  # the C++ toolchain or the generated code
+            raise InputError(f"{type(function).__name__}: compiling it failed ({type(error).__name__}: {error}); "
+                             f"it needs a working C++ compiler; {option} runs it eagerly") from error
+
+    return call

@@ -108,3 +108,48 @@ def test_signature_compiled_compiles_once_per_signature_then_falls_back():
     a = torch.randn(2, 3, dtype=D64)
     torch.testing.assert_close(compiled(a.T, a.T), a.T * a.T + 1.0)  # another stride: the fallback again
     assert calls == [5, 3]
+
+
+def test_traced_compiles_only_what_declares_itself_traceable(monkeypatch):
+    from gpdyn.compiled import traced
+    from gpdyn.errors import InputError
+
+    plain = lambda x: x + 1  # noqa: E731  declares nothing: left as it is
+    assert traced(plain, "opt") is plain and traced(None, "opt") is None
+
+    class Straight:
+        traceable = True
+
+        def __call__(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.sigmoid(x) * 2.0
+
+    straight = Straight()
+    wrapped = traced(straight, "opt")
+    assert wrapped is not straight
+    x = torch.linspace(-2.0, 2.0, 5, dtype=D64)
+    torch.testing.assert_close(wrapped(x), straight(x), rtol=1e-12, atol=1e-12)
+    monkeypatch.setattr(SignatureCompiled, "_compile", lambda self, tensors: (_ for _ in ()).throw(RuntimeError("no cc")))
+    with pytest.raises(InputError, match="Straight: compiling it failed .*no cc.*opt runs it eagerly"):
+        wrapped(torch.zeros(3))
+
+
+@needs_compiler
+def test_compiled_planner_plans_as_the_eager_one_with_the_walker_cost_and_proposal():
+    """MPC compiled=True: the walker cost and the TRPO proposal as compiled programs; the same plans (float64,
+    same seed) as the eager planner, step after step with warm starts, through a learned WISKI model."""
+    from gpdyn.control.mpc import MPCConfig, make_planner
+    from gpdyn.robots.walker import ACTION_HIGH, ACTION_LOW, NU, TorchPolicy, WalkerCost
+    from gpdyn.sim.policy import load_policy
+
+    proposal = TorchPolicy(load_policy(), "cpu", D64)
+    dynamics = _dynamics(_wiski(True))
+    state = torch.zeros(LAYOUT.nx, dtype=D64)
+    state[1] = 1.25
+    plans = []
+    for compiled in (False, True):
+        cfg = MPCConfig(horizon=6, samples=64, uncertainty="mean", compiled=compiled)
+        planner = make_planner("mppi", dynamics, WalkerCost(), [ACTION_LOW] * NU, [ACTION_HIGH] * NU, cfg,
+                               proposal=proposal, dtype=D64, seed=4)
+        assert (planner.cost is not None) and (type(planner.cost) is WalkerCost) != compiled
+        plans.append(torch.stack([planner.plan(state)[0] for _ in range(3)]))
+    torch.testing.assert_close(plans[1], plans[0], rtol=1e-9, atol=1e-9)

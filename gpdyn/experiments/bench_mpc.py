@@ -13,8 +13,11 @@ learners would then build one kernel for all of them (``fresh`` rows show that c
 one set of bases for all outputs by construction, so after training its outputs differ in
 their amplitudes (given distinct ones here) and coefficients only, and it keeps the one
 kernel (:mod:`gpdyn.gp.svdgp`, docs/results/svdgp-shared-kernel/). The ``wiski (compiled
-mean)`` row (CPU only) is WISKI with ``compiled_mean=True``: its mean through a
-:func:`torch.compile`'d dense kernel (:func:`gpdyn.gp.wiski.additive_mean_dense`).
+mean)`` row (CPU only) is WISKI with ``compiled_mean=True``: the learned dynamics' whole
+model step as one compiled program around its dense kernel
+(:func:`gpdyn.gp.wiski.additive_mean_dense`, :meth:`gpdyn.control.dynamics.LearnedDynamics.predict_mean`);
+the ``compiled planner`` rows also run the cost and the TRPO proposal compiled
+(``MPCConfig(compiled=True)``, :func:`gpdyn.compiled.traced`).
 
 Each model plans twice: with the cost ignoring the variance (``uncertainty="mean"``: the
 planner asks the learner's mean-only path, :meth:`~gpdyn.gp.base.Learner.predict_mean`) and
@@ -51,6 +54,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -77,9 +81,12 @@ RESIDUAL_POINTS = 300
 FILL_ROWS = 2048
 #: extra rows of the planning table: (label, learner, its options), benched with distinct outputs
 OPTION_VARIANTS = {"svdgp": [("svdgp (shared kernel)", {"shared_kernel": True})],
-                   "wiski": [("wiski (compiled mean)", {"compiled_mean": True})]}
+                   "wiski": [("wiski (compiled mean)", {"compiled_mean": True}),
+                             ("wiski (compiled mean, compiled planner)", {"compiled_mean": True, "compiled": True})]}
 #: options of a CPU-only path (their rows are left out on a GPU)
-CPU_ONLY_OPTIONS = {"compiled_mean"}
+CPU_ONLY_OPTIONS = {"compiled_mean", "compiled"}
+#: options of the planner (MPCConfig) rather than of the learner
+PLANNER_OPTIONS = {"compiled"}
 #: benchmark-only peer planners and how to install each without replacing torch
 PEERS = {"pytorch-mppi": "bash scripts/install_peer.sh pytorch-mppi   (pip install --no-deps pytorch-mppi==0.9.1 "
                          "arm-pytorch-utilities==0.5.0 pytorch-seed==0.2.0)"}
@@ -265,6 +272,13 @@ def bench_mpc(
     identity = lambda x, a: x  # noqa: E731  the planner alone: no model cost
     row("(planner alone)", "identity model", "mean", planning_seconds(identity, proposal, modes["mean"], repeats, device,
                                                                         dtype, seed))
+    if device.type == "cpu":  # the cost and the TRPO proposal compiled (MPCConfig.compiled)
+        try:
+            row("(planner alone, compiled)", "identity model", "mean",
+                planning_seconds(identity, proposal, replace(modes["mean"], compiled=True), repeats, device, dtype, seed))
+        except InputError as err:  # no C++ compiler: reported in the table
+            rows.append({"model": "(planner alone, compiled)", "sizes": "", "mode": "error", "error": str(err)})
+            progress(f"  (planner alone, compiled): {err}")
     variants: list[tuple[str, str, bool, dict[str, Any] | None]] = [(name, name, True, None) for name in models]
     if fresh and "svdgp" in models:
         variants.append(("svdgp (fresh)", "svdgp", False, None))
@@ -272,8 +286,10 @@ def bench_mpc(
         variants += [(label, name, True, options) for label, options in OPTION_VARIANTS.get(name, [])
                      if device.type == "cpu" or not CPU_ONLY_OPTIONS & options.keys()]
     for label, name, distinct, options in variants:
+        planner_options = {k: v for k, v in (options or {}).items() if k in PLANNER_OPTIONS}
+        learner_options = {k: v for k, v in (options or {}).items() if k not in PLANNER_OPTIONS} or None
         try:
-            dyn = filled_model(name, device, dtype, seed, preset, distinct, options)
+            dyn = filled_model(name, device, dtype, seed, preset, distinct, learner_options)
         except Exception as err:  # noqa: BLE001  reported in the table, the other models still run
             rows.append({"model": label, "sizes": "", "mode": "error", "error": f"{type(err).__name__}: {err}"})
             progress(f"  {label}: {type(err).__name__}: {err}")
@@ -281,7 +297,8 @@ def bench_mpc(
         sizes = basis_sizes(dyn.model.learner)
         for mode, cfg in modes.items():
             try:
-                row(label, sizes, mode, planning_seconds(dyn, proposal, cfg, repeats, device, dtype, seed))
+                row(label, sizes, mode, planning_seconds(dyn, proposal, replace(cfg, **planner_options), repeats, device,
+                                                         dtype, seed))
             except Exception as err:  # noqa: BLE001
                 rows.append({"model": label, "sizes": sizes, "mode": mode, "error": f"{type(err).__name__}: {err}"})
                 progress(f"  {label} {mode}: {type(err).__name__}: {err}")

@@ -25,7 +25,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import mujoco
 import numpy as np
@@ -85,6 +85,7 @@ def observation(state: Tensor) -> Tensor:
 class WalkerCost:
     """Minus the Walker2d-v5 reward of one step, and its termination (gymnasium defaults)."""
 
+    traceable: ClassVar[bool] = True  # straight-line tensor code: a planner may compile it (gpdyn.compiled.traced)
     dt: float = DT
     forward_reward_weight: float = 1.0
     ctrl_cost_weight: float = 1e-3
@@ -277,6 +278,8 @@ class TorchPolicy:
     Same transform as :meth:`gpdyn.sim.policy.WalkerPolicy.act`: the observation is
     ``[qpos[1:], clip(qvel, +-10)]``, normalised with the frozen VecNormalize statistics.
     """
+
+    traceable: ClassVar[bool] = True  # straight-line tensor code: a planner may compile it (gpdyn.compiled.traced)
 
     def __init__(self, policy: WalkerPolicy, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float64) -> None:
         kw = {"device": torch.device(device), "dtype": dtype}
