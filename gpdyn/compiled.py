@@ -23,16 +23,16 @@ from gpdyn.errors import InputError
 
 class SignatureCompiled:
     """``function(*tensors)`` (pure: tensors in, tensors out, no Python state read at call
-    time) compiled once per argument signature, or ``fallback(*tensors)`` past
-    ``max_signatures`` of them. Compile errors propagate (wrap calls in
-    :func:`gpdyn.gp.base.compile_errors`)."""
+    time) compiled once per argument signature (shapes, strides, dtypes, devices), or
+    ``fallback(*tensors)`` past ``max_signatures`` of them. Compile errors propagate (wrap
+    calls in :func:`gpdyn.gp.base.compile_errors`, or use :func:`traced`)."""
 
     def __init__(self, function: Callable[..., Any], fallback: Callable[..., Any], max_signatures: int = 4) -> None:
         self.function, self.fallback, self.max_signatures = function, fallback, int(max_signatures)
         self._compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
     def __call__(self, *tensors: Tensor) -> Any:
-        key = tuple((t.shape, t.stride(), t.dtype) for t in tensors)
+        key = tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors)
         compiled = self._compiled.get(key)
         if compiled is None:
             if len(self._compiled) >= self.max_signatures:
