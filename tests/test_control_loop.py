@@ -278,9 +278,10 @@ def test_cli_walker_episodes_and_cold_start_reach_the_run(walker_zarr: Path, tmp
     assert main(["control", "walker", "--learner", "svdgp", "--store", str(walker_zarr), "--steps", "2", "--episodes", "2",
                  "--cold-start", "--cost", "track", "--track-offset-weight", "3", "--residual-gate",
                  "--residual-gate-z", "2", "--residual-kernel", "linear", "--residual-forget", "0.98",
-                 "--controllers", "trpo", "--conditions", "changed", "--out", str(out)]) == 0
+                 "--controllers", "trpo", "--conditions", "changed", "--compiled-planner", "--out", str(out)]) == 0
     config = json.loads((out / "config.json").read_text())
     assert config["episodes"] == 2 and config["warm_start"] is False and config["cost"] == "track"
+    assert config["compiled_planner"] is True
     assert config["track_offset_weight"] == 3.0 and config["residual_gate"] is True
     assert config["residual_gate_z"] == 2.0 and config["residual_kernel"] == "linear" and config["residual_forget"] == 0.98
     assert [(e["controller"], e["episode"]) for e in _records(RunDir(out), "episode")] == [("trpo", 0), ("trpo", 1)]

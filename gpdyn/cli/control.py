@@ -77,6 +77,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "instead of the previous plan shifted; the weights then rest on the model's costs alone")
     p.add_argument("--warm-start", dest="warm_start", action="store_const", const=True, default=None,
                    help="start each plan from the previous one shifted (undoes a recipe's cold start)")
+    p.add_argument("--compiled-planner", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the walker cost and the TRPO proposal as compiled programs (needs a C++ compiler; "
+                        "about 2 ms less per K = 1000, H = 30 plan)")
     p.add_argument("--uncertainty", choices=("mean", "penalty", "sample"), default=None, help="use of the predictive variance")
     p.add_argument("--var-weight", type=NON_NEGATIVE, default=None, help="weight of the variance penalty")
     p.add_argument("--terminal-value", action=argparse.BooleanOptionalAction, default=None,
@@ -117,7 +120,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 WALKER_OPTIONS = ("learner", "seed", "steps", "planner", "cost", "samples", "sim_samples", "horizon", "noise_std", "temperature", "episodes",
                   "control_cost", "track_offset_weight", "residual_gate", "residual_gate_z", "residual_kernel",
                   "residual_forget", "uncertainty", "var_weight", "terminal_value", "relative_to_proposal",
-                  "proposal_tail", "warm_start", "target", "change", "change_factor", "change_at", "controllers",
+                  "proposal_tail", "warm_start", "compiled_planner", "target", "change", "change_factor", "change_at", "controllers",
                   "conditions", "scale", "adapt", "dtype", "video", "pretrain_iterations")
 
 

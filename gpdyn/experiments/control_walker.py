@@ -107,6 +107,7 @@ class WalkerRunConfig:
     relative_to_proposal: bool = False  # plan offsets to the TRPO policy's closed-loop actions
     proposal_tail: int = 0  # steps the TRPO policy alone runs through the model after the horizon (MPCConfig)
     warm_start: bool = True  # False: every plan starts from zero offsets / the policy's rollout (MPCConfig)
+    compiled_planner: bool = False  # the cost and the TRPO proposal as compiled programs (MPCConfig.compiled)
     terminal_cost: float = 50.0
     terminal_value: bool = False  # subtract the TRPO critic's value of the horizon's last state
     pretrain_iterations: int = 100
@@ -219,7 +220,7 @@ class WalkerRunConfig:
             iterations=self.iterations, terminal_cost=self.terminal_cost, uncertainty=self.uncertainty,
             var_weight=self.var_weight, proposal_fraction=self.proposal_fraction,
             relative_to_proposal=self.relative_to_proposal, proposal_tail=self.proposal_tail,
-            warm_start=self.warm_start,
+            warm_start=self.warm_start, compiled=self.compiled_planner,
         )
 
 
