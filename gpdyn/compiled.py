@@ -13,7 +13,8 @@ compiling again.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch import Tensor
@@ -25,7 +26,7 @@ class SignatureCompiled:
     """``function(*tensors)`` (pure: tensors in, tensors out, no Python state read at call
     time) compiled once per argument signature (shapes, strides, dtypes, devices), or
     ``fallback(*tensors)`` past ``max_signatures`` of them. Compile errors propagate (wrap
-    calls in :func:`gpdyn.gp.base.compile_errors`, or use :func:`traced`)."""
+    calls in :func:`compile_errors`, or use :func:`traced`)."""
 
     def __init__(self, function: Callable[..., Any], fallback: Callable[..., Any], max_signatures: int = 4) -> None:
         self.function, self.fallback, self.max_signatures = function, fallback, int(max_signatures)
@@ -48,23 +49,33 @@ class SignatureCompiled:
         return torch._inductor.compile(graph, list(tensors))
 
 
+@contextlib.contextmanager
+def compile_errors(what: str, eager_option: str, error: type[InputError] = InputError) -> Iterator[None]:
+    """A failure of compiled code inside the block (its C++ toolchain, or the code it generated)
+    as ``error`` naming ``what`` and the option that runs it eagerly; the caller's own
+    :class:`~gpdyn.errors.InputError` passes through."""
+    try:
+        yield
+    except InputError:
+        raise
+    except Exception as failure:
+        raise error(f"{what}: compiling it failed ({type(failure).__name__}: {failure}); it needs a working C++ "
+                    f"compiler; {eager_option} runs it eagerly") from failure
+
+
 def traced(function: Any, option: str) -> Any:
     """``function`` compiled per argument signature (:class:`SignatureCompiled`, falling back to
     itself) when it declares itself ``traceable`` (a true attribute: straight-line tensor code,
     no Python control flow on values, which a trace would freeze into one branch), else
     ``function`` unchanged. A compile failure is an :class:`~gpdyn.errors.InputError` naming
-    ``option``, the setting that runs it eagerly."""
+    ``option``, the setting that runs it eagerly (:func:`compile_errors`)."""
     if not getattr(function, "traceable", False):
         return function
     compiled = SignatureCompiled(function, fallback=function)
+    name = type(function).__name__
 
     def call(*tensors: Tensor) -> Any:
-        try:
+        with compile_errors(name, option):
             return compiled(*tensors)
-        except InputError:
-            raise
-        except Exception as error:  # the C++ toolchain or the generated code
-            raise InputError(f"{type(function).__name__}: compiling it failed ({type(error).__name__}: {error}); "
-                             f"it needs a working C++ compiler; {option} runs it eagerly") from error
 
     return call

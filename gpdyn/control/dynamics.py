@@ -35,10 +35,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gpdyn.compiled import SignatureCompiled
+from gpdyn.compiled import SignatureCompiled, compile_errors
 from gpdyn.data.problems import Normalizer
 from gpdyn.errors import InputError
-from gpdyn.gp.base import Learner, MeanProgram, compile_errors
+from gpdyn.gp.base import Learner, LearnerError, MeanProgram
 
 # What a forward model's learner predicts: "change" = qvel[t+1] - qvel[t] (delta target),
 # "velocity" = qvel[t+1] itself (walker-1 as in the SVDGP paper).
@@ -289,7 +289,8 @@ class LearnedDynamics:
         if state.shape[0] != action.shape[0]:
             raise InputError(f"LearnedDynamics.predict_mean: {state.shape[0]} states but {action.shape[0]} actions")
         step = _compiled_mean_step(self.layout, model.delta_columns, program.function)
-        with compile_errors("LearnedDynamics.predict_mean", "the learner's eager mean (compiled_mean=False)"):
+        with compile_errors("LearnedDynamics.predict_mean", "the learner's eager mean (compiled_mean=False)",
+                            LearnerError):
             nxt, feature_sum = step(state, action, model._x_mean, model._x_std, model._y_mean, model._y_std,
                                     *program.operands)
         if not math.isfinite(feature_sum.item()):  # a Python float: torch.isfinite on one number costs ~10 us

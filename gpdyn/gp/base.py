@@ -21,10 +21,9 @@ Three things every learner declares on its class, so that no caller has to probe
 from __future__ import annotations
 
 import abc
-import contextlib
 import copy
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -81,20 +80,6 @@ class LearnerError(InputError):
 
 class NonFiniteError(LearnerError):
     """NaN or inf in a learner's data, raised before the learner changes any state."""
-
-
-@contextlib.contextmanager
-def compile_errors(what: str, eager_option: str) -> Iterator[None]:
-    """A failure of :func:`torch.compile` inside the block (its C++ toolchain, or the code it
-    generated) as a :class:`LearnerError` naming ``what`` and the option that takes the
-    eager path instead."""
-    try:
-        yield
-    except InputError:  # the caller's own errors (LearnerError is one) pass through
-        raise
-    except Exception as error:
-        raise LearnerError(f"{what}: torch.compile failed ({type(error).__name__}: {error}); it needs a working C++ "
-                           f"compiler; {eager_option} takes the eager path") from error
 
 
 # -- checkpoint data ------------------------------------------------------------------

@@ -79,8 +79,8 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from gpdyn.compiled import SignatureCompiled
-from gpdyn.gp.base import LOG_2PI, Learner, LearnerError, MeanProgram, compile_errors
+from gpdyn.compiled import SignatureCompiled, compile_errors
+from gpdyn.gp.base import LOG_2PI, Learner, LearnerError, MeanProgram
 from gpdyn.gp.hyperparams import SEHyperparameters, initial_noise_variance
 from gpdyn.gp.kernels import median_lengthscale
 from gpdyn.gp.ski import (
@@ -845,7 +845,7 @@ class WISKI(Learner):
         inside the grid: nothing is clamped)."""
         if not self.compiled_mean:
             return self._fused_mean(x)
-        with compile_errors("WISKI: compiled_mean", "compiled_mean=False"):
+        with compile_errors("WISKI: compiled_mean", "compiled_mean=False", LearnerError):
             mean = _compiled_additive_mean()(x, *self._dense_operands())
         return mean, self._zero
 
