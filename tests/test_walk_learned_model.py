@@ -212,3 +212,24 @@ def test_summary_recovery_fraction() -> None:
     rows = {r["controller"]: r for r in summary(records, 100)}
     assert rows["online"]["recovery"] == pytest.approx(0.7) and rows["variant"]["recovery"] == pytest.approx(0.0)
     assert rows["frozen"]["falls"] == 2 and rows["online"]["walked_all"] == 2 and np.isnan(rows["true"]["recovery"])
+
+
+def test_paired_statistics_pair_by_seed_and_bound_the_recovery() -> None:
+    from gpdyn.experiments.walk_learned_model import paired, tables
+
+    def rec(c: str, seed: int, ret: float, fell: bool = False) -> dict:
+        return {"change": "weak_motor", "plant": "hip x0.1", "controller": c, "seed": seed, "return": ret,
+                "length": 100, "fell": fell, "speed_m_s": 1.0, "cpu_ms_per_step": 1.0}
+
+    true, frozen, online = [200.0, 220.0, 180.0, 210.0], [100.0, 150.0, 60.0, 90.0], [180.0, 200.0, 140.0, 170.0]
+    records = [rec(c, s, r[s], fell=(c == "frozen" and s == 2)) for c, r in
+               (("true", true), ("frozen", frozen), ("online", online)) for s in range(4)]
+    records.append(rec("online", 9, 0.0))  # a seed without true and frozen runs is not paired
+    (p,) = paired(records, resamples=2000)
+    assert p["seeds"] == 4 and p["seed_list"] == [0, 1, 2, 3] and p["falls_frozen"] == 1
+    gained = np.subtract(online, frozen)
+    assert p["learner_minus_frozen"][0] == pytest.approx(gained.mean())
+    assert p["learner_minus_frozen"][1] == pytest.approx(gained.std(ddof=1) / 2)
+    assert p["recovery"] == pytest.approx(gained.mean() / np.subtract(true, frozen).mean())
+    assert p["recovery_5"] <= p["recovery"] <= p["recovery_95"] and p["recovery_95"] < 1.0
+    assert "Paired over seeds" in tables([], records, 100)
