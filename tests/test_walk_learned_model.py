@@ -195,6 +195,25 @@ def test_online_check_keeps_a_residual_that_predicts_and_drops_one_that_does_not
         np.testing.assert_array_equal(got, want)
 
 
+def test_online_check_margin_asks_the_residual_to_explain_a_share_of_the_error() -> None:
+    """gate_margin: the residual stays in use only while its windowed error is below that share of the
+    nominal plant's; a margin no residual can meet turns it off once the check has its first transitions."""
+    from gpdyn.control.hybrid_model import GATE_MIN
+
+    data = _transitions("weak_motor", 0.1, 60, seed=6)
+    verdicts = {}
+    for margin in (1.0, 1e-6):
+        model = HybridForward(nominal_model(), DT, config=ResidualConfig(warmup=10, gate_window=40, gate_margin=margin))
+        for q, v, u, nv in data:
+            model.observe(q, v, u, nv)
+        verdicts[margin] = (model.in_use, model.distrusted_steps)
+    assert verdicts[1.0][0] and not verdicts[1e-6][0]
+    assert verdicts[1e-6][1] == 50 - (GATE_MIN - 1)  # every checked transition after the first GATE_MIN - 1
+    for bad in (0.0, 1.5, float("nan")):
+        with pytest.raises(InputError, match="gate_margin"):
+            ResidualConfig(gate_margin=bad).validate()
+
+
 def test_force_space_needs_the_action_only_linear_kernel() -> None:
     with pytest.raises(InputError, match="space"):
         ResidualConfig(space="force", kernel="se").validate()
