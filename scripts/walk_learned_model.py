@@ -10,7 +10,8 @@ options given here override its values. Each ``--changes`` item is CHANGE[:FACTO
 gpdyn.robots.walker.PLANT_CHANGES, or ``none`` for the nominal plant). The learned model is
 the nominal plant's MuJoCo planning model plus a GP residual per planning step (a
 generalized force or a velocity change), learned online (gpdyn/control/hybrid_model.py). Writes the run folder's metrics.jsonl, report.md and recipe.json
-(return, steps, falls, speed, CPU ms per control step, recovery fraction, model checks);
+(return, steps, falls, speed, CPU ms per control step, model checks, and paired over seeds the
+differences of returns and the recovery fraction with a bootstrap interval);
 see gpdyn/experiments/walk_learned_model.py.
 """
 
