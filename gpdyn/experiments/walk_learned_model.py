@@ -197,6 +197,13 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float:
     return float(np.mean(values)) if values else float("nan")
 
 
+def recovery(learner: float, frozen: float, true: float) -> float:
+    """The share of the return the frozen model loses against the true one that the learner wins back,
+    ``(learner - frozen) / (true - frozen)``; NaN where nothing is lost."""
+    lost = true - frozen
+    return (learner - frozen) / lost if np.isfinite(lost) and abs(lost) > 1e-9 else float("nan")
+
+
 def summary(records: list[dict[str, Any]], steps: int) -> list[dict[str, Any]]:
     """Per plant (change and factor) and controller: means over seeds, falls, and per plant the recovery fraction."""
     out = []
@@ -204,10 +211,6 @@ def summary(records: list[dict[str, Any]], steps: int) -> list[dict[str, Any]]:
         names = list(CONTROLLERS) + [c for c in dict.fromkeys(r["controller"] for r in records) if c not in CONTROLLERS]
         by = {c: [r for r in records if r["plant"] == plant_text and r["controller"] == c] for c in names}
         means = {c: _mean(rows, "return") for c, rows in by.items()}
-        lost = means["true"] - means["frozen"]
-
-        def recovery_of(mean: float, lost: float = lost, frozen: float = means["frozen"]) -> float:
-            return (mean - frozen) / lost if np.isfinite(lost) and abs(lost) > 1e-9 else float("nan")
         for c, rows in by.items():
             if not rows:
                 continue
@@ -216,7 +219,8 @@ def summary(records: list[dict[str, Any]], steps: int) -> list[dict[str, Any]]:
                         "steps": _mean(rows, "length"), "falls": sum(r["fell"] for r in rows),
                         "walked_all": sum(r["length"] == steps and not r["fell"] for r in rows),
                         "speed_m_s": _mean(rows, "speed_m_s"), "cpu_ms_per_step": _mean(rows, "cpu_ms_per_step"),
-                        "recovery": recovery_of(means[c]) if c not in ("true", "frozen") else float("nan"),
+                        "recovery": (recovery(means[c], means["frozen"], means["true"]) if c not in ("true", "frozen")
+                                     else float("nan")),
                         **{k: _mean(rows, k) for k in ("spearman_nominal", "spearman_online", "qvel_rmse_nominal",
                                                        "qvel_rmse_online", "one_step_qvel_rmse_nominal",
                                                        "one_step_qvel_rmse_online", "torso_end_err_nominal",
@@ -254,7 +258,6 @@ def paired(records: list[dict[str, Any]], resamples: int = 10000, seed: int = 0)
             gained = ret[learner][picks].mean(1) - ret["frozen"][picks].mean(1)
             ratios = np.divide(gained, lost, out=np.full(resamples, np.nan), where=np.abs(lost) > 1e-9)
             finite = ratios[np.isfinite(ratios)]
-            loss = ret["true"].mean() - ret["frozen"].mean()
             out.append({"plant": plant_text, "controller": learner, "seeds": n, "seed_list": seeds,
                         **{f"return_{c}": float(v.mean()) for c, v in (("true", ret["true"]), ("frozen", ret["frozen"]),
                                                                          ("learner", ret[learner]))},
@@ -262,7 +265,7 @@ def paired(records: list[dict[str, Any]], resamples: int = 10000, seed: int = 0)
                         "learner_minus_frozen": diff(ret[learner], ret["frozen"]),
                         "learner_minus_true": diff(ret[learner], ret["true"]),
                         "true_minus_frozen": diff(ret["true"], ret["frozen"]),
-                        "recovery": float((ret[learner].mean() - ret["frozen"].mean()) / loss) if abs(loss) > 1e-9 else float("nan"),
+                        "recovery": float(recovery(ret[learner].mean(), ret["frozen"].mean(), ret["true"].mean())),
                         "recovery_5": float(np.percentile(finite, 5)) if finite.size else float("nan"),
                         "recovery_95": float(np.percentile(finite, 95)) if finite.size else float("nan")})
     return out
@@ -368,4 +371,4 @@ def combine(paths: list[str | Path]) -> str:
 
 
 __all__ = ["CONTROLLERS", "NOMINAL", "Diagnostics", "WalkLearnedConfig", "combine", "episode", "nominal_model", "paired",
-           "plant", "run", "summary", "tables"]
+           "plant", "recovery", "run", "summary", "tables"]
