@@ -43,7 +43,7 @@ def parse_changes(text: str) -> tuple[list[str], dict[str, float]]:
     return names, factors
 
 
-RECIPE = "walker-learned-hip"
+RECIPE = "walker-learned-parameters"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--controllers", default=None, help=f"comma-separated, of {', '.join(CONTROLLERS)}")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--explore", type=float, default=None, help="action noise while learning")
+    p.add_argument("--model", default=None, help="what the online model learns: parameters or residual")
     p.add_argument("--kernel", default=None, help="residual GP kernel: se or linear")
     p.add_argument("--linear-inputs", default=None, help="linear kernel over: all or action")
     p.add_argument("--space", default=None, help="residual as a velocity change or a generalized force")
@@ -73,7 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         residual = dataclasses.replace(recipe.build("residual"), **{k: v for k, v in (
             ("kernel", args.kernel), ("space", args.space), ("linear_inputs", args.linear_inputs),
             ("window", args.window), ("noise", args.noise)) if v is not None})
-        config = recipe.build("run", sampler=recipe.build("sampler"), residual=residual)
+        config = recipe.build("run", sampler=recipe.build("sampler"), residual=residual,
+                              identification=recipe.build("identification"))
+        if args.model is not None:
+            config.model = args.model
         if args.seeds is not None:
             config.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         if args.changes is not None:

@@ -7,12 +7,15 @@ spline-sampling controllers (:mod:`gpdyn.control.spline_sampling`, :class:`gpdyn
 - ``true``: the changed plant's own ``MjModel`` as the planning model (the reference);
 - ``frozen``: :class:`gpdyn.control.hybrid_model.HybridForward` with its residual never
   updated, i.e. the NOMINAL plant's planning model;
-- ``online``: the same hybrid model, its GP residual (``space``: a generalized force or a
-  velocity change) learned online from every executed transition (``explore_std``: exploration
-  noise on the executed action, off by default).
+- ``online``: the nominal model learning online from every executed transition (``explore_std``:
+  exploration noise on the executed action, off by default). ``model="parameters"`` (the
+  default): the plant's physical parameters identified by Bayesian linear regression on their
+  sensitivities (:class:`gpdyn.control.identified_model.IdentifiedForward`); ``"residual"``: a
+  GP residual (``space``: a generalized force or a velocity change,
+  :class:`gpdyn.control.hybrid_model.HybridForward`).
 
-The "learned model" is nominal MuJoCo physics plus a learned GP residual, not a pure GP
-model (a pure GP of walking does not rank plans: ``scripts/sampler_learned_model.py``).
+The "learned model" is nominal MuJoCo physics with a learned part, not a pure GP model (a pure
+GP of walking does not rank plans: ``scripts/sampler_learned_model.py``).
 
 Reported: return, steps walked, falls, mean forward speed and CPU ms per control step
 (act + observe, ``time.process_time``, one torch thread), per controller and seed; per
@@ -37,6 +40,7 @@ from scipy.stats import spearmanr
 from tqdm import tqdm
 
 from gpdyn.control.hybrid_model import HybridForward, HybridSamplingController, ResidualConfig
+from gpdyn.control.identified_model import IdentificationConfig, IdentifiedForward
 from gpdyn.control.loop import run_episode
 from gpdyn.control.spline_sampling import SamplerConfig, SamplingController, SplineSampler
 from gpdyn.errors import InputError
@@ -44,6 +48,8 @@ from gpdyn.robots.walker import DT, WalkingCost, apply_plant_change, make_env, p
 from gpdyn.runs import RunDir
 
 CONTROLLERS = ("true", "frozen", "online")
+#: what the online controller learns: the plant's parameters (IdentifiedForward) or a GP residual (HybridForward)
+MODELS = ("parameters", "residual")
 NOMINAL = "none"  # the plant unchanged
 
 
@@ -60,7 +66,14 @@ class WalkLearnedConfig:
     eval_every: int = 100  # steps between diagnostics of the online model (0: none)
     eval_horizon: int = 16  # planning steps of the open-loop error
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
-    residual: ResidualConfig = field(default_factory=ResidualConfig)
+    model: str = "parameters"  # one of MODELS
+    residual: ResidualConfig = field(default_factory=ResidualConfig)  # model="residual"
+    identification: IdentificationConfig = field(default_factory=IdentificationConfig)  # model="parameters"
+
+    @property
+    def learned(self) -> ResidualConfig | IdentificationConfig:
+        """The learned model's config (``model``)."""
+        return self.identification if self.model == "parameters" else self.residual
 
     def validate(self) -> None:
         """Raise InputError naming the first impossible option."""
@@ -81,8 +94,11 @@ class WalkLearnedConfig:
         if self.eval_every < 0 or self.eval_horizon < 1:
             raise InputError(f"walk_learned_model: eval_every >= 0 and eval_horizon >= 1, got {self.eval_every}, "
                              f"{self.eval_horizon}")
+        if self.model not in MODELS:
+            raise InputError(f"walk_learned_model: model must be one of {', '.join(MODELS)}, got {self.model!r}")
         self.sampler.validate()
         self.residual.validate()
+        self.identification.validate()
 
 
 def plant(change: str, factor: float | None) -> tuple[Any, str]:
@@ -114,10 +130,10 @@ class Diagnostics:
         self.controller, self.cost, self.every = controller, cost, every
         cfg = controller.config
         self.truth = SplineSampler(changed, cost, DT, changed.actuator_ctrlrange[:, 0], changed.actuator_ctrlrange[:, 1], cfg)
-        self.nominal = HybridForward(controller.nominal, DT, cfg.stride, cfg.integrator, controller.forward.config)
+        self.nominal = HybridForward(controller.nominal, DT, cfg.stride, cfg.integrator)  # never observes: nominal
         self.rng = np.random.default_rng(seed + 104729)
         self.rank: list[dict[str, float]] = []
-        self.snapshots: list[tuple[int, HybridForward]] = []
+        self.snapshots: list[tuple[int, Any]] = []  # (step, a frozen copy of the online model)
 
     def __call__(self, t: int, env: Any) -> None:
         if not self.every or t % self.every or not self.controller.forward.active:
@@ -168,7 +184,7 @@ def episode(controller_name: str, change: str, seed: int, config: WalkLearnedCon
         controller: SamplingController = SamplingController(cost, DT, config.sampler, seed=seed, name="true")
     else:
         online = controller_name == "online"
-        controller = HybridSamplingController(cost, DT, nominal, config.sampler, config.residual, learn=online,
+        controller = HybridSamplingController(cost, DT, nominal, config.sampler, config.learned, learn=online,
                                               explore_std=config.explore_std if online else 0.0, seed=seed,
                                               name=controller_name)
     diag = (Diagnostics(controller, env.unwrapped.model, cost, config.eval_every, seed)
@@ -182,6 +198,8 @@ def episode(controller_name: str, change: str, seed: int, config: WalkLearnedCon
     record = {**ep.record, "change": change, "plant": description, "fell": bool(rows["terminated"][-1, 0]),
               "distance_m": float(x1 - x0), "speed_m_s": float((x1 - x0) / (length * DT)),
               "cpu_ms_per_step": ep.record["plan_cpu_ms_mean"]}
+    if isinstance(getattr(controller, "forward", None), IdentifiedForward) and controller.forward.active:
+        record["identified"] = controller.forward.factors()  # the factors the planning model ends with
     diagnostics: list[dict[str, Any]] = []
     if diag is not None:
         loops = {r["t"]: r for r in diag.open_loop(rows, config.eval_horizon)}
@@ -307,6 +325,17 @@ def tables(rows: list[dict[str, Any]], records: list[dict[str, Any]], steps: int
                      f"| {p['return_learner']:.0f} | {p['falls_true']} / {p['falls_frozen']} / {p['falls_learner']} "
                      f"| {pm(p['learner_minus_frozen'])} | {pm(p['learner_minus_true'])} | {pm(p['true_minus_frozen'])} "
                      f"| {_f(p['recovery'])} ({_f(p['recovery_5'])} to {_f(p['recovery_95'])}) |")
+    identified = [r for r in records if r.get("identified")]
+    if identified:
+        lines += ["", "Identified parameters at the end of each online episode (factors on the nominal values, "
+                  "mean ± std over seeds; those off by more than 2 % in the mean):", "",
+                  "| plant | controller | parameter | factor |", "|---|---|---|---|"]
+        for key in dict.fromkeys((r["plant"], r["controller"]) for r in identified):
+            factors = [r["identified"] for r in identified if (r["plant"], r["controller"]) == key]
+            for name in factors[0]:
+                values = np.array([f[name] for f in factors])
+                if abs(values.mean() - 1) > 0.02:
+                    lines.append(f"| {key[0]} | {key[1]} | {name} | {values.mean():.3f} ± {values.std():.3f} |")
     lines += ["", "Per seed:", "", "| plant | controller | seed | steps | fell | return | speed (m/s) | CPU ms / step |",
               "|---|---|---|---|---|---|---|---|"]
     for r in records:
@@ -337,11 +366,13 @@ def run(config: WalkLearnedConfig | None = None, cost: WalkingCost | None = None
     rows = summary(records, config.steps)
     for r in rows:
         run_dir.log(kind="summary", **r)
-    text = (f"# Walker2d, predictive sampling on a learned (hybrid) model after a plant change\n\n"
-            "The learned model is the NOMINAL plant's MuJoCo planning model plus a GP residual per planning step "
-            f"(space: {config.residual.space}), learned online from the controller's own transitions "
-            "(gpdyn/control/hybrid_model.py). true: the changed plant's own model; frozen: the nominal model (residual "
-            "never updated); online: residual learned while walking. recovery = (online - frozen) / (true - frozen) of "
+    learned = ("its physical parameters (body masses, gears, foot friction) identified by Bayesian regression on "
+               "their sensitivities (gpdyn/control/identified_model.py)" if config.model == "parameters" else
+               f"a GP residual per planning step (space: {config.residual.space}, gpdyn/control/hybrid_model.py)")
+    text = (f"# Walker2d, predictive sampling on a learned model after a plant change\n\n"
+            f"The learned model is the NOMINAL plant's MuJoCo planning model with {learned}, learned online from the "
+            "controller's own transitions. true: the changed plant's own model; frozen: the nominal model (never "
+            "updated); online: learned while walking. recovery = (online - frozen) / (true - frozen) of "
             f"the mean returns.\n\n{tables(rows, records, config.steps)}\n\nConfig: {asdict(config)}; cost: {asdict(cost)}.\n")
     (run_dir.path / "report.md").write_text(text)
     print(tables(rows, records, config.steps))
@@ -370,5 +401,5 @@ def combine(paths: list[str | Path]) -> str:
     return tables(summary(records, n), records, n)
 
 
-__all__ = ["CONTROLLERS", "NOMINAL", "Diagnostics", "WalkLearnedConfig", "combine", "episode", "nominal_model", "paired",
+__all__ = ["CONTROLLERS", "MODELS", "NOMINAL", "Diagnostics", "WalkLearnedConfig", "combine", "episode", "nominal_model", "paired",
            "plant", "recovery", "run", "summary", "tables"]

@@ -12,7 +12,8 @@ A recipe is data, never code: a TOML file (read with :mod:`tomllib`) with
   (:class:`~gpdyn.control.spline_sampling.SamplerConfig`), ``[cost]``
   (:class:`~gpdyn.robots.walker.WalkingCost`) and ``[run]`` (:class:`WalkRun`) for
   ``walker-sampling`` (``scripts/walk_true_model.py``); the same ``[sampler]`` and ``[cost]``,
-  ``[residual]`` (:class:`~gpdyn.control.hybrid_model.ResidualConfig`) and ``[run]``
+  ``[residual]`` (:class:`~gpdyn.control.hybrid_model.ResidualConfig`), ``[identification]``
+  (:class:`~gpdyn.control.identified_model.IdentificationConfig`) and ``[run]``
   (:class:`~gpdyn.experiments.walk_learned_model.WalkLearnedConfig`) for ``walker-learned``
   (``scripts/walk_learned_model.py``).
 
@@ -51,6 +52,7 @@ KINDS: dict[str, dict[str, str]] = {
     "walker-learned": {"sampler": "gpdyn.control.spline_sampling:SamplerConfig",
                        "cost": "gpdyn.robots.walker:WalkingCost",
                        "residual": "gpdyn.control.hybrid_model:ResidualConfig",
+                       "identification": "gpdyn.control.identified_model:IdentificationConfig",
                        "run": "gpdyn.experiments.walk_learned_model:WalkLearnedConfig"},
 }
 # what a robot's command runs without --recipe: the best reported setting (see each recipe's description)
