@@ -1,18 +1,21 @@
-"""Walker2d walking by predictive sampling on a learned (hybrid) model after a plant change: true / frozen / online.
+"""Walker2d walking by predictive sampling on a learned model after a plant change: true / frozen / online.
 
-    .venv/bin/python scripts/walk_learned_model.py --out logs/walk-learned        # the walker-learned-hip recipe
-    .venv/bin/python scripts/walk_learned_model.py --changes weak_motor:0.3 --seeds 200,201 --out logs/hip30
-    .venv/bin/python scripts/walk_learned_model.py --combine logs/walk-learned,logs/hip30  # one table of finished runs
+    .venv/bin/python scripts/walk_learned_model.py --changes torso_mass --out logs/torso   # walker-learned-parameters
+    .venv/bin/python scripts/walk_learned_model.py --recipe walker-learned-hip --out logs/hip30   # the GP force residual
+    .venv/bin/python scripts/walk_learned_model.py --changes weak_motor:0.3 --seeds 200,201 --out logs/hip30-dev
+    .venv/bin/python scripts/walk_learned_model.py --combine logs/torso,logs/hip30  # one table of finished runs
 
-The sampler, cost, residual model, seeds, plant changes and controllers come from a
-``walker-learned`` recipe (``--recipe``, default ``walker-learned-hip``: gpdyn/recipes/); the
-options given here override its values. Each ``--changes`` item is CHANGE[:FACTOR] (a name of
-gpdyn.robots.walker.PLANT_CHANGES, or ``none`` for the nominal plant). The learned model is
-the nominal plant's MuJoCo planning model plus a GP residual per planning step (a
-generalized force or a velocity change), learned online (gpdyn/control/hybrid_model.py). Writes the run folder's metrics.jsonl, report.md and recipe.json
-(return, steps, falls, speed, CPU ms per control step, model checks, and paired over seeds the
-differences of returns and the recovery fraction with a bootstrap interval);
-see gpdyn/experiments/walk_learned_model.py.
+The sampler, cost, learned model, seeds, plant changes and controllers come from a
+``walker-learned`` recipe (``--recipe``, default ``walker-learned-parameters``: gpdyn/recipes/);
+the options given here override its values. Each ``--changes`` item is CHANGE[:FACTOR] (a name
+of gpdyn.robots.walker.PLANT_CHANGES, or ``none`` for the nominal plant). The learned model is
+the nominal plant's MuJoCo planning model with its physical parameters identified online
+(``--model parameters``, gpdyn/control/identified_model.py) or plus a GP residual per planning
+step (``--model residual``, gpdyn/control/hybrid_model.py). Writes the run folder's
+metrics.jsonl, report.md and recipe.json (return, steps, falls, speed, CPU ms per control
+step, model checks, the identified parameters, and paired over seeds the differences of
+returns and the recovery fraction with a bootstrap interval); see
+gpdyn/experiments/walk_learned_model.py.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import sys
 
 from gpdyn.device import set_threads
 from gpdyn.errors import InputError
-from gpdyn.experiments.walk_learned_model import CONTROLLERS, combine, run
+from gpdyn.experiments.walk_learned_model import CONTROLLERS, MODELS, combine, run
 from gpdyn.recipes import load_recipe
 
 
@@ -54,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--controllers", default=None, help=f"comma-separated, of {', '.join(CONTROLLERS)}")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--explore", type=float, default=None, help="action noise while learning")
-    p.add_argument("--model", default=None, help="what the online model learns: parameters or residual")
+    p.add_argument("--model", default=None, choices=MODELS, help="what the online model learns")
     p.add_argument("--kernel", default=None, help="residual GP kernel: se or linear")
     p.add_argument("--linear-inputs", default=None, help="linear kernel over: all or action")
     p.add_argument("--space", default=None, help="residual as a velocity change or a generalized force")

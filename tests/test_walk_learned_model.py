@@ -11,26 +11,9 @@ from gpdyn.control.spline_sampling import SamplerConfig, SplineSampler
 from gpdyn.errors import InputError
 from gpdyn.experiments.walk_learned_model import WalkLearnedConfig, episode, nominal_model, plant
 from gpdyn.robots.walker import DT, WalkingCost
+from walker_transitions import transitions as _transitions
 
 torch.set_num_threads(1)
-
-
-def _transitions(change: str, factor: float | None, steps: int, seed: int) -> list[tuple[np.ndarray, ...]]:
-    """``(qpos, qvel, controls [2, 6], next_qvel)`` of planning steps of the (changed) plant under smooth random actions."""
-    env, _ = plant(change, factor)
-    env.reset(seed=seed)
-    data, rng = env.unwrapped.data, np.random.default_rng(seed)
-    base = 0.3 * rng.standard_normal(6)
-    out = []
-    for _ in range(steps):
-        q, v = data.qpos.copy(), data.qvel.copy()
-        controls = np.clip(base + 0.5 * rng.standard_normal((2, 6)), -1, 1)
-        for a in controls:
-            env.step(a)
-        out.append((q, v, controls, data.qvel.copy()))
-        base = 0.9 * base + 0.1 * rng.standard_normal(6)
-    env.close()
-    return out
 
 
 def test_zero_residual_is_the_planning_model() -> None:
@@ -76,11 +59,13 @@ def test_online_residual_reduces_held_out_error_on_a_changed_plant() -> None:
     assert ((r - pred) ** 2).sum() < 0.5 * (r**2).sum()  # the frozen (zero) residual's error is (r**2).sum()
 
 
-def test_short_online_run_learns_and_reports() -> None:
-    config = WalkLearnedConfig(seeds=[0], steps=60, eval_every=30, eval_horizon=8,
+@pytest.mark.parametrize("model", ["residual", "parameters"])
+def test_short_online_run_learns_and_reports(model: str) -> None:
+    config = WalkLearnedConfig(seeds=[0], steps=60, eval_every=30, eval_horizon=8, model=model,
                                residual=ResidualConfig(warmup=20))
     record, diagnostics = episode("online", "weak_motor", 0, config, WalkingCost(), nominal_model())
     assert record["length"] >= 30 and record["residual_points"] >= 20 and record["residual_active"]
+    assert ("identified" in record) == (model == "parameters")
     assert record["cpu_ms_per_step"] > 0 and np.isfinite(record["return"])
     assert diagnostics and all(-1 <= d["spearman_online"] <= 1 for d in diagnostics)
 

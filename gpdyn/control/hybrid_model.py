@@ -430,28 +430,28 @@ class HybridForward:
 
 class HybridSamplingController(SamplingController):
     """The spline sampler planning through a learned model of the NOMINAL plant: a :class:`HybridForward`
-    (``residual``: a :class:`ResidualConfig`, or None for its default) or, given an
+    (``learned``: a :class:`ResidualConfig`, or None for its default) or, given an
     :class:`~gpdyn.control.identified_model.IdentificationConfig`, an
     :class:`~gpdyn.control.identified_model.IdentifiedForward` (identified physical parameters).
 
     ``nominal``: the nominal plant's ``MjModel`` (the plant the controller acts on may have
     changed). ``learn``: observe every executed transition into the model (``"online"``)
     or never (``"frozen"``: the nominal model). ``explore_std``: Gaussian noise added to the
-    executed action while learning (actions the sampler alone would not try). The residual
+    executed action while learning (actions the sampler alone would not try). The learned
     model lives across episodes; ``act`` + ``observe`` CPU time is the control step's.
     """
 
     def __init__(self, cost: PathCost, control_dt: float, nominal: mujoco.MjModel, config: SamplerConfig | None = None,
-                 residual: ResidualConfig | IdentificationConfig | None = None, learn: bool = True, explore_std: float = 0.0, seed: int = 0,
-                 name: str | None = None) -> None:
+                 learned: ResidualConfig | IdentificationConfig | None = None, learn: bool = True,
+                 explore_std: float = 0.0, seed: int = 0, name: str | None = None) -> None:
         super().__init__(cost, control_dt, config, seed, name or ("online-hybrid" if learn else "frozen-hybrid"))
         if not (np.isfinite(explore_std) and explore_std >= 0):
             raise InputError(f"hybrid controller: explore_std must be finite and >= 0, got {explore_std}")
         self.nominal, self.learn, self.explore_std = nominal, bool(learn), float(explore_std)
         self.forward: HybridForward | IdentifiedForward = (
-            IdentifiedForward(nominal, control_dt, self.config.stride, self.config.integrator, residual, seed)
-            if isinstance(residual, IdentificationConfig)
-            else HybridForward(nominal, control_dt, self.config.stride, self.config.integrator, residual, seed))
+            IdentifiedForward(nominal, control_dt, self.config.stride, self.config.integrator, learned, seed)
+            if isinstance(learned, IdentificationConfig)
+            else HybridForward(nominal, control_dt, self.config.stride, self.config.integrator, learned, seed))
         self.rng = np.random.default_rng(seed + 7919)
         self._history: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
