@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kernel", default=None, help="residual GP kernel: se or linear")
     p.add_argument("--linear-inputs", default=None, help="linear kernel over: all or action")
     p.add_argument("--space", default=None, help="residual as a velocity change or a generalized force")
-    p.add_argument("--window", type=int, default=None)
+    p.add_argument("--window", type=int, default=None, help="transitions the learned model conditions on")
     p.add_argument("--noise", type=float, default=None, help="residual GP noise (scaled targets)")
     p.add_argument("--eval-every", type=int, default=None)
     p.add_argument("--out", default=None)
@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
             ("window", args.window), ("noise", args.noise)) if v is not None})
         config = recipe.build("run", sampler=recipe.build("sampler"), residual=residual,
                               identification=recipe.build("identification"))
+        if args.window is not None:  # both learned models condition on a window of recent transitions
+            config.identification.window = args.window
         if args.model is not None:
             config.model = args.model
         if args.seeds is not None:

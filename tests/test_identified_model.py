@@ -10,7 +10,8 @@ import pytest
 from walker_transitions import transitions
 
 from gpdyn.control.hybrid_model import HybridSamplingController
-from gpdyn.control.identified_model import GATE_MIN, IdentificationConfig, IdentifiedForward, PlantParameters
+from gpdyn.control.identified_model import IdentificationConfig, IdentifiedForward, PlantParameters
+from gpdyn.control.online_check import GATE_MIN
 from gpdyn.control.spline_sampling import SamplerConfig, SplineSampler
 from gpdyn.errors import InputError
 from gpdyn.experiments.walk_learned_model import WalkLearnedConfig, nominal_model, plant
@@ -84,8 +85,8 @@ def test_nominal_plant_is_identified_as_nominal_and_the_check_switches_off_what_
     forward = _learn("none", None, 60)
     assert max(abs(f - 1) for f in forward.factors().values()) < 0.03
     # the nominal plant: the identified parameters predict no better than the nominal ones, so they are not used
-    assert len(forward._gate) >= GATE_MIN and not forward.trusted and forward.distrusted_steps > 0
-    assert _learn("none", None, 60, gate_window=0).trusted  # without the check: always used after warm-up
+    assert len(forward.check) >= GATE_MIN and not forward.check.trusted and forward.distrusted_steps > 0
+    assert _learn("none", None, 60, gate_window=0).in_use  # without the check: always used after warm-up
 
 
 def test_snapshot_is_frozen_and_rollouts_need_no_learning() -> None:

@@ -281,15 +281,21 @@ def test_the_learned_walking_script_runs_its_recipe_with_options_over_it(tmp_pat
     spec = importlib.util.spec_from_file_location("walk_learned_model_script", ROOT / "scripts" / "walk_learned_model.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    assert script.main(["--seeds", "5", "--steps", "2", "--controllers", "frozen", "--eval-every", "0",
-                        "--window", "50", "--no-progress", "--out", str(tmp_path / "w")]) == 0
+    assert script.main(["--recipe", "walker-learned-hip", "--seeds", "5", "--steps", "2", "--controllers", "frozen",
+                        "--eval-every", "0", "--window", "50", "--no-progress", "--out", str(tmp_path / "w")]) == 0
     config = json.loads((tmp_path / "w" / "config.json").read_text())
     recipe = json.loads((tmp_path / "w" / "recipe.json").read_text())
     assert recipe["name"] == "walker-learned-hip" and recipe["options_given"]["window"] == 50
     assert config["seeds"] == [5] and config["steps"] == 2 and config["controllers"] == ["frozen"]
     assert config["factors"] == {"weak_motor": 0.3} == recipe["values"]["run"]["factors"]  # the recipe's
     assert config["residual"]["window"] == 50 and config["residual"]["space"] == recipe["values"]["residual"]["space"]
-    assert config["cost"] == recipe["values"]["cost"]
+    assert config["cost"] == recipe["values"]["cost"] and config["model"] == "residual"
+    # the default recipe: the identified model, the window its own
+    assert script.main(["--seeds", "5", "--steps", "2", "--controllers", "frozen", "--eval-every", "0",
+                        "--window", "60", "--no-progress", "--out", str(tmp_path / "p")]) == 0
+    config = json.loads((tmp_path / "p" / "config.json").read_text())
+    assert json.loads((tmp_path / "p" / "recipe.json").read_text())["name"] == "walker-learned-parameters"
+    assert config["model"] == "parameters" and config["identification"]["window"] == 60
     bad = _write(tmp_path, "[run]\nfactors = { weak_motor = \"strong\" }\n",
                  HEAD.replace('robot = "walker"', 'robot = "walker-learned"'))
     assert script.main(["--recipe", str(bad), "--out", str(tmp_path / "x")]) == 2 and not (tmp_path / "x").exists()

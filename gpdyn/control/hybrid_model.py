@@ -49,7 +49,6 @@ spread. Its predictions are batched over the ``K`` samples at each planning step
 
 from __future__ import annotations
 
-import collections
 import copy
 import time
 from dataclasses import dataclass
@@ -61,13 +60,12 @@ import torch
 from mujoco import rollout as mj_rollout
 
 from gpdyn.control.identified_model import IdentificationConfig, IdentifiedForward
+from gpdyn.control.online_check import GATE_MIN, OnlineCheck
 from gpdyn.control.spline_sampling import INTEGRATORS, PathCost, SamplerConfig, SamplingController, SplineSampler
 from gpdyn.errors import InputError
 from gpdyn.gp import make_learner
 
 
-#: checked transitions before the online check may switch the residual off
-GATE_MIN = 20
 #: the force perturbation (N m or N per generalized coordinate) of :meth:`HybridForward.contact_force`'s Jacobian
 FORCE_STEP = 1.0
 
@@ -179,10 +177,7 @@ class HybridForward:
         self._pending: list[tuple[np.ndarray, np.ndarray]] = []
         self.observed = 0
         self.x_mean = self.x_scale = self.r_scale = None
-        # squared one-step errors (residual, nominal) of the last gate_window transitions, predicted before learning them
-        self._gate: collections.deque[tuple[float, float]] = collections.deque(maxlen=max(1, self.config.gate_window))
-        self.trusted = True  # the gate's verdict: the planner uses the residual
-        self.distrusted_steps = 0  # observed transitions after which the gate had the residual off
+        self.check = OnlineCheck(self.config.gate_window, self.config.gate_margin)
 
     # ----------------------------------------------------------------- the model
     def _init_states(self, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
@@ -207,7 +202,12 @@ class HybridForward:
     @property
     def in_use(self) -> bool:
         """Whether the planning model adds the residual: built, and trusted by the online check (``gate_window``)."""
-        return self.learner is not None and self.trusted
+        return self.learner is not None and self.check.trusted
+
+    @property
+    def distrusted_steps(self) -> int:
+        """Observed transitions after which the online check had the residual off."""
+        return self.check.distrusted_steps
 
     def residual(self, qpos: np.ndarray, qvel: np.ndarray, u: np.ndarray) -> np.ndarray:
         """The residual's mean ``[K, nv]`` as the planning model adds it, one batched prediction (zeros before
@@ -386,10 +386,7 @@ class HybridForward:
         else:  # the residual adds to what it was learned against: the nominal plant or the planning model
             base = nominal if self.config.target == "plant" else self.nominal_step(qpos, qvel, u)[1]
             predicted = base + learned
-        self._gate.append((float(((predicted - next_qvel) ** 2).sum()), float(((base - next_qvel) ** 2).sum())))
-        with_residual, without = (sum(e) for e in zip(*self._gate, strict=True))
-        self.trusted = len(self._gate) < GATE_MIN or with_residual < self.config.gate_margin * without
-        self.distrusted_steps += not self.trusted
+        self.check.add(predicted, base, next_qvel)
 
     def _observe_scaled(self, x: np.ndarray, r: np.ndarray) -> None:
         xs = torch.as_tensor((x - self.x_mean) / self.x_scale)
@@ -424,7 +421,7 @@ class HybridForward:
         other._runner, other._models = None, []  # its own rollout buffers
         other.learner = copy.deepcopy(self.learner)
         other._pending = list(self._pending)
-        other._gate = copy.copy(self._gate)
+        other.check = self.check.copy()
         return other
 
 

@@ -46,11 +46,9 @@ import mujoco
 import numpy as np
 from mujoco import rollout as mj_rollout
 
+from gpdyn.control.online_check import OnlineCheck
 from gpdyn.control.spline_sampling import INTEGRATORS
 from gpdyn.errors import InputError
-
-#: checked transitions before the online check may switch the identified parameters off
-GATE_MIN = 20
 
 
 @dataclass
@@ -169,10 +167,8 @@ class IdentifiedForward:
         # per transition in the window: J' J / noise^2 and J' y / noise^2, and their running sums
         self._window: collections.deque[tuple[np.ndarray, np.ndarray]] = collections.deque()
         self._gram, self._moment = np.zeros((size, size)), np.zeros(size)
-        self._gate: collections.deque[tuple[float, float]] = collections.deque(maxlen=max(1, self.config.gate_window))
+        self.check = OnlineCheck(self.config.gate_window, self.config.gate_margin)
         self.observed = 0
-        self.trusted = True
-        self.distrusted_steps = 0
 
     # ----------------------------------------------------------------- the model
     @property
@@ -183,7 +179,12 @@ class IdentifiedForward:
     @property
     def in_use(self) -> bool:
         """Whether plans use the identified parameters: built, and trusted by the online check."""
-        return self.active and self.trusted
+        return self.active and self.check.trusted
+
+    @property
+    def distrusted_steps(self) -> int:
+        """Observed transitions after which the online check had the identified parameters off."""
+        return self.check.distrusted_steps
 
     def factors(self) -> dict[str, float]:
         """The identified factors ``1 + theta`` by parameter name (as the planning model has them)."""
@@ -226,8 +227,8 @@ class IdentifiedForward:
         reached = out[:, -1, self._v]  # [P + 2, nv]
         predicted, nominal = reached[0], reached[-1]
         jac = (reached[1:-1] - predicted).T / step  # [nv, P]
-        if self.active and self.config.gate_window:
-            self._check(predicted, nominal, next_qvel)
+        if self.active and self.config.gate_window:  # predicted with the estimate from before this transition
+            self.check.add(predicted, nominal, next_qvel)
         y = next_qvel - predicted + jac @ theta
         weight = 1.0 / self.config.noise_std**2
         entry = (weight * jac.T @ jac, weight * jac.T @ y)
@@ -243,21 +244,13 @@ class IdentifiedForward:
         self.observed += 1
         self.parameters.apply(self.identified_plan, self._clipped())
 
-    def _check(self, predicted: np.ndarray, nominal: np.ndarray, next_qvel: np.ndarray) -> None:
-        """The online check: the transition's squared one-step error with the identified parameters (from before
-        it was learned) against the nominal plant's, summed over the last ``gate_window``."""
-        self._gate.append((float(((predicted - next_qvel) ** 2).sum()), float(((nominal - next_qvel) ** 2).sum())))
-        identified, without = (sum(e) for e in zip(*self._gate, strict=True))
-        self.trusted = len(self._gate) < GATE_MIN or identified < self.config.gate_margin * without
-        self.distrusted_steps += not self.trusted
-
     def snapshot(self) -> IdentifiedForward:
         """A frozen copy for planning: the estimate and planning models as now (it shares the probe models)."""
         other = copy.copy(self)
         other.identified_plan = copy.deepcopy(self.identified_plan)
         other._plan_data = mujoco.MjData(other.identified_plan)
         other.theta, other.precision = self.theta.copy(), self.precision.copy()
-        other._window, other._gate = copy.copy(self._window), copy.copy(self._gate)
+        other._window, other.check = copy.copy(self._window), self.check.copy()
         other._gram, other._moment = self._gram.copy(), self._moment.copy()
         return other
 
