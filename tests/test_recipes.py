@@ -299,3 +299,11 @@ def test_the_learned_walking_script_runs_its_recipe_with_options_over_it(tmp_pat
     bad = _write(tmp_path, "[run]\nfactors = { weak_motor = \"strong\" }\n",
                  HEAD.replace('robot = "walker"', 'robot = "walker-learned"'))
     assert script.main(["--recipe", str(bad), "--out", str(tmp_path / "x")]) == 2 and not (tmp_path / "x").exists()
+
+
+def test_a_recipe_of_another_kind_is_refused_naming_the_command_that_runs_it():
+    from gpdyn.recipes import RUNNERS
+
+    assert set(RUNNERS) == set(KINDS)
+    with pytest.raises(InputError, match="run it with python scripts/walk_learned_model.py --recipe walker-learned-parameters"):
+        load_recipe("walker-learned-parameters", "walker")

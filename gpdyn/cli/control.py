@@ -175,10 +175,10 @@ def cli_control(args: argparse.Namespace) -> int:
 
 def cli_recipes(args: argparse.Namespace) -> int:
     """``gpdyn control recipes``: each recipe's name, robot, description, use, reported result and values."""
-    from gpdyn.recipes import all_recipes, describe, load_recipe
+    from gpdyn.recipes import RUNNERS, all_recipes, describe, load_recipe
 
     recipes = [load_recipe(n) for n in args.names] if args.names else all_recipes()
     print("\n\n".join(describe(r) for r in recipes))
-    print("\nRun one: gpdyn control walker|kuka --recipe NAME [options that override it]; "
-          "walker-sampling recipes: python scripts/walk_true_model.py --recipe NAME")
+    print("\nRun one with the command of its robot, options after it overriding the recipe's values: "
+          + "; ".join(f"{kind}: {command} --recipe NAME" for kind, command in RUNNERS.items()))
     return 0

@@ -55,6 +55,9 @@ KINDS: dict[str, dict[str, str]] = {
                        "identification": "gpdyn.control.identified_model:IdentificationConfig",
                        "run": "gpdyn.experiments.walk_learned_model:WalkLearnedConfig"},
 }
+# the command that runs each kind of recipe (with --recipe NAME)
+RUNNERS = {"walker": "gpdyn control walker", "kuka": "gpdyn control kuka",
+           "walker-sampling": "python scripts/walk_true_model.py", "walker-learned": "python scripts/walk_learned_model.py"}
 # what a robot's command runs without --recipe: the best reported setting (see each recipe's description)
 DEFAULT_RECIPES = {"walker": "walker-weak-motor", "kuka": "kuka-payload"}
 # fields a recipe may not set: the machine (device), the process (progress), the run's own name
@@ -156,7 +159,8 @@ def load_recipe(name: str, robot: str | None = None) -> Recipe:
     if kind not in KINDS:
         raise InputError(f"recipe {path}: robot '{kind}' is not one of {', '.join(KINDS)}")
     if robot is not None and kind != robot:
-        raise InputError(f"recipe {path}: it is a '{kind}' recipe, not one for '{robot}'")
+        raise InputError(f"recipe {path}: it is a '{kind}' recipe, not one for '{robot}'; run it with "
+                         f"{RUNNERS[kind]} --recipe {meta['name']}")
     if path.parent == RECIPE_DIR and meta["name"] != path.stem:
         raise InputError(f"recipe {path}: name '{meta['name']}' differs from the file's name '{path.stem}'")
     sections = KINDS[kind]
