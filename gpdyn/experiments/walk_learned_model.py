@@ -5,8 +5,7 @@ For each plant change (``gpdyn.robots.walker.PLANT_CHANGES``, e.g. the right hip
 spline-sampling controllers (:mod:`gpdyn.control.spline_sampling`, :class:`gpdyn.robots.walker.WalkingCost`):
 
 - ``true``: the changed plant's own ``MjModel`` as the planning model (the reference);
-- ``frozen``: :class:`gpdyn.control.hybrid_model.HybridForward` with its residual never
-  updated, i.e. the NOMINAL plant's planning model;
+- ``frozen``: the learned model never updated, i.e. the NOMINAL plant's planning model;
 - ``online``: the nominal model learning online from every executed transition (``explore_std``:
   exploration noise on the executed action, off by default). ``model="parameters"`` (the
   default): the plant's physical parameters identified by Bayesian linear regression on their
