@@ -446,7 +446,7 @@ class HybridSamplingController(SamplingController):
             raise InputError(f"hybrid controller: explore_std must be finite and >= 0, got {explore_std}")
         self.nominal, self.learn, self.explore_std = nominal, bool(learn), float(explore_std)
         self.forward: HybridForward | IdentifiedForward = (
-            IdentifiedForward(nominal, control_dt, self.config.stride, self.config.integrator, learned, seed)
+            IdentifiedForward(nominal, control_dt, self.config.stride, self.config.integrator, learned)
             if isinstance(learned, IdentificationConfig)
             else HybridForward(nominal, control_dt, self.config.stride, self.config.integrator, learned, seed))
         self.rng = np.random.default_rng(seed + 7919)

@@ -139,7 +139,7 @@ class IdentifiedForward:
     """
 
     def __init__(self, model: mujoco.MjModel, control_dt: float, stride: int = 2, integrator: str = "implicitfast",
-                 config: IdentificationConfig | None = None, seed: int = 0) -> None:
+                 config: IdentificationConfig | None = None) -> None:
         self.config = config or IdentificationConfig()
         self.config.validate()
         if integrator not in INTEGRATORS:
@@ -149,7 +149,7 @@ class IdentifiedForward:
             raise InputError(f"identified model: control_dt {control_dt} must be a multiple of the model's timestep "
                              f"{model.opt.timestep} and stride >= 1, got stride {stride}")
         self.parameters = PlantParameters(model, self.config)
-        self.stride, self.seed = int(stride), int(seed)
+        self.stride = int(stride)
         self.nq, self.nv, self.nu = model.nq, model.nv, model.nu
         size = self.parameters.size
         self.theta = np.zeros(size)  # the posterior mean of the relative changes
@@ -159,7 +159,6 @@ class IdentifiedForward:
         self._probe_data = mujoco.MjData(self._probes[0])
         self.nominal_plan = self.parameters.model(np.zeros(size), control_dt * stride, integrator)
         self.identified_plan = self.parameters.model(np.zeros(size), control_dt * stride, integrator)
-        self.dt = float(self.nominal_plan.opt.timestep)
         self._plan_data = mujoco.MjData(self.nominal_plan)
         self.nstate = mujoco.mj_stateSize(self.nominal_plan, mujoco.mjtState.mjSTATE_FULLPHYSICS)
         self._q = slice(1, 1 + self.nq)
