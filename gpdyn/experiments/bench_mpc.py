@@ -33,7 +33,9 @@ In the same run it measures what bounds the rates:
   path against them (per-output length scales and ``shared_kernel``): a mean at N points
   with M basis functions builds one ``2 N M D``-flop feature matmul and ``N M`` ``exp2``
   per distinct kernel and one ``2 N M``-flop matvec per output; its share of sgemm (the
-  flops done) and of its floor (the flops at sgemm speed plus the ``exp2`` at their rate);
+  flops done), with the fused native kernel (:mod:`gpdyn.gp.native`) and on the torch
+  path, and the torch path's share of its floor (the flops at sgemm speed plus the
+  ``exp2`` at torch's rate);
 - WISKI's mean prediction against a plain 16-weight gather: ``torch.gather`` of 16 indices
   per point and output from a ``[P, m]`` table, times weights, summed, on the same N.
 
@@ -215,25 +217,33 @@ def exp2_rate(dtype: torch.dtype, repeats: int = 5) -> float:
 
 
 def svdgp_mean_rate(learner: Learner, n: int, repeats: int, kernels: int, sgemm: float, exp2: float) -> dict[str, Any]:
-    """SVDGP's mean path at ``n`` points against this machine's limit.
+    """SVDGP's mean path at ``n`` points against this machine's limit, with the fused native
+    kernel (:mod:`gpdyn.gp.native`, where it builds) and on the torch path.
 
     A mean builds ``kernels`` feature matmuls of ``2 N M D`` flops and ``N M`` ``exp2`` each (P
     with per-output length scales, 1 with one kernel for all outputs) and P matvecs of
-    ``2 N M``. Its floor is those flops at sgemm speed (``sgemm`` GFLOP/s) plus the ``exp2``
-    at their own peak rate (``exp2`` G/s): ``share_of_floor`` is floor / measured time.
-    ``gflops`` counts the flops actually done.
+    ``2 N M``. The torch path's floor is those flops at sgemm speed (``sgemm`` GFLOP/s) plus
+    the ``exp2`` at torch's own peak rate (``exp2`` G/s): ``share_of_floor`` is floor /
+    measured time. ``gflops`` counts the flops actually done.
     """
+    from gpdyn.gp import native
+
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(n, learner.input_dim, generator=gen, dtype=learner.dtype).to(learner.device)
     m, d, p = learner.basis_counts["alpha"], learner.input_dim, learner.output_dim
-    with torch.no_grad():
-        sec = seconds(lambda: learner.predict_mean(x), learner.device, repeats, warmup=1)
-        full = seconds(lambda: learner.predict(x), learner.device, repeats, warmup=1)
     flops = kernels * 2.0 * n * m * d + p * 2.0 * n * m
     floor = flops / (sgemm * 1e9) + kernels * n * m / (exp2 * 1e9)
-    return {"M_alpha": m, "N": n, "kernels": kernels, "mean_seconds": sec, "predict_seconds": full,
-            "gflops": flops / sec / 1e9, "share_of_sgemm": flops / sec / 1e9 / sgemm, "floor_seconds": floor,
-            "share_of_floor": floor / sec}
+    out: dict[str, Any] = {"M_alpha": m, "N": n, "kernels": kernels, "floor_seconds": floor,
+                           "native": native.usable(x)}
+    with torch.no_grad():
+        for path, on in (("", True), ("torch_", False)):
+            with native.enabled(on):
+                sec = seconds(lambda: learner.predict_mean(x), learner.device, repeats, warmup=1)
+                full = seconds(lambda: learner.predict(x), learner.device, repeats, warmup=1)
+            out.update({f"{path}mean_seconds": sec, f"{path}predict_seconds": full, f"{path}gflops": flops / sec / 1e9,
+                        f"{path}share_of_sgemm": flops / sec / 1e9 / sgemm})
+    out["torch_share_of_floor"] = floor / out["torch_mean_seconds"]
+    return out
 
 
 def gather_seconds(p: int, m: int, n: int, repeats: int, dtype: torch.dtype, k: int = 16,
@@ -326,8 +336,10 @@ def measure_ratios(models: list[str], n: int, device: torch.device, dtype: torch
                 rate.update(preset=size, features=features)
                 ratios["svdgp"].append(rate)
                 progress(f"  svdgp {size} {features}: mean {rate['mean_seconds'] * 1e3:.2f} ms, "
-                         f"{rate['gflops']:.1f} GFLOP/s = {100 * rate['share_of_sgemm']:.0f} % of sgemm, "
-                         f"{100 * rate['share_of_floor']:.0f} % of the floor")
+                         f"{rate['gflops']:.1f} GFLOP/s = {100 * rate['share_of_sgemm']:.0f} % of sgemm"
+                         f"{' (native kernel)' if rate['native'] else ''}; torch path "
+                         f"{rate['torch_mean_seconds'] * 1e3:.2f} ms = {100 * rate['torch_share_of_sgemm']:.0f} % "
+                         f"of sgemm, {100 * rate['torch_share_of_floor']:.0f} % of its floor")
     if "wiski" in models:
         ratios["wiski"] = wiski_mean_ratio(n, device, dtype, presets[0], seed, repeats, progress)
         if device.type == "cpu":
@@ -506,13 +518,14 @@ def ratio_text(ratios: dict[str, Any]) -> str:
         out.append(f"- sgemm (2048 x 2048, this dtype): **{ratios['sgemm_gflops']:.1f} GFLOP/s** of CPU time; "
                    f"`exp2` on a cache-sized block: **{ratios.get('exp2_gps') or float('nan'):.2f} G/s**.")
     for r in ratios.get("svdgp", []):
-        floor = (f"; its floor (the flops at sgemm speed plus {r['kernels']} x N x M `exp2` at their rate) "
-                 f"{r['floor_seconds'] * 1e3:.2f} ms: **{100 * r['share_of_floor']:.0f} % of the floor**"
-                 if "floor_seconds" in r else "")
+        fused = "the fused native kernel" if r.get("native") else "the torch path (the native kernel did not build)"
         out.append(f"- SVDGP mean path, {r['preset']} preset (M_alpha = {r['M_alpha']}), {r['features']}, "
-                   f"N = {r['N']}: {r['mean_seconds'] * 1e3:.2f} CPU-ms per `predict_mean` "
+                   f"N = {r['N']}, {fused}: {r['mean_seconds'] * 1e3:.2f} CPU-ms per `predict_mean` "
                    f"({r['predict_seconds'] * 1e3:.2f} ms per `predict`), {r['gflops']:.1f} GFLOP/s done = "
-                   f"**{100 * r['share_of_sgemm']:.0f} % of sgemm**{floor}.")
+                   f"**{100 * r['share_of_sgemm']:.0f} % of sgemm**. The torch path (matmul, `exp2`, matvec): "
+                   f"{r['torch_mean_seconds'] * 1e3:.2f} ms = {100 * r['torch_share_of_sgemm']:.0f} % of sgemm; its "
+                   f"floor (the flops at sgemm speed plus {r['kernels']} x N x M `exp2` at torch's rate) "
+                   f"{r['floor_seconds'] * 1e3:.2f} ms: {100 * r['torch_share_of_floor']:.0f} % of that floor.")
     for w in (ratios.get("wiski"), ratios.get("wiski_compiled")):
         if w and "error" in w:
             out.append(f"- `{w.get('label', 'wiski')}` mean vs gather: error: {w['error']}")

@@ -29,6 +29,8 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from gpdyn.gp import native
+
 #: elements of one ``[P, N, chunk]`` kernel block in :func:`kernel_matvec` (8 MiB of float64):
 #: each block goes through about ten passes, and blocks that stay in the L2/L3 caches
 #: made an SVDGP step 2-3x faster than 64 MiB blocks on the 2-core CPU
@@ -179,10 +181,15 @@ def exp2_matvec(
     Blocks of ``[P, rows, cols]`` entries, about ``block_elements`` of them, are formed in
     one reused buffer by a matmul, raised to ``exp2`` in place and multiplied into the
     result while they are in the cache; nothing of size ``N x M`` is stored.
+
+    Float32 on the CPU goes to the fused native kernel (:mod:`gpdyn.gp.native`) instead:
+    the same values to float32 rounding, about twice as fast.
     """
     p, m = vec.shape
     if m == 0 or u.shape[-2] == 0:  # an empty sum, or no points
         return vec.new_zeros(p, u.shape[-2])
+    if native.usable(u, v, vec):
+        return native.exp2_matvec(u, v, vec)
     if u.dim() == 2 and v.dim() == 2:  # one kernel for every output
         n = u.shape[0]
         rows, cols = _block_shape(1, n, m, block_elements, block_columns)

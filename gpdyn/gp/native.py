@@ -1,0 +1,179 @@
+"""The native CPU kernel of prediction: ``exp2(U V^T) a`` fused in one pass (native_exp2.cpp).
+
+:func:`gpdyn.gp.kernels.exp2_matvec` (every learner's mean: SVDGP, ORTHDGP, exact)
+calls :func:`exp2_matvec` for float32 tensors on the CPU. The kernel is C++ (GCC vector
+extensions, no torch headers), compiled on first use with ``$CXX`` (default ``g++``) at
+``-O3 -march=native`` into ``$XDG_CACHE_HOME/gpdyn/native`` (default ``~/.cache``), under a
+name keyed by the source, the flags, the compiler and this CPU, and loaded with ctypes
+(which releases the GIL, so ``torch.get_num_threads()`` threads share the rows).
+
+It exists because the torch path writes every kernel block to memory and raises it to
+``exp2`` in a separate pass at ~2.4 G/s, as long as the feature matmul itself; fused, the
+exp2 overlaps the matmul's FMAs (the source's header has the numbers).
+
+``GPDYN_NATIVE=0`` turns it off. Without a working compiler it warns once, naming the
+compiler and its error, and the torch path runs: the same values to float32 rounding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import platform
+import subprocess
+import tempfile
+import threading
+import warnings
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+SOURCE = Path(__file__).with_name("native_exp2.cpp")
+FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-shared", "-fPIC", "-std=c++17")
+LANES = 16  # test points per SIMD register in the kernel (its LANES)
+MAX_VECTORS = 64  # vectors per call with one kernel (its P limit)
+
+_lock = threading.Lock()
+_library: ctypes.CDLL | None = None
+_failed: str | None = None  # why the build failed, once
+_enabled = os.environ.get("GPDYN_NATIVE", "1") != "0"
+_pool: ThreadPoolExecutor | None = None
+_pool_size = 0
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpdyn" / "native"
+
+
+def _cpu_identity() -> str:
+    """This CPU's model and feature flags (``-march=native`` builds for exactly them)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    keep = [line for line in lines if line.split(":")[0].strip() in ("model name", "flags", "Features", "CPU part")]
+    return "\n".join(dict.fromkeys(keep)) + platform.machine()
+
+
+def _build() -> ctypes.CDLL:
+    compiler = os.environ.get("CXX", "g++")
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as err:
+        raise RuntimeError(f"compiler '{compiler}' ({err})") from err
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(), version.encode(), _cpu_identity().encode()]))
+    target = cache_dir() / f"exp2-{key.hexdigest()[:20]}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        try:
+            done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300)
+            if done.returncode != 0:
+                raise RuntimeError(f"{compiler} {' '.join(FLAGS)} {SOURCE.name} failed: {done.stderr.strip()[-2000:]}")
+            os.replace(tmp, target)  # atomic: a concurrent process sees the old state or the whole library
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    lib = ctypes.CDLL(str(target))
+    fn = lib.gpdyn_exp2_matvec
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
+                   ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernel, built on first use; None when turned off or when the build failed
+    (warned once)."""
+    global _library, _failed
+    if not _enabled or _failed is not None:
+        return None
+    if _library is None:
+        with _lock:
+            if _library is None and _failed is None:
+                try:
+                    _library = _build()
+                except (RuntimeError, OSError, subprocess.SubprocessError) as err:
+                    _failed = str(err)
+                    warnings.warn(f"gpdyn's native prediction kernel ({SOURCE.name}) is not available: {err}; "
+                                  "predictions run on the torch path (set GPDYN_NATIVE=0 to skip the build)",
+                                  RuntimeWarning, stacklevel=3)
+    return _library
+
+
+@contextlib.contextmanager
+def enabled(on: bool) -> Iterator[None]:
+    """Within the block, the native kernel is used (``on``, where it builds) or not: the
+    benchmarks time both paths in one run."""
+    global _enabled
+    before, _enabled = _enabled, bool(on)
+    try:
+        yield
+    finally:
+        _enabled = before
+
+
+def usable(*tensors: Tensor) -> bool:
+    """Whether :func:`exp2_matvec` takes these: float32 CPU tensors, no autograd, and the
+    kernel built."""
+    return (all(t.device.type == "cpu" and t.dtype == torch.float32 and not t.requires_grad for t in tensors)
+            and library() is not None)
+
+
+def _transposed(u: Tensor, padded: int) -> Tensor:
+    """``u [..., N, R]`` as ``[..., R, padded]``, zero-padded: the kernel's test-point layout."""
+    ut = u.new_zeros(*u.shape[:-2], u.shape[-1], padded)
+    ut[..., : u.shape[-2]] = u.transpose(-1, -2)
+    return ut
+
+
+def _run(ut: Tensor, v: Tensor, a: Tensor, out: Tensor) -> None:
+    """One kernel ``v [M, R]`` against ``ut [R, Np]``, the vectors ``a [P, M]`` into ``out [P, Np]``;
+    the rows split over torch's threads."""
+    global _pool, _pool_size
+    lib = library()
+    assert lib is not None
+    r, np_ = ut.shape
+    args = (ut.data_ptr(), r, np_, v.data_ptr(), v.shape[0], a.data_ptr(), a.shape[0], out.data_ptr())
+    threads = min(torch.get_num_threads(), np_ // LANES)
+    if threads <= 1:
+        spans = [(0, np_)]
+    else:
+        edges = [LANES * round(i * (np_ // LANES) / threads) for i in range(threads + 1)]
+        spans = [(lo, hi) for lo, hi in zip(edges, edges[1:]) if hi > lo]
+    if len(spans) == 1:
+        codes = [lib.gpdyn_exp2_matvec(*args, *spans[0])]
+    else:
+        if _pool is None or _pool_size < len(spans):
+            _pool, _pool_size = ThreadPoolExecutor(max_workers=len(spans), thread_name_prefix="gpdyn-native"), len(spans)
+        codes = list(_pool.map(lambda span: lib.gpdyn_exp2_matvec(*args, *span), spans))
+    if any(codes):
+        raise RuntimeError(f"gpdyn_exp2_matvec refused its arguments (R {r}, Np {np_}, P {a.shape[0]})")
+
+
+@torch.no_grad()
+def exp2_matvec(u: Tensor, v: Tensor, vec: Tensor) -> Tensor:
+    """``exp2(U V^T) vec`` per output, ``[P, N]``, with the shapes of
+    :func:`gpdyn.gp.kernels.exp2_matvec` (``u [P, N, R]`` or ``[N, R]``, ``v [P, M, R]`` or
+    ``[M, R]``, ``vec [P, M]``); float32 CPU tensors (:func:`usable`)."""
+    p, m = vec.shape
+    n = u.shape[-2]
+    padded = -(-n // LANES) * LANES
+    out = vec.new_empty(p, padded)
+    vec = vec.contiguous()
+    if u.dim() == 2 and v.dim() == 2:  # one kernel: up to MAX_VECTORS outputs per pass
+        ut, v = _transposed(u, padded), v.contiguous()
+        for lo in range(0, p, MAX_VECTORS):
+            _run(ut, v, vec[lo : lo + MAX_VECTORS], out[lo : lo + MAX_VECTORS])
+        return out[:, :n]
+    ut = _transposed(u, padded)  # all outputs' at once
+    for k in range(p):
+        _run(ut if u.dim() == 2 else ut[k], (v if v.dim() == 2 else v[k]).contiguous(), vec[k : k + 1], out[k : k + 1])
+    return out[:, :n]

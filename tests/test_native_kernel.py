@@ -1,0 +1,142 @@
+"""The fused native prediction kernel (gpdyn/gp/native.py, native_exp2.cpp) against the
+float64 torch path: every layout of features, the exp2 polynomial over its whole range,
+NaN, threads, and the fallback when it cannot be built."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+
+from gpdyn.gp import kernels, native
+
+F32, F64 = torch.float32, torch.float64
+needs_compiler = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None or not native._enabled,
+                                    reason="the native kernel needs a C++ compiler (and GPDYN_NATIVE not 0)")
+
+
+def _reference(u: torch.Tensor, v: torch.Tensor, vec: torch.Tensor) -> torch.Tensor:
+    """``exp2(U V^T) vec`` in float64, the kernel stored whole."""
+    k = torch.exp2(u.double() @ v.double().transpose(-1, -2))
+    return (k.expand(vec.shape[0], *k.shape[-2:]) @ vec.double().unsqueeze(-1)).squeeze(-1)
+
+
+def _features(shape: tuple[int, ...], gen: torch.Generator, scale: float = 0.3) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen, dtype=F32) * scale
+
+
+@needs_compiler
+@pytest.mark.parametrize("u_per_output, v_per_output", [(True, True), (False, True), (True, False), (False, False)])
+@pytest.mark.parametrize("p, n, m, r", [(3, 37, 53, 4), (2, 1, 1, 1), (1, 16, 8, 25), (4, 100, 300, 6)])
+def test_native_equals_the_float64_kernel_times_vector(u_per_output, v_per_output, p, n, m, r):
+    """Per-output kernels, one side shared, one kernel for all vectors; sizes off the kernel's
+    16-point and 8-basis tiles and across its 256-term partial sums."""
+    g = torch.Generator().manual_seed(p * 1000 + n + m + r)
+    u = _features((p, n, r) if u_per_output else (n, r), g)
+    v = _features((p, m, r) if v_per_output else (m, r), g)
+    vec = torch.randn(p, m, generator=g, dtype=F32)
+    assert native.usable(u, v, vec)
+    got = kernels.exp2_matvec(u, v, vec)
+    want = _reference(u, v, vec)
+    assert got.shape == (p, n) and got.dtype == F32
+    torch.testing.assert_close(got.double(), want, rtol=2e-6, atol=2e-6 * float(want.abs().max()))
+    with native.enabled(False):  # the torch path gives the same numbers
+        torch.testing.assert_close(kernels.exp2_matvec(u, v, vec), got, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+
+
+@needs_compiler
+def test_one_kernel_serves_more_vectors_than_one_pass_holds():
+    g = torch.Generator().manual_seed(1)
+    u, v = _features((21, 5), g), _features((40, 5), g)
+    vec = torch.randn(native.MAX_VECTORS + 6, 40, generator=g, dtype=F32)
+    want = _reference(u, v, vec)
+    torch.testing.assert_close(native.exp2_matvec(u, v, vec).double(), want, rtol=2e-6, atol=2e-6 * float(want.abs().max()))
+
+
+@needs_compiler
+def test_exp2_polynomial_is_float32_accurate_and_flushes_below_2_to_the_minus_127():
+    """One basis function with feature 1 and unit weight: the output is exp2 of the input."""
+    s = torch.cat([torch.linspace(-126.0, 126.0, 4001), torch.tensor([-0.5, 0.5, -1e-8, 0.0, 3.49999])]).to(F32)
+    got = native.exp2_matvec(s[:, None], torch.ones(1, 1, dtype=F32), torch.ones(1, 1, dtype=F32))[0]
+    want = torch.exp2(s.double())
+    assert float(((got.double() - want) / want).abs().max()) < 3e-7
+    far = native.exp2_matvec(torch.tensor([[-127.5], [-1e4], [-3e38]]), torch.ones(1, 1), torch.ones(1, 1))[0]
+    assert far.tolist() == [0.0, 0.0, 0.0]  # under float32's smallest normal: no kernel mass
+
+
+@needs_compiler
+def test_a_nan_feature_gives_nan_in_its_own_rows_only():
+    g = torch.Generator().manual_seed(2)
+    u, v = _features((3, 20, 4), g), _features((3, 30, 4), g)
+    u[1, 7, 2] = float("nan")
+    got = native.exp2_matvec(u, v, torch.randn(3, 30, generator=g))
+    assert torch.isnan(got[1, 7])
+    got[1, 7] = 0.0
+    assert torch.isfinite(got).all()
+
+
+@needs_compiler
+def test_rows_split_over_threads_give_the_same_numbers(monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    u, v, vec = _features((2, 101, 6), g), _features((2, 77, 6), g), torch.randn(2, 77, generator=g)
+    one = native.exp2_matvec(u, v, vec)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    torch.testing.assert_close(native.exp2_matvec(u, v, vec), one, rtol=0, atol=0)
+
+
+@needs_compiler
+def test_svdgp_mean_in_float32_takes_the_native_path_and_matches_the_torch_path(monkeypatch):
+    from gpdyn.gp import make_learner
+    from learner_data import random_data
+
+    x, y = (t.to(F32) for t in random_data(200, 5, 2, seed=4))
+    learner = make_learner("svdgp", input_dim=5, output_dim=2, preset="small", dtype=F32, seed=0)
+    learner.observe(x, y)
+    learner.step(x, y)
+    test = torch.randn(50, 5, generator=torch.Generator().manual_seed(5), dtype=F32)
+    calls = []
+    fused_kernel = native.exp2_matvec
+    monkeypatch.setattr(native, "exp2_matvec", lambda *a: calls.append(a[0].shape) or fused_kernel(*a))
+    with torch.no_grad():
+        fused = learner.predict_mean(test)
+        assert calls and calls[-1][-2] == 50
+        with native.enabled(False):
+            torch_path = learner.predict_mean(test)
+    torch.testing.assert_close(fused, torch_path, rtol=1e-5, atol=1e-5 * float(torch_path.abs().max()))
+
+
+def test_float64_autograd_and_turned_off_stay_on_the_torch_path():
+    x32 = torch.zeros(2, 2, dtype=F32)
+    assert not native.usable(x32.double())
+    assert not native.usable(x32.requires_grad_())
+    with native.enabled(False):
+        assert not native.usable(torch.zeros(2, 2, dtype=F32))
+
+
+def test_a_compiler_that_fails_warns_once_and_predictions_run_on_the_torch_path(monkeypatch, tmp_path):
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "_library", None)
+    monkeypatch.setattr(native, "_failed", None)
+    monkeypatch.setattr(native, "_enabled", True)
+    with pytest.warns(RuntimeWarning, match="no-such-compiler.*GPDYN_NATIVE=0"):
+        assert native.library() is None
+    assert native.library() is None  # the failure is remembered: no second build, no second warning
+    g = torch.Generator().manual_seed(6)
+    u, v, vec = _features((2, 9, 3), g), _features((2, 11, 3), g), torch.randn(2, 11, generator=g)
+    want = _reference(u, v, vec)
+    torch.testing.assert_close(kernels.exp2_matvec(u, v, vec).double(), want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+
+
+@needs_compiler
+def test_a_build_goes_to_the_cache_once_under_a_key_of_source_flags_compiler_and_cpu(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = native._build()
+    built = list((tmp_path / "gpdyn" / "native").iterdir())
+    assert len(built) == 1 and built[0].name.startswith("exp2-") and built[0].suffix == ".so"
+    stamp = built[0].stat().st_mtime_ns
+    second = native._build()
+    assert [p.stat().st_mtime_ns for p in (tmp_path / "gpdyn" / "native").iterdir()] == [stamp]
+    assert first._name == second._name == str(built[0])
