@@ -140,3 +140,12 @@ def test_a_build_goes_to_the_cache_once_under_a_key_of_source_flags_compiler_and
     second = native._build()
     assert [p.stat().st_mtime_ns for p in (tmp_path / "gpdyn" / "native").iterdir()] == [stamp]
     assert first._name == second._name == str(built[0])
+
+
+@needs_compiler
+def test_torch_compile_keeps_the_native_kernel_in_one_graph():
+    """A torch operator with a fake implementation: compiled code calls it with no graph break."""
+    g = torch.Generator().manual_seed(7)
+    u, v, vec = _features((2, 19, 4), g), _features((2, 23, 4), g), torch.randn(2, 23, generator=g)
+    compiled = torch.compile(lambda a, b, c: kernels.exp2_matvec(a * 1.0, b, c) + 1.0, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(u, v, vec), kernels.exp2_matvec(u, v, vec) + 1.0)

@@ -5,7 +5,9 @@ calls :func:`exp2_matvec` for float32 tensors on the CPU. The kernel is C++ (GCC
 extensions, no torch headers), compiled on first use with ``$CXX`` (default ``g++``) at
 ``-O3 -march=native`` into ``$XDG_CACHE_HOME/gpdyn/native`` (default ``~/.cache``), under a
 name keyed by the source, the flags, the compiler and this CPU, and loaded with ctypes
-(which releases the GIL, so ``torch.get_num_threads()`` threads share the rows).
+(which releases the GIL, so ``torch.get_num_threads()`` threads share the test points).
+It is the torch operator ``torch.ops.gpdyn.exp2_matvec`` with a fake implementation, so
+``torch.compile`` keeps it in its graph; the outputs are a loop inside the kernel.
 
 It exists because the torch path writes every kernel block to memory and raises it to
 ``exp2`` in a separate pass at ~2.4 G/s, as long as the feature matmul itself; fused, the
@@ -84,8 +86,8 @@ def _build() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(target))
     fn = lib.gpdyn_exp2_matvec
     fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
-                   ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
+    ptr, long = ctypes.c_void_p, ctypes.c_long
+    fn.argtypes = [ptr, long, long, long, ptr, long, long, ptr, long, ctypes.c_int, ptr, long, long]
     return lib
 
 
@@ -134,23 +136,22 @@ def _transposed(u: Tensor, padded: int) -> Tensor:
     return ut
 
 
-def _run(ut: Tensor, v: Tensor, a: Tensor, out: Tensor) -> None:
-    """One kernel ``v [M, R]`` against ``ut [R, Np]``, the vectors ``a [P, M]`` into ``out [P, Np]``;
-    the rows split over torch's threads."""
+def _run(ut: Tensor, v: Tensor, a: Tensor, out: Tensor, shared: bool) -> None:
+    """The kernel on ``ut [(P,) R, Np]``, ``v [(P,) M, R]``, ``a [P, M]`` into ``out [P, Np]``
+    (``shared``: one kernel for all P vectors), its test points split over torch's threads."""
     global _pool, _pool_size
     lib = library()
     assert lib is not None
-    r, np_ = ut.shape
-    args = (ut.data_ptr(), r, np_, v.data_ptr(), v.shape[0], a.data_ptr(), a.shape[0], out.data_ptr())
+    r, np_ = ut.shape[-2:]
+    per_output = lambda t: t.stride(0) if t.dim() == 3 else 0  # noqa: E731
+    args = (ut.data_ptr(), per_output(ut), r, np_, v.data_ptr(), per_output(v), v.shape[-2], a.data_ptr(), a.shape[0],
+            int(shared), out.data_ptr())
     threads = min(torch.get_num_threads(), np_ // LANES)
-    if threads <= 1:
-        spans = [(0, np_)]
-    else:
-        edges = [LANES * round(i * (np_ // LANES) / threads) for i in range(threads + 1)]
-        spans = [(lo, hi) for lo, hi in zip(edges, edges[1:]) if hi > lo]
+    edges = [LANES * round(i * (np_ // LANES) / max(threads, 1)) for i in range(max(threads, 1) + 1)]
+    spans = [(lo, hi) for lo, hi in zip(edges, edges[1:]) if hi > lo]
     if len(spans) == 1:
         codes = [lib.gpdyn_exp2_matvec(*args, *spans[0])]
-    else:
+    else:  # ctypes releases the GIL: the spans run in parallel
         if _pool is None or _pool_size < len(spans):
             _pool, _pool_size = ThreadPoolExecutor(max_workers=len(spans), thread_name_prefix="gpdyn-native"), len(spans)
         codes = list(_pool.map(lambda span: lib.gpdyn_exp2_matvec(*args, *span), spans))
@@ -158,22 +159,29 @@ def _run(ut: Tensor, v: Tensor, a: Tensor, out: Tensor) -> None:
         raise RuntimeError(f"gpdyn_exp2_matvec refused its arguments (R {r}, Np {np_}, P {a.shape[0]})")
 
 
-@torch.no_grad()
+@torch.library.custom_op("gpdyn::exp2_matvec", mutates_args=())
+def _exp2_matvec(u: Tensor, v: Tensor, vec: Tensor) -> Tensor:
+    p, n = vec.shape[0], u.shape[-2]
+    padded = -(-n // LANES) * LANES
+    out = vec.new_empty(p, padded)
+    vec, v = vec.contiguous(), v.contiguous()
+    ut = _transposed(u, padded)  # every output's at once
+    if u.dim() == 2 and v.dim() == 2:  # one kernel: up to MAX_VECTORS vectors per pass
+        for lo in range(0, p, MAX_VECTORS):
+            _run(ut, v, vec[lo : lo + MAX_VECTORS], out[lo : lo + MAX_VECTORS], shared=True)
+    else:
+        _run(ut, v, vec, out, shared=False)
+    return out[:, :n]
+
+
+@_exp2_matvec.register_fake
+def _(u: Tensor, v: Tensor, vec: Tensor) -> Tensor:
+    return vec.new_empty(vec.shape[0], u.shape[-2])
+
+
 def exp2_matvec(u: Tensor, v: Tensor, vec: Tensor) -> Tensor:
     """``exp2(U V^T) vec`` per output, ``[P, N]``, with the shapes of
     :func:`gpdyn.gp.kernels.exp2_matvec` (``u [P, N, R]`` or ``[N, R]``, ``v [P, M, R]`` or
-    ``[M, R]``, ``vec [P, M]``); float32 CPU tensors (:func:`usable`)."""
-    p, m = vec.shape
-    n = u.shape[-2]
-    padded = -(-n // LANES) * LANES
-    out = vec.new_empty(p, padded)
-    vec = vec.contiguous()
-    if u.dim() == 2 and v.dim() == 2:  # one kernel: up to MAX_VECTORS outputs per pass
-        ut, v = _transposed(u, padded), v.contiguous()
-        for lo in range(0, p, MAX_VECTORS):
-            _run(ut, v, vec[lo : lo + MAX_VECTORS], out[lo : lo + MAX_VECTORS])
-        return out[:, :n]
-    ut = _transposed(u, padded)  # all outputs' at once
-    for k in range(p):
-        _run(ut if u.dim() == 2 else ut[k], (v if v.dim() == 2 else v[k]).contiguous(), vec[k : k + 1], out[k : k + 1])
-    return out[:, :n]
+    ``[M, R]``, ``vec [P, M]``); float32 CPU tensors (:func:`usable`). A torch operator
+    (``torch.ops.gpdyn.exp2_matvec``), so that ``torch.compile`` keeps it in its graph."""
+    return _exp2_matvec(u, v, vec)

@@ -80,24 +80,37 @@ static inline void tile_many(const float* ut, long R, long Np, const float* v, c
     for (int i = 0; i < T; i++) total[p] += e[i] * a[p * M + i];
 }
 
-// out[p, n] = sum_m a[p, m] exp2(sum_r ut[r, n] v[m, r]) for p < P and n in [n0, n1).
-// ut [R, Np] (test-point features, transposed, Np and n0, n1 multiples of 16), v [M, R],
-// a [P, M], out [P, Np]; all contiguous. P <= 64 (one kernel, P vectors).
-extern "C" int gpdyn_exp2_matvec(const float* ut, long R, long Np, const float* v, long M, const float* a, long P,
-                                 float* out, long n0, long n1) {
-  if (Np % LANES || n0 % LANES || n1 % LANES || P < 1 || P > 64) return 1;
+// Test points [n0, n1) of out[p] = exp2(U_p V_p^T) a[p] for p < P.
+// ut [R, Np]: test-point features, transposed (Np, n0, n1 multiples of 16); v [M, R]: basis
+// features; a [P, M]; out [P, Np]; all contiguous. ut_stride and v_stride step from one
+// output's features to the next (0: the same for every output).
+// shared = 1: one kernel for every vector (ut and v the same for all outputs, P <= 64):
+// the exp2 is computed once and multiplied into all P vectors.
+extern "C" int gpdyn_exp2_matvec(const float* ut, long ut_stride, long R, long Np, const float* v, long v_stride,
+                                 long M, const float* a, long P, int shared, float* out, long n0, long n1) {
+  if (Np % LANES || n0 % LANES || n1 % LANES || P < 1 || (shared && P > 64)) return 1;
   vf part[64], total[64];
+  if (!shared) {  // a kernel per output: each partial sum stays in a register
+    for (long p = 0; p < P; p++) {
+      const float *up = ut + p * ut_stride, *vp = v + p * v_stride, *ap = a + p * M;
+      for (long n = n0; n < n1; n += LANES) {
+        vf sum = {};
+        for (long m0 = 0; m0 < M; m0 += PARTIAL) {
+          long m1 = m0 + PARTIAL < M ? m0 + PARTIAL : M, m = m0;
+          vf partial = {};
+          for (; m + TILE <= m1; m += TILE) partial = tile_one<TILE>(up + n, R, Np, vp + m * R, ap + m, partial);
+          for (; m < m1; m++) partial = tile_one<1>(up + n, R, Np, vp + m * R, ap + m, partial);
+          sum += partial;
+        }
+        store(out + p * Np + n, sum);
+      }
+    }
+    return 0;
+  }
   for (long n = n0; n < n1; n += LANES) {
     for (long p = 0; p < P; p++) total[p] = (vf){};
     for (long m0 = 0; m0 < M; m0 += PARTIAL) {
       long m1 = m0 + PARTIAL < M ? m0 + PARTIAL : M, m = m0;
-      if (P == 1) {  // the per-output case: the partial sum stays in a register
-        vf sum = {};
-        for (; m + TILE <= m1; m += TILE) sum = tile_one<TILE>(ut + n, R, Np, v + m * R, a + m, sum);
-        for (; m < m1; m++) sum = tile_one<1>(ut + n, R, Np, v + m * R, a + m, sum);
-        total[0] += sum;
-        continue;
-      }
       for (long p = 0; p < P; p++) part[p] = (vf){};
       for (; m + TILE <= m1; m += TILE) tile_many<TILE>(ut + n, R, Np, v + m * R, a + m, M, P, part);
       for (; m < m1; m++) tile_many<1>(ut + n, R, Np, v + m * R, a + m, M, P, part);
