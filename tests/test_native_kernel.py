@@ -1,6 +1,7 @@
-"""The fused native prediction kernel (gpdyn/gp/native.py, native_exp2.cpp) against the
-float64 torch path: every layout of features, the exp2 polynomial over its whole range,
-NaN, threads, and the fallback when it cannot be built."""
+"""The fused native prediction kernel (gpdyn/gp/native.py, native_exp2.cpp), float32 and
+float64, against the float64 torch path: every layout of features, the exp2 polynomials
+over their whole range, NaN, threads, torch.compile, and the fallback when it cannot be
+built."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ import torch
 from gpdyn.gp import kernels, native
 
 F32, F64 = torch.float32, torch.float64
+#: relative error of the kernel-times-vector against the float64 reference: float32 rounding
+#: of the features' inner products and sums, float64 rounding
+TOLERANCE = {F32: 2e-6, F64: 1e-13}
 needs_compiler = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None or not native._enabled,
                                     reason="the native kernel needs a C++ compiler (and GPDYN_NATIVE not 0)")
 
@@ -23,27 +27,29 @@ def _reference(u: torch.Tensor, v: torch.Tensor, vec: torch.Tensor) -> torch.Ten
     return (k.expand(vec.shape[0], *k.shape[-2:]) @ vec.double().unsqueeze(-1)).squeeze(-1)
 
 
-def _features(shape: tuple[int, ...], gen: torch.Generator, scale: float = 0.3) -> torch.Tensor:
-    return torch.randn(*shape, generator=gen, dtype=F32) * scale
+def _features(shape: tuple[int, ...], gen: torch.Generator, scale: float = 0.3, dtype: torch.dtype = F32) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen, dtype=dtype) * scale
 
 
 @needs_compiler
+@pytest.mark.parametrize("dtype", [F32, F64])
 @pytest.mark.parametrize("u_per_output, v_per_output", [(True, True), (False, True), (True, False), (False, False)])
 @pytest.mark.parametrize("p, n, m, r", [(3, 37, 53, 4), (2, 1, 1, 1), (1, 16, 8, 25), (4, 100, 300, 6)])
-def test_native_equals_the_float64_kernel_times_vector(u_per_output, v_per_output, p, n, m, r):
+def test_native_equals_the_float64_kernel_times_vector(dtype, u_per_output, v_per_output, p, n, m, r):
     """Per-output kernels, one side shared, one kernel for all vectors; sizes off the kernel's
     16-point and 8-basis tiles and across its 256-term partial sums."""
     g = torch.Generator().manual_seed(p * 1000 + n + m + r)
-    u = _features((p, n, r) if u_per_output else (n, r), g)
-    v = _features((p, m, r) if v_per_output else (m, r), g)
-    vec = torch.randn(p, m, generator=g, dtype=F32)
+    u = _features((p, n, r) if u_per_output else (n, r), g, dtype=dtype)
+    v = _features((p, m, r) if v_per_output else (m, r), g, dtype=dtype)
+    vec = torch.randn(p, m, generator=g, dtype=dtype)
     assert native.usable(u, v, vec)
     got = kernels.exp2_matvec(u, v, vec)
     want = _reference(u, v, vec)
-    assert got.shape == (p, n) and got.dtype == F32
-    torch.testing.assert_close(got.double(), want, rtol=2e-6, atol=2e-6 * float(want.abs().max()))
+    assert got.shape == (p, n) and got.dtype == dtype
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * float(want.abs().max()))
     with native.enabled(False):  # the torch path gives the same numbers
-        torch.testing.assert_close(kernels.exp2_matvec(u, v, vec), got, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+        torch.testing.assert_close(kernels.exp2_matvec(u, v, vec), got, rtol=5 * tol, atol=5 * tol * float(want.abs().max()))
 
 
 @needs_compiler
@@ -56,14 +62,17 @@ def test_one_kernel_serves_more_vectors_than_one_pass_holds():
 
 
 @needs_compiler
-def test_exp2_polynomial_is_float32_accurate_and_flushes_below_2_to_the_minus_127():
+@pytest.mark.parametrize("dtype, bound, accuracy", [(F32, 126.0, 3e-7), (F64, 1022.0, 1e-15)])
+def test_exp2_polynomial_is_accurate_to_rounding_and_flushes_under_the_smallest_normal(dtype, bound, accuracy):
     """One basis function with feature 1 and unit weight: the output is exp2 of the input."""
-    s = torch.cat([torch.linspace(-126.0, 126.0, 4001), torch.tensor([-0.5, 0.5, -1e-8, 0.0, 3.49999])]).to(F32)
-    got = native.exp2_matvec(s[:, None], torch.ones(1, 1, dtype=F32), torch.ones(1, 1, dtype=F32))[0]
+    s = torch.cat([torch.linspace(-bound, bound, 40001, dtype=F64), torch.tensor([-0.5, 0.5, -1e-8, 0.0, 3.49999])])
+    s = s.to(dtype)
+    one = torch.ones(1, 1, dtype=dtype)
+    got = native.exp2_matvec(s[:, None], one, one)[0]
     want = torch.exp2(s.double())
-    assert float(((got.double() - want) / want).abs().max()) < 3e-7
-    far = native.exp2_matvec(torch.tensor([[-127.5], [-1e4], [-3e38]]), torch.ones(1, 1), torch.ones(1, 1))[0]
-    assert far.tolist() == [0.0, 0.0, 0.0]  # under float32's smallest normal: no kernel mass
+    assert float(((got.double() - want) / want).abs().max()) < accuracy
+    far = native.exp2_matvec(torch.tensor([[-bound - 1.5], [-1e4], [-1e30]], dtype=dtype), one, one)[0]
+    assert far.tolist() == [0.0, 0.0, 0.0]  # under the smallest normal number: no kernel mass
 
 
 @needs_compiler
@@ -107,9 +116,10 @@ def test_svdgp_mean_in_float32_takes_the_native_path_and_matches_the_torch_path(
     torch.testing.assert_close(fused, torch_path, rtol=1e-5, atol=1e-5 * float(torch_path.abs().max()))
 
 
-def test_float64_autograd_and_turned_off_stay_on_the_torch_path():
+def test_mixed_dtypes_autograd_and_turned_off_stay_on_the_torch_path():
     x32 = torch.zeros(2, 2, dtype=F32)
-    assert not native.usable(x32.double())
+    assert not native.usable(x32, x32.double())
+    assert not native.usable(x32.half())
     assert not native.usable(x32.requires_grad_())
     with native.enabled(False):
         assert not native.usable(torch.zeros(2, 2, dtype=F32))

@@ -1,8 +1,8 @@
 """The native CPU kernel of prediction: ``exp2(U V^T) a`` fused in one pass (native_exp2.cpp).
 
 :func:`gpdyn.gp.kernels.exp2_matvec` (every learner's mean: SVDGP, ORTHDGP, exact)
-calls :func:`exp2_matvec` for float32 tensors on the CPU. The kernel is C++ (GCC vector
-extensions, no torch headers), compiled on first use with ``$CXX`` (default ``g++``) at
+calls :func:`exp2_matvec` for float32 and float64 tensors on the CPU. The kernel is C++
+(GCC vector extensions, no torch headers), compiled on first use with ``$CXX`` (default ``g++``) at
 ``-O3 -march=native`` into ``$XDG_CACHE_HOME/gpdyn/native`` (default ``~/.cache``), under a
 name keyed by the source, the flags, the compiler and this CPU, and loaded with ctypes
 (which releases the GIL, so ``torch.get_num_threads()`` threads share the test points).
@@ -14,7 +14,7 @@ It exists because the torch path writes every kernel block to memory and raises 
 exp2 overlaps the matmul's FMAs (the source's header has the numbers).
 
 ``GPDYN_NATIVE=0`` turns it off. Without a working compiler it warns once, naming the
-compiler and its error, and the torch path runs: the same values to float32 rounding.
+compiler and its error, and the torch path runs: the same values to rounding.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from torch import Tensor
 
 SOURCE = Path(__file__).with_name("native_exp2.cpp")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-shared", "-fPIC", "-std=c++17")
-LANES = 16  # test points per SIMD register in the kernel (its LANES)
+LANES = 16  # test points are padded to a multiple of the kernel's lanes (16 floats, 8 doubles)
+KERNELS = {torch.float32: "gpdyn_exp2_matvec_f32", torch.float64: "gpdyn_exp2_matvec_f64"}
 MAX_VECTORS = 64  # vectors per call with one kernel (its P limit)
 
 _lock = threading.Lock()
@@ -84,10 +85,10 @@ def _build() -> ctypes.CDLL:
             if os.path.exists(tmp):
                 os.unlink(tmp)
     lib = ctypes.CDLL(str(target))
-    fn = lib.gpdyn_exp2_matvec
-    fn.restype = ctypes.c_int
     ptr, long = ctypes.c_void_p, ctypes.c_long
-    fn.argtypes = [ptr, long, long, long, ptr, long, long, ptr, long, ctypes.c_int, ptr, long, long]
+    for fn in KERNELS.values():
+        getattr(lib, fn).restype = ctypes.c_int
+        getattr(lib, fn).argtypes = [ptr, long, long, long, ptr, long, long, ptr, long, ctypes.c_int, ptr, long, long]
     return lib
 
 
@@ -123,10 +124,10 @@ def enabled(on: bool) -> Iterator[None]:
 
 
 def usable(*tensors: Tensor) -> bool:
-    """Whether :func:`exp2_matvec` takes these: float32 CPU tensors, no autograd, and the
-    kernel built."""
-    return (all(t.device.type == "cpu" and t.dtype == torch.float32 and not t.requires_grad for t in tensors)
-            and library() is not None)
+    """Whether :func:`exp2_matvec` takes these: CPU tensors of one dtype, float32 or float64,
+    no autograd, and the kernel built."""
+    return (all(t.device.type == "cpu" and t.dtype == tensors[0].dtype and not t.requires_grad for t in tensors)
+            and tensors[0].dtype in KERNELS and library() is not None)
 
 
 def _transposed(u: Tensor, padded: int) -> Tensor:
@@ -142,6 +143,7 @@ def _run(ut: Tensor, v: Tensor, a: Tensor, out: Tensor, shared: bool) -> None:
     global _pool, _pool_size
     lib = library()
     assert lib is not None
+    kernel = getattr(lib, KERNELS[ut.dtype])
     r, np_ = ut.shape[-2:]
     per_output = lambda t: t.stride(0) if t.dim() == 3 else 0  # noqa: E731
     args = (ut.data_ptr(), per_output(ut), r, np_, v.data_ptr(), per_output(v), v.shape[-2], a.data_ptr(), a.shape[0],
@@ -150,11 +152,11 @@ def _run(ut: Tensor, v: Tensor, a: Tensor, out: Tensor, shared: bool) -> None:
     edges = [LANES * round(i * (np_ // LANES) / max(threads, 1)) for i in range(max(threads, 1) + 1)]
     spans = [(lo, hi) for lo, hi in zip(edges, edges[1:]) if hi > lo]
     if len(spans) == 1:
-        codes = [lib.gpdyn_exp2_matvec(*args, *spans[0])]
+        codes = [kernel(*args, *spans[0])]
     else:  # ctypes releases the GIL: the spans run in parallel
         if _pool is None or _pool_size < len(spans):
             _pool, _pool_size = ThreadPoolExecutor(max_workers=len(spans), thread_name_prefix="gpdyn-native"), len(spans)
-        codes = list(_pool.map(lambda span: lib.gpdyn_exp2_matvec(*args, *span), spans))
+        codes = list(_pool.map(lambda span: kernel(*args, *span), spans))
     if any(codes):
         raise RuntimeError(f"gpdyn_exp2_matvec refused its arguments (R {r}, Np {np_}, P {a.shape[0]})")
 
@@ -182,6 +184,6 @@ def _(u: Tensor, v: Tensor, vec: Tensor) -> Tensor:
 def exp2_matvec(u: Tensor, v: Tensor, vec: Tensor) -> Tensor:
     """``exp2(U V^T) vec`` per output, ``[P, N]``, with the shapes of
     :func:`gpdyn.gp.kernels.exp2_matvec` (``u [P, N, R]`` or ``[N, R]``, ``v [P, M, R]`` or
-    ``[M, R]``, ``vec [P, M]``); float32 CPU tensors (:func:`usable`). A torch operator
+    ``[M, R]``, ``vec [P, M]``); float32 or float64 CPU tensors (:func:`usable`). A torch operator
     (``torch.ops.gpdyn.exp2_matvec``), so that ``torch.compile`` keeps it in its graph."""
     return _exp2_matvec(u, v, vec)
