@@ -153,9 +153,65 @@ def test_a_build_goes_to_the_cache_once_under_a_key_of_source_flags_compiler_and
 
 
 @needs_compiler
-def test_torch_compile_keeps_the_native_kernel_in_one_graph():
-    """A torch operator with a fake implementation: compiled code calls it with no graph break."""
-    g = torch.Generator().manual_seed(7)
+def test_shapes_that_do_not_fit_are_refused_and_an_output_axis_of_one_is_shared():
+    """The kernel reads raw memory: a mismatch never reaches it."""
+    g = torch.Generator().manual_seed(8)
+    u, v, vec = _features((3, 20, 4), g), _features((3, 30, 4), g), torch.randn(3, 30, generator=g)
+    for bad in ((u[:2], v, vec), (u, v[..., :3], vec), (u, v, vec[:, :29]), (u, v, vec[:2]), (u[0, 0], v, vec)):
+        with pytest.raises(ValueError, match=r"exp2_matvec: u \[.*\] do not fit"):
+            native.exp2_matvec(*bad)
+    want = _reference(u[:1].expand(3, -1, -1), v, vec)
+    torch.testing.assert_close(native.exp2_matvec(u[:1], v, vec).double(), want, rtol=2e-6, atol=2e-6 * float(want.abs().max()))
+    assert native.exp2_matvec(u[:, :0], v, vec).shape == (3, 0)
+    assert native.exp2_matvec(u[:0], v[:0], vec[:0]).shape == (0, 20)
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_exp2_overflow_is_inf_and_nan_stays_nan(dtype):
+    one = torch.ones(1, 1, dtype=dtype)
+    s = torch.tensor([[float("inf")], [1e4], [float("-inf")], [float("nan")]], dtype=dtype)
+    got = native.exp2_matvec(s, one, one)[0]
+    assert got[:3].tolist() == [float("inf"), float("inf"), 0.0] and torch.isnan(got[3])
+
+
+@needs_compiler
+def test_the_operator_passes_torch_opcheck_and_compiles_with_inductor():
+    """The fake implementation matches the real output (shape, strides) for N off the lanes,
+    and torch.compile keeps the operator in one graph (fullgraph: no break)."""
+    g = torch.Generator().manual_seed(9)
     u, v, vec = _features((2, 19, 4), g), _features((2, 23, 4), g), torch.randn(2, 23, generator=g)
-    compiled = torch.compile(lambda a, b, c: kernels.exp2_matvec(a * 1.0, b, c) + 1.0, fullgraph=True, backend="eager")
-    torch.testing.assert_close(compiled(u, v, vec), kernels.exp2_matvec(u, v, vec) + 1.0)
+    torch.library.opcheck(torch.ops.gpdyn.exp2_matvec.default, (u, v, vec),
+                          test_utils=("test_schema", "test_faketensor"))
+    compiled = torch.compile(lambda a, b, c: kernels.exp2_matvec(a, b, c) * 2.0, fullgraph=True)
+    torch.testing.assert_close(compiled(u, v, vec), kernels.exp2_matvec(u, v, vec) * 2.0)
+
+
+@needs_compiler
+def test_a_forked_child_runs_the_threaded_kernel(monkeypatch):
+    """The thread pool does not survive fork: the child builds its own instead of waiting forever."""
+    import signal
+    import time
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    g = torch.Generator().manual_seed(10)
+    u, v, vec = _features((2, 64, 3), g), _features((2, 9, 3), g), torch.randn(2, 9, generator=g)
+    want = native.exp2_matvec(u, v, vec)
+    assert native._pool is not None
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 when it starts with no pool and its call returns the parent's numbers
+        try:
+            fresh = native._pool is None  # an inherited pool's queued work may wait for threads that are gone
+            os._exit(0 if fresh and torch.equal(native.exp2_matvec(u, v, vec), want) else 1)
+        finally:
+            os._exit(2)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child's kernel call hung")

@@ -137,6 +137,15 @@ def _transposed(u: Tensor, padded: int) -> Tensor:
     return ut
 
 
+def _forget_pool() -> None:
+    """A forked child has the pool object but none of its threads: it makes its own."""
+    global _pool, _pool_size
+    _pool, _pool_size = None, 0
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _run(ut: Tensor, v: Tensor, a: Tensor, out: Tensor, shared: bool) -> None:
     """The kernel on ``ut [(P,) R, Np]``, ``v [(P,) M, R]``, ``a [P, M]`` into ``out [P, Np]``
     (``shared``: one kernel for all P vectors), its test points split over torch's threads."""
@@ -155,6 +164,8 @@ def _run(ut: Tensor, v: Tensor, a: Tensor, out: Tensor, shared: bool) -> None:
         codes = [kernel(*args, *spans[0])]
     else:  # ctypes releases the GIL: the spans run in parallel
         if _pool is None or _pool_size < len(spans):
+            if _pool is not None:
+                _pool.shutdown(wait=False)
             _pool, _pool_size = ThreadPoolExecutor(max_workers=len(spans), thread_name_prefix="gpdyn-native"), len(spans)
         codes = list(_pool.map(lambda span: kernel(*args, *span), spans))
     if any(codes):
@@ -173,7 +184,7 @@ def _exp2_matvec(u: Tensor, v: Tensor, vec: Tensor) -> Tensor:
             _run(ut, v, vec[lo : lo + MAX_VECTORS], out[lo : lo + MAX_VECTORS], shared=True)
     else:
         _run(ut, v, vec, out, shared=False)
-    return out[:, :n]
+    return out[:, :n].contiguous()  # as the fake implementation says: no padded storage kept
 
 
 @_exp2_matvec.register_fake
@@ -184,6 +195,18 @@ def _(u: Tensor, v: Tensor, vec: Tensor) -> Tensor:
 def exp2_matvec(u: Tensor, v: Tensor, vec: Tensor) -> Tensor:
     """``exp2(U V^T) vec`` per output, ``[P, N]``, with the shapes of
     :func:`gpdyn.gp.kernels.exp2_matvec` (``u [P, N, R]`` or ``[N, R]``, ``v [P, M, R]`` or
-    ``[M, R]``, ``vec [P, M]``); float32 or float64 CPU tensors (:func:`usable`). A torch operator
-    (``torch.ops.gpdyn.exp2_matvec``), so that ``torch.compile`` keeps it in its graph."""
+    ``[M, R]``, ``vec [P, M]``; an output axis of size 1 is shared by every output);
+    float32 or float64 CPU tensors (:func:`usable`). A torch operator
+    (``torch.ops.gpdyn.exp2_matvec``), so that ``torch.compile`` keeps it in its graph.
+    Shapes that do not fit each other are a ValueError naming them: the kernel reads raw
+    memory, so nothing unchecked reaches it."""
+    p, m = vec.shape if vec.dim() == 2 else (-1, -1)
+    sides = {"u": u, "v": v}
+    if (vec.dim() != 2 or any(t.dim() not in (2, 3) or (t.dim() == 3 and t.shape[0] not in (1, p)) for t in sides.values())
+            or u.shape[-1] != v.shape[-1] or v.shape[-2] != m):
+        shapes = ", ".join(f"{name} {list(t.shape)}" for name, t in (*sides.items(), ("vec", vec)))
+        raise ValueError(f"exp2_matvec: {shapes} do not fit u [P, N, R] or [N, R], v [P, M, R] or [M, R], vec [P, M]")
+    u, v = (t[0] if t.dim() == 3 and t.shape[0] == 1 else t for t in (u, v))
+    if p == 0 or m == 0 or u.shape[-2] == 0:  # an empty sum, no points or no outputs
+        return vec.new_zeros(p, u.shape[-2])
     return _exp2_matvec(u, v, vec)

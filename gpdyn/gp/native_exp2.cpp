@@ -14,9 +14,9 @@
 // exp2(s) = 2^n * p(f), n = round(s), f = s - n in [-1/2, 1/2], p the Chebyshev fit of 2^f
 // on that interval: degree 5 for float32 (error 8e-8, under float32 rounding), degree 11 for
 // float64 (3e-18). s is clamped to [-B, B] with B = 127 (float32) or 1023 (float64): below,
-// the kernel value is under the smallest normal number and comes out 0; above would be a
-// kernel value near the largest finite one, which no GP amplitude gives. NaN passes
-// through (f is NaN). Vectors are GCC vector extensions: the compiler maps them to the
+// the kernel value is under the smallest normal number and comes out 0; above, it is inf
+// (exp2 overflows at 128 and 1024: the last step's values are inf a little early). NaN
+// passes through (f is NaN). Vectors are GCC vector extensions: the compiler maps them to the
 // machine's widest SIMD (AVX-512, AVX2, NEON).
 
 #include <stdint.h>
@@ -76,8 +76,8 @@ template <typename T> struct Kernel {
   static inline vec load(const T* p) { vec x; memcpy(&x, p, sizeof x); return x; }
   static inline void store(T* p, vec x) { memcpy(p, &x, sizeof x); }
 
-  static inline vec exp2(vec s) {
-    s = s < -S::bound ? -S::bound : s;
+  static inline vec exp2(vec x) {
+    vec s = x < -S::bound ? -S::bound : x;
     s = s > S::bound ? S::bound : s;
     vec t = s + S::magic;  // rounds s to an integer, held in the low mantissa bits of t
     vec f = s - (t - S::magic);
@@ -86,7 +86,8 @@ template <typename T> struct Kernel {
     bits e = (b - S::bias) << S::shift;  // 2^n as floating-point bits
     vec scale;
     memcpy(&scale, &e, sizeof scale);
-    return S::poly(f) * scale;
+    vec y = S::poly(f) * scale;
+    return x > S::bound ? static_cast<T>(__builtin_huge_val()) : y;  // overflow is inf, as in exp2
   }
 
   // exp2 of the lanes x W tile of test points ut[:, 0:lanes] against basis functions v[0:W]
