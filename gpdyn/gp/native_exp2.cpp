@@ -13,9 +13,10 @@
 //
 // exp2(s) = 2^n * p(f), n = round(s), f = s - n in [-1/2, 1/2], p the Chebyshev fit of 2^f
 // on that interval: degree 5 for float32 (error 8e-8, under float32 rounding), degree 11 for
-// float64 (3e-18). s is clamped to [-B, B] with B = 127 (float32) or 1023 (float64): below,
-// the kernel value is under the smallest normal number and comes out 0; above, it is inf
-// (exp2 overflows at 128 and 1024: the last step's values are inf a little early). NaN
+// float64 (3e-18). s is clamped to [-127, 128] (float32) or [-1023, 1024] (float64), so
+// that n's exponent field stays in range: at the bottom it is 0 and the value comes out 0
+// (the kernel value is under the smallest normal number); at the top it is all ones and the
+// value is inf, as exp2's overflow (from s > 127.5 or 1023.5 on, a little early). NaN
 // passes through (f is NaN). Vectors are GCC vector extensions: the compiler maps them to the
 // machine's widest SIMD (AVX-512, AVX2, NEON).
 
@@ -27,7 +28,7 @@ template <typename T> struct Simd;
 template <> struct Simd<float> {
   typedef float vec __attribute__((vector_size(64)));
   typedef int32_t bits __attribute__((vector_size(64)));
-  static constexpr float bound = 127.f;
+  static constexpr float bottom = -127.f, top = 128.f;
   static constexpr float magic = 12582912.0f;  // 1.5 * 2^23
   static constexpr int32_t bias = 0x4B400000 - 127, shift = 23;
   static inline vec poly(vec f) {
@@ -41,7 +42,7 @@ template <> struct Simd<float> {
 template <> struct Simd<double> {
   typedef double vec __attribute__((vector_size(64)));
   typedef int64_t bits __attribute__((vector_size(64)));
-  static constexpr double bound = 1023.0;
+  static constexpr double bottom = -1023.0, top = 1024.0;
   static constexpr double magic = 6755399441055744.0;  // 1.5 * 2^52
   static constexpr int64_t bias = 0x4338000000000000LL - 1023, shift = 52;
   static inline vec poly(vec f) {
@@ -76,9 +77,9 @@ template <typename T> struct Kernel {
   static inline vec load(const T* p) { vec x; memcpy(&x, p, sizeof x); return x; }
   static inline void store(T* p, vec x) { memcpy(p, &x, sizeof x); }
 
-  static inline vec exp2(vec x) {
-    vec s = x < -S::bound ? -S::bound : x;
-    s = s > S::bound ? S::bound : s;
+  static inline vec exp2(vec s) {
+    s = s < S::bottom ? S::bottom : s;  // exponent field 0: the scale is 0
+    s = s > S::top ? S::top : s;        // exponent field all ones: the scale is inf
     vec t = s + S::magic;  // rounds s to an integer, held in the low mantissa bits of t
     vec f = s - (t - S::magic);
     bits b;
@@ -86,8 +87,7 @@ template <typename T> struct Kernel {
     bits e = (b - S::bias) << S::shift;  // 2^n as floating-point bits
     vec scale;
     memcpy(&scale, &e, sizeof scale);
-    vec y = S::poly(f) * scale;
-    return x > S::bound ? static_cast<T>(__builtin_huge_val()) : y;  // overflow is inf, as in exp2
+    return S::poly(f) * scale;
   }
 
   // exp2 of the lanes x W tile of test points ut[:, 0:lanes] against basis functions v[0:W]
