@@ -4,12 +4,13 @@
 // Built and loaded by gpdyn/gp/native.py (g++ -O3 -march=native), called through ctypes.
 // The torch path (gpdyn.gp.kernels.exp2_matvec) writes each kernel block to memory with a
 // matmul, raises it to exp2 in a second pass and multiplies it into the vector in a third;
-// torch's exp2 runs at ~2.4 G/s on the 2-core EPYC, so the exp2 pass costs as much as the
-// matmul and the whole path reaches ~40-55 % of sgemm. Here every 16 test points x 8 basis
-// functions are one register tile: the feature inner products accumulate in registers,
+// torch's float32 exp2 runs at 2.4-3.5 G/s on the 2-core EPYC, so the exp2 pass costs about
+// as much as the matmul and the whole path reaches 40-50 % of sgemm. Here every 16 (float64:
+// 8) test points x 8 basis functions are one register tile: the feature inner products accumulate in registers,
 // the exp2 is a polynomial on the same registers and the tile is summed into the output,
 // so the feature FMAs and the exp2's adds and shifts overlap and nothing of size N x M is
-// stored (~80 % of sgemm, gpdyn bench mpc).
+// stored (73-79 % of sgemm for SVDGP at M_alpha = 16384, docs/control.md; 1.3-1.6x the
+// torch path).
 //
 // exp2(s) = 2^n * p(f), n = round(s), f = s - n in [-1/2, 1/2], p the Chebyshev fit of 2^f
 // on that interval: degree 5 for float32 (error 8e-8, under float32 rounding), degree 11 for
