@@ -54,6 +54,7 @@ Walker2d real time is 125 control steps per second (dt = 8 ms).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -236,8 +237,9 @@ def svdgp_mean_rate(learner: Learner, n: int, repeats: int, kernels: int, sgemm:
     out: dict[str, Any] = {"M_alpha": m, "N": n, "kernels": kernels, "floor_seconds": floor,
                            "native": native.usable(x)}
     with torch.no_grad():
-        for path, on in (("", True), ("torch_", False)):
-            with native.enabled(on):
+        # the path predictions take here (native where it builds and is not turned off), then the torch path
+        for path, switch in (("", contextlib.nullcontext()), ("torch_", native.enabled(False))):
+            with switch:
                 sec = seconds(lambda: learner.predict_mean(x), learner.device, repeats, warmup=1)
                 full = seconds(lambda: learner.predict(x), learner.device, repeats, warmup=1)
             out.update({f"{path}mean_seconds": sec, f"{path}predict_seconds": full, f"{path}gflops": flops / sec / 1e9,
@@ -518,7 +520,7 @@ def ratio_text(ratios: dict[str, Any]) -> str:
         out.append(f"- sgemm (2048 x 2048, this dtype): **{ratios['sgemm_gflops']:.1f} GFLOP/s** of CPU time; "
                    f"`exp2` on a cache-sized block: **{ratios.get('exp2_gps') or float('nan'):.2f} G/s**.")
     for r in ratios.get("svdgp", []):
-        fused = "the fused native kernel" if r.get("native") else "the torch path (the native kernel did not build)"
+        fused = "the fused native kernel" if r.get("native") else "the torch path (the native kernel is turned off or did not build)"
         out.append(f"- SVDGP mean path, {r['preset']} preset (M_alpha = {r['M_alpha']}), {r['features']}, "
                    f"N = {r['N']}, {fused}: {r['mean_seconds'] * 1e3:.2f} CPU-ms per `predict_mean` "
                    f"({r['predict_seconds'] * 1e3:.2f} ms per `predict`), {r['gflops']:.1f} GFLOP/s done = "
