@@ -520,7 +520,8 @@ def ratio_text(ratios: dict[str, Any]) -> str:
         out.append(f"- sgemm (2048 x 2048, this dtype): **{ratios['sgemm_gflops']:.1f} GFLOP/s** of CPU time; "
                    f"`exp2` on a cache-sized block: **{ratios.get('exp2_gps') or float('nan'):.2f} G/s**.")
     for r in ratios.get("svdgp", []):
-        fused = "the fused native kernel" if r.get("native") else "the torch path (the native kernel is turned off or did not build)"
+        fused = ("the fused native kernel" if r.get("native")
+                 else "the torch path (the native kernel is turned off or did not build)")
         out.append(f"- SVDGP mean path, {r['preset']} preset (M_alpha = {r['M_alpha']}), {r['features']}, "
                    f"N = {r['N']}, {fused}: {r['mean_seconds'] * 1e3:.2f} CPU-ms per `predict_mean` "
                    f"({r['predict_seconds'] * 1e3:.2f} ms per `predict`), {r['gflops']:.1f} GFLOP/s done = "
