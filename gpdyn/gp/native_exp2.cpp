@@ -6,10 +6,10 @@
 // matmul, raises it to exp2 in a second pass and multiplies it into the vector in a third;
 // torch's float32 exp2 runs at 2.4-3.5 G/s on the 2-core EPYC, so the exp2 pass costs about
 // as much as the matmul and the whole path reaches 40-50 % of sgemm. Here every 16 (float64:
-// 8) test points x 8 basis functions are one register tile: the feature inner products accumulate in registers,
-// the exp2 is a polynomial on the same registers and the tile is summed into the output,
-// so the feature FMAs and the exp2's adds and shifts overlap and nothing of size N x M is
-// stored (73-79 % of sgemm for SVDGP at M_alpha = 16384, docs/control.md; 1.3-1.6x the
+// 8) test points x 8 basis functions are one register tile: the feature inner products
+// accumulate in registers, the exp2 is a polynomial on the same registers and the tile is
+// summed into the output, so the feature FMAs and the exp2's adds and shifts overlap and
+// nothing of size N x M is stored (73-79 % of sgemm for SVDGP at M_alpha = 16384, docs/control.md; 1.3-1.6x the
 // torch path).
 //
 // exp2(s) = 2^n * p(f), n = round(s), f = s - n in [-1/2, 1/2], p the Chebyshev fit of 2^f
@@ -18,8 +18,8 @@
 // that n's exponent field stays in range: at the bottom it is 0 and the value comes out 0
 // (the kernel value is under the smallest normal number); at the top it is all ones and the
 // value is inf, as exp2's overflow (from s > 127.5 or 1023.5 on, a little early). NaN
-// passes through (f is NaN). Vectors are GCC vector extensions: the compiler maps them to the
-// machine's widest SIMD (AVX-512, AVX2, NEON).
+// passes through (f is NaN). Vectors are GCC vector extensions: the compiler maps them to
+// the machine's widest SIMD (AVX-512, AVX2, NEON).
 
 #include <stdint.h>
 #include <string.h>
