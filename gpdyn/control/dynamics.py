@@ -39,6 +39,7 @@ from gpdyn.compiled import SignatureCompiled, compile_errors
 from gpdyn.data.problems import Normalizer
 from gpdyn.errors import InputError
 from gpdyn.gp.base import Learner, LearnerError, MeanProgram
+from gpdyn.sim.rollout_states import RolloutStates
 
 # What a forward model's learner predicts: "change" = qvel[t+1] - qvel[t] (delta target),
 # "velocity" = qvel[t+1] itself (walker-1 as in the SVDGP paper).
@@ -343,21 +344,17 @@ class SimDynamics:
         self._rollout = rollout.rollout
         self.model, self.frame_skip = model, int(frame_skip)
         self.scratch = mujoco.MjData(model)
-        self.nstate = mujoco.mj_stateSize(model, mujoco.mjtState.mjSTATE_FULLPHYSICS)
-        # FULLPHYSICS layout: time, qpos, qvel, act (none here), ...
-        self._q = slice(1, 1 + model.nq)
-        self._v = slice(1 + model.nq, 1 + model.nq + model.nv)
+        self.states = RolloutStates(model)  # no activations (checked above): [qpos, qvel] is the whole state
 
     def __call__(self, state: Tensor, action: Tensor) -> Tensor:
         s = state.detach().cpu().numpy().astype(np.float64)
         if s.ndim != 2 or s.shape[1] != self.model.nq + self.model.nv:
             raise InputError(f"SimDynamics: state has shape {s.shape}, want [K, {self.model.nq + self.model.nv}]")
-        init = np.zeros((s.shape[0], self.nstate))
-        init[:, self._q], init[:, self._v] = s[:, : self.model.nq], s[:, self.model.nq :]
+        init = self.states.initial(s[:, : self.model.nq], s[:, self.model.nq :])
         ctrl = np.repeat(action.detach().cpu().numpy().astype(np.float64)[:, None, :], self.frame_skip, axis=1)
         out, _ = self._rollout(self.model, self.scratch, init, ctrl)
         last = out[:, -1]
-        nxt = np.concatenate([last[:, self._q], last[:, self._v]], axis=1)
+        nxt = np.concatenate([last[:, self.states.qpos], last[:, self.states.qvel]], axis=1)
         return torch.as_tensor(nxt, device=state.device, dtype=state.dtype)
 
 

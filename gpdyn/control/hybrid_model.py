@@ -64,6 +64,7 @@ from gpdyn.control.online_check import GATE_MIN, OnlineCheck
 from gpdyn.control.spline_sampling import INTEGRATORS, PathCost, SamplerConfig, SamplingController, SplineSampler
 from gpdyn.errors import InputError
 from gpdyn.gp import make_learner
+from gpdyn.sim.rollout_states import RolloutStates
 
 
 #: the force perturbation (N m or N per generalized coordinate) of :meth:`HybridForward.contact_force`'s Jacobian
@@ -164,9 +165,7 @@ class HybridForward:
         self.dt, self.stride, self.seed = float(self.model.opt.timestep), int(stride), int(seed)
         self._control_dt = float(control_dt)
         self.nq, self.nv, self.nu = model.nq, model.nv, model.nu
-        self.nstate = mujoco.mj_stateSize(self.model, mujoco.mjtState.mjSTATE_FULLPHYSICS)
-        self._q = slice(1, 1 + self.nq)
-        self._v = slice(1 + self.nq, 1 + self.nq + self.nv)
+        self.states = RolloutStates(self.model)
         # the coordinates the residual force acts on (the velocity space: every qvel)
         actuated = sorted({int(model.jnt_dofadr[j]) for j in model.actuator_trnid[:, 0]})
         self.force_dofs = np.array(actuated if self.config.space == "force" and self.config.force_dofs == "actuated"
@@ -180,15 +179,10 @@ class HybridForward:
         self.check = OnlineCheck(self.config.gate_window, self.config.gate_margin)
 
     # ----------------------------------------------------------------- the model
-    def _init_states(self, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
-        state = np.zeros((qpos.shape[0], self.nstate))
-        state[:, self._q], state[:, self._v] = qpos, qvel
-        return state
-
     def nominal_step(self, qpos: np.ndarray, qvel: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One nominal planning step of ``K`` states ``qpos, qvel [K, n]`` under ``u [K, nu]``."""
-        out, _ = mj_rollout.rollout(self.model, self.data, self._init_states(qpos, qvel), u[:, None, :])
-        return out[:, 0, self._q], out[:, 0, self._v]
+        out, _ = mj_rollout.rollout(self.model, self.data, self.states.initial(qpos, qvel), u[:, None, :])
+        return out[:, 0, self.states.qpos], out[:, 0, self.states.qvel]
 
     def features(self, qpos: np.ndarray, qvel: np.ndarray, u: np.ndarray) -> np.ndarray:
         """The residual's input ``[qpos[1:], qvel, u]`` (walker-1's layout; x position does not matter)."""
@@ -225,44 +219,45 @@ class HybridForward:
 
     def __call__(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         k, h, _ = controls.shape
-        init = self._init_states(np.broadcast_to(qpos, (k, self.nq)), np.broadcast_to(qvel, (k, self.nv)))
+        init = self.states.initial(qpos, qvel, rows=k)
         if not self.in_use:  # zero residual: the nominal model's one rollout call
             states, _ = mj_rollout.rollout(self.model, self.data, init, controls)
-            return states[..., self._q], states[..., self._v]
+            return states[..., self.states.qpos], states[..., self.states.qvel]
         if self.config.space == "force":  # a force of the action alone: predicted for all K x H, one rollout call
             force = self.residual(np.broadcast_to(qpos, (k * h, self.nq)), np.broadcast_to(qvel, (k * h, self.nv)),
                                   controls.reshape(k * h, -1)).reshape(k, h, self.nv)
             spec = mujoco.mjtState.mjSTATE_CTRL.value | mujoco.mjtState.mjSTATE_QFRC_APPLIED.value
             states, _ = mj_rollout.rollout(self.model, self.data, init, np.concatenate([controls, force], -1),
                                            control_spec=spec)
-            return states[..., self._q], states[..., self._v]
+            return states[..., self.states.qpos], states[..., self.states.qvel]
         # one planning step at a time (the residual enters between steps) through a persistent Rollout without
         # its per-call checks and allocations: 32 calls cost about one whole-horizon call (~1.1x), not 1.5-3x
         if self._runner is None:
             self._runner = mj_rollout.Rollout(nthread=0)
         if len(self._models) != k:
             self._models = [self.model] * k
-            self._step_out, self._no_sensors = np.empty((k, 1, self.nstate)), np.empty((k, 1, self.model.nsensordata))
+            self._step_out, self._no_sensors = np.empty((k, 1, self.states.size)), np.empty((k, 1, self.model.nsensordata))
         controls = np.ascontiguousarray(controls, dtype=np.float64)
-        paths = np.empty((k, h, self.nstate))
+        paths = np.empty((k, h, self.states.size))
         state = init
         # a residual of the action alone does not depend on the rolled-out states: one batched prediction for all K x H
         ahead = None
         if self.config.kernel == "linear" and self.config.linear_inputs == "action":
             flat = controls.reshape(k * h, -1)
-            ahead = self.residual(np.broadcast_to(init[:1, self._q], (k * h, self.nq)),
-                                  np.broadcast_to(init[:1, self._v], (k * h, self.nv)), flat).reshape(k, h, self.nv)
+            ahead = self.residual(np.broadcast_to(init[:1, self.states.qpos], (k * h, self.nq)),
+                                  np.broadcast_to(init[:1, self.states.qvel], (k * h, self.nv)), flat).reshape(k, h, self.nv)
         for t in range(h):
             self._runner.rollout(self._models, [self.data], state, np.ascontiguousarray(controls[:, t : t + 1]),
                                  skip_checks=True, nstep=1, control_spec=mujoco.mjtState.mjSTATE_CTRL.value,
                                  state=self._step_out, sensordata=self._no_sensors)
             nxt = paths[:, t]
             nxt[:] = self._step_out[:, 0]
-            r = ahead[:, t] if ahead is not None else self.residual(state[:, self._q], state[:, self._v], controls[:, t])
-            nxt[:, self._v] += r
-            nxt[:, self._q] += self.dt * r
+            r = ahead[:, t] if ahead is not None else self.residual(state[:, self.states.qpos],
+                                                                    state[:, self.states.qvel], controls[:, t])
+            nxt[:, self.states.qvel] += r
+            nxt[:, self.states.qpos] += self.dt * r
             state = nxt
-        return paths[..., self._q], paths[..., self._v]
+        return paths[..., self.states.qpos], paths[..., self.states.qvel]
 
     # ----------------------------------------------------------------- learning
     def nominal_plant(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray,
@@ -274,9 +269,9 @@ class HybridForward:
         if force is not None:
             per_substep = np.concatenate([per_substep, np.repeat(force[:, None, :], per_substep.shape[1], axis=1)], -1)
             spec |= mujoco.mjtState.mjSTATE_QFRC_APPLIED.value
-        out, _ = mj_rollout.rollout(self.plant_model, self.plant_data, self._init_states(qpos, qvel), per_substep,
+        out, _ = mj_rollout.rollout(self.plant_model, self.plant_data, self.states.initial(qpos, qvel), per_substep,
                                     control_spec=spec)
-        return out[:, -1, self._v]
+        return out[:, -1, self.states.qvel]
 
     def contact_force(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, next_qvel: np.ndarray,
                       start: np.ndarray) -> np.ndarray:

@@ -49,6 +49,7 @@ from mujoco import rollout as mj_rollout
 from gpdyn.control.online_check import OnlineCheck
 from gpdyn.control.spline_sampling import INTEGRATORS
 from gpdyn.errors import InputError
+from gpdyn.sim.rollout_states import RolloutStates
 
 
 @dataclass
@@ -153,16 +154,13 @@ class IdentifiedForward:
         self.nq, self.nv, self.nu = model.nq, model.nv, model.nu
         size = self.parameters.size
         self.theta = np.zeros(size)  # the posterior mean of the relative changes
-        self.precision = np.eye(size) / self.config.prior_std**2  # the posterior precision of theta
         # plant-resolution models: theta, theta + fd_step along each parameter, and the nominal plant (for the check)
         self._probes = [self.parameters.model(np.zeros(size)) for _ in range(size + 2)]
         self._probe_data = mujoco.MjData(self._probes[0])
         self.nominal_plan = self.parameters.model(np.zeros(size), control_dt * stride, integrator)
         self.identified_plan = self.parameters.model(np.zeros(size), control_dt * stride, integrator)
         self._plan_data = mujoco.MjData(self.nominal_plan)
-        self.nstate = mujoco.mj_stateSize(self.nominal_plan, mujoco.mjtState.mjSTATE_FULLPHYSICS)
-        self._q = slice(1, 1 + self.nq)
-        self._v = slice(1 + self.nq, 1 + self.nq + self.nv)
+        self.states = RolloutStates(self.nominal_plan)
         # per transition in the window: J' J / noise^2 and J' y / noise^2, and their running sums
         self._window: collections.deque[tuple[np.ndarray, np.ndarray]] = collections.deque()
         self._gram, self._moment = np.zeros((size, size)), np.zeros(size)
@@ -192,17 +190,12 @@ class IdentifiedForward:
     def _clipped(self) -> np.ndarray:
         return np.clip(self.theta, self.config.min_factor - 1, self.config.max_factor - 1)
 
-    def _init_states(self, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
-        state = np.zeros((qpos.shape[0], self.nstate))
-        state[:, self._q], state[:, self._v] = qpos, qvel
-        return state
-
     def __call__(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         k = controls.shape[0]
-        init = self._init_states(np.broadcast_to(qpos, (k, self.nq)), np.broadcast_to(qvel, (k, self.nv)))
+        init = self.states.initial(qpos, qvel, rows=k)
         model = self.identified_plan if self.in_use else self.nominal_plan
         states, _ = mj_rollout.rollout(model, self._plan_data, init, controls)
-        return states[..., self._q], states[..., self._v]
+        return states[..., self.states.qpos], states[..., self.states.qvel]
 
     # ----------------------------------------------------------------- learning
     def observe(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, next_qvel: np.ndarray) -> None:
@@ -220,10 +213,10 @@ class IdentifiedForward:
         for i, model in enumerate(self._probes[: size + 1]):  # theta, then theta + step e_i
             self.parameters.apply(model, theta + step * (np.arange(size) == i - 1))
         n = size + 2
-        init = np.repeat(self._init_states(qpos[None], qvel[None]), n, 0)
+        init = self.states.initial(qpos, qvel, rows=n)
         per_substep = np.repeat(np.repeat(controls[None], self.frame_skip, axis=1), n, 0)
         out, _ = mj_rollout.rollout(self._probes, self._probe_data, init, per_substep)
-        reached = out[:, -1, self._v]  # [P + 2, nv]
+        reached = out[:, -1, self.states.qvel]  # [P + 2, nv]
         predicted, nominal = reached[0], reached[-1]
         jac = (reached[1:-1] - predicted).T / step  # [nv, P]
         if self.active and self.config.gate_window:  # predicted with the estimate from before this transition
@@ -238,8 +231,8 @@ class IdentifiedForward:
             old_gram, old_moment = self._window.popleft()
             self._gram -= old_gram
             self._moment -= old_moment
-        self.precision = self._gram + np.eye(size) / self.config.prior_std**2
-        self.theta = np.linalg.solve(self.precision, self._moment)
+        precision = self._gram + np.eye(size) / self.config.prior_std**2  # of the posterior over theta
+        self.theta = np.linalg.solve(precision, self._moment)
         self.observed += 1
         self.parameters.apply(self.identified_plan, self._clipped())
 
@@ -248,7 +241,7 @@ class IdentifiedForward:
         other = copy.copy(self)
         other.identified_plan = copy.deepcopy(self.identified_plan)
         other._plan_data = mujoco.MjData(other.identified_plan)
-        other.theta, other.precision = self.theta.copy(), self.precision.copy()
+        other.theta = self.theta.copy()
         other._window, other.check = copy.copy(self._window), self.check.copy()
         other._gram, other._moment = self._gram.copy(), self._moment.copy()
         return other

@@ -38,6 +38,7 @@ from mujoco import rollout as mj_rollout
 
 from gpdyn.control.loop import Controller
 from gpdyn.errors import InputError
+from gpdyn.sim.rollout_states import RolloutStates
 
 #: ``(qpos [K, H, nq], qvel [K, H, nv], controls [K, H, nu]) -> cost [K]``, the states after each
 #: planning step; non-finite costs (a diverged rollout) count as the worst
@@ -112,10 +113,7 @@ class SplineSampler:
         self.rng = np.random.default_rng(seed)
         self.spline = linear_spline_matrix(cfg.horizon, cfg.knots)
         self.knot_times = np.linspace(0.0, cfg.horizon - 1.0, cfg.knots)
-        self.nstate = mujoco.mj_stateSize(self.model, mujoco.mjtState.mjSTATE_FULLPHYSICS)
-        # FULLPHYSICS layout: time, qpos, qvel, act (none), ...
-        self._q = slice(1, 1 + model.nq)
-        self._v = slice(1 + model.nq, 1 + model.nq + model.nv)
+        self.states = RolloutStates(self.model)
         self.forward = forward
         self.reset()
 
@@ -128,10 +126,9 @@ class SplineSampler:
         from ``(qpos, qvel)``."""
         if self.forward is not None:
             return self.forward(qpos, qvel, controls)
-        init = np.zeros((controls.shape[0], self.nstate))
-        init[:, self._q], init[:, self._v] = qpos, qvel
+        init = self.states.initial(qpos, qvel, rows=controls.shape[0])
         states, _ = mj_rollout.rollout(self.model, self.data, init, controls)
-        return states[..., self._q], states[..., self._v]
+        return states[..., self.states.qpos], states[..., self.states.qvel]
 
     def plan(self, qpos: np.ndarray, qvel: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
         """The action for the current state and a record of the plan (best cost, CPU seconds)."""
