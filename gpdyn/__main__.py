@@ -1,5 +1,5 @@
-import sys
+"""``python -m gpdyn ...``: the ``gpdyn`` command, for a Python whose scripts are not on PATH."""
 
 from gpdyn.cli import main
 
-sys.exit(main())
+raise SystemExit(main())
