@@ -15,6 +15,7 @@ from gpdyn.cli.common import (
     COUNT,
     DTYPE_NAMES,
     LEARNER_NAMES,
+    NON_NEGATIVE_INT,
     POSITIVE,
     POSITIVE_LIST,
     PRESET_NAMES,
@@ -74,6 +75,26 @@ def _add_protocol(p: argparse.ArgumentParser) -> None:
                    help="basis functions added per iteration (default: the preset's, 64 at cpu and 128 at paper)")
     p.add_argument("--eval-every", type=COUNT, default=100, help="iterations between held-out evaluations (default 100)")
     p.add_argument("--seed", type=SEED, default=0)
+
+
+def _add_stream(p: argparse.ArgumentParser) -> None:
+    """The sizes of the stream (prequential) protocol, gpdyn.gp.prequential.StreamProtocol."""
+    g = p.add_argument_group("stream protocol (--protocol stream: each chunk predicted, then learned)")
+    g.add_argument("--init-rows", type=COUNT, default=1024,
+                   help="rows the learner starts on (and the normalisation statistics come from; default 1024)")
+    g.add_argument("--chunk", type=COUNT, default=256, help="rows predicted, then learned, at a time (default 256)")
+    g.add_argument("--warm-rows", type=NON_NEGATIVE_INT, default=2048,
+                   help="rows before this one are learned but not scored (default 2048)")
+    g.add_argument("--init-steps", type=NON_NEGATIVE_INT, default=0,
+                   help="updates on the init rows before the stream (or the learner's pretrain; default 0)")
+    g.add_argument("--steps-per-chunk", type=COUNT, default=1, help="updates after each chunk is observed (default 1)")
+
+
+def _stream_protocol(args: argparse.Namespace) -> Any:
+    from gpdyn.gp.prequential import StreamProtocol
+
+    return StreamProtocol(init_rows=args.init_rows, chunk=args.chunk, warm_rows=args.warm_rows,
+                          init_steps=args.init_steps, steps_per_chunk=args.steps_per_chunk)
 
 
 # --- demo --------------------------------------------------------------------------
@@ -147,8 +168,10 @@ def add_learn(sub: argparse._SubParsersAction) -> None:
     _add_data(p)
     add_learner(p)
     add_protocol(p, "iid holds out a seeded 10%% of the rows, block a seeded contiguous block of each episode, split "
-                    "a dataset's own test file (iid minibatches of the rest in each case; ordered is gpdyn replay's)")
+                    "a dataset's own test file (iid minibatches of the rest in each case; ordered is gpdyn replay's); "
+                    "stream predicts each chunk in store order before learning it (prequential)")
     _add_protocol(p)
+    _add_stream(p)
     add_preset(p)
     p.add_argument("--size", type=size_option, action="append", default=[], metavar="KEY=VALUE",
                    help="learner option, e.g. m_alpha=4096 (repeatable)")
@@ -165,8 +188,15 @@ def run_learn(args: argparse.Namespace) -> int:
         store=str(args.store), problem=args.problem, learner=args.learner, iterations=args.iterations,
         batch_size=args.batch_size, n_delta=args.n_delta, eval_every=args.eval_every, seed=args.seed,
         device=args.device, dtype=args.dtype, preset=args.preset, sizes=dict(args.size), protocol=args.protocol,
+        stream=_stream_protocol(args),
     )
     run, final = learn(cfg, args.out)
+    if cfg.protocol == "stream":
+        from gpdyn.experiments.replay import print_table
+
+        print_table({cfg.learner: final})
+        print(f"checkpoint: {run.path / CHECKPOINT}")
+        return 0
     print(
         f"{cfg.learner} on {cfg.problem} after {final['iteration']} iterations: "
         f"nMSE {final['nmse_mean']:.4f} ± {final['nmse_std']:.4f}, bound {final['vlb_mean']:.4f} ± {final['vlb_std']:.4f}, "
@@ -183,8 +213,10 @@ def add_replay(sub: argparse._SubParsersAction) -> None:
     add_learners(p)
     add_protocol(p, "iid minibatches with a seeded 10%% held out (SVDGP); ordered: init on the offline part, then "
                     "stream the rest in order (ILGR); block: a seeded contiguous block of each episode held out; split: "
-                    "train on a dataset's training file(s), score on its test file (SARCOS, GPML Table 8.1)")
+                    "train on a dataset's training file(s), score on its test file (SARCOS, GPML Table 8.1); stream: "
+                    "one pass in store order, each chunk predicted before it is learned (prequential)")
     _add_protocol(p)
+    _add_stream(p)
     p.add_argument("--init-iterations", type=COUNT, default=200, help="ordered protocol: iterations on the offline part")
     p.add_argument("--eval-rows", type=COUNT, default=None,
                    help="score on a seeded subset of this many held-out rows (default: all of them)")
@@ -218,9 +250,11 @@ def run_replay(args: argparse.Namespace) -> int:
         dtype=dtype_name(resolve_dtype(args.dtype, args.device)), preset=args.preset, sizes=sizes,
         select_lr=args.select_lr,
         select_iterations=args.select_iterations,
+        stream=_stream_protocol(args),
     )
     cfg.validate()
-    problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed, progress=True)
+    problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed, progress=True,
+                           init_rows=cfg.stream.init_rows)
     run = open_run(cfg, args.out, problem)
     print(f"gpdyn replay: run folder {run.path}")
     finals = replay(cfg, run, problem=problem)

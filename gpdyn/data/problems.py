@@ -27,6 +27,11 @@ which samples are held out for testing:
   marked by :func:`gpdyn.data.importers.episode_splits`; SARCOS: train on
   ``sarcos_inv.mat``, score on ``sarcos_inv_test.mat``, the protocol of Rasmussen &
   Williams 2006, Table 8.1).
+- ``stream``: nothing is held out. Every sample is in the training split in store order
+  (episode by episode, each in time order), to be predicted before it is learned
+  (:mod:`gpdyn.gp.prequential`). The normalisation statistics come from the first
+  ``init_rows`` samples alone, the rows a learner has when it starts: a statistic of the
+  whole stream would tell it the future.
 
 Every split keeps time order; minibatches come from :mod:`gpdyn.data.streams` (iid
 ones for every protocol but ``ordered``). Normalisation statistics come from the
@@ -53,7 +58,9 @@ from gpdyn.errors import InputError
 
 TEST_FRACTION = 0.1
 CHUNK_ROWS = 65536  # rows per read and per statistics block
-PROTOCOLS = ("iid", "ordered", "block", "split")
+PROTOCOLS = ("iid", "ordered", "block", "split", "stream")
+#: stream protocol: the rows the normalisation statistics come from, by default (the learner's init rows)
+STREAM_INIT_ROWS = 1024
 
 
 @dataclass(frozen=True)
@@ -232,9 +239,11 @@ def load_problem(
     seed: int = 0,
     chunk_rows: int = CHUNK_ROWS,
     progress: bool = False,
+    init_rows: int = STREAM_INIT_ROWS,
 ) -> Problem:
     """Build problem ``name`` from ``store``, its test split held out under ``protocol`` (seeded);
-    ``progress`` shows a bar over the rows read."""
+    ``progress`` shows a bar over the rows read; ``init_rows``: the stream protocol's rows
+    of normalisation statistics."""
     if name not in PROBLEMS:
         raise InputError(f"unknown problem '{name}'; choose one of {', '.join(PROBLEMS)}")
     if protocol not in PROTOCOLS:
@@ -260,7 +269,13 @@ def load_problem(
     n_init = int(counts[is_init_episode].sum())
     pool_is_test, held_out = _held_out(store, name, protocol, counts[~is_init_episode], ~is_init_episode, seed)
     n_pool, n_test = len(pool_is_test), int(pool_is_test.sum())
-    if n_pool - n_test < 1 or n_test < 1:
+    if protocol == "stream":
+        if init_rows < 1:
+            raise InputError(f"--init-rows must be >= 1, got {init_rows}")
+        if n_pool <= init_rows:
+            raise InputError(f"{store.path}: problem {name} has {n_pool} samples, none after the {init_rows} init rows "
+                             "of the stream protocol (lower --init-rows)")
+    elif n_pool - n_test < 1 or n_test < 1:
         lengths_text = f"lengths {lengths.min() if lengths.size else 0}..{lengths.max() if lengths.size else 0}"
         raise InputError(
             f"{store.path}: problem {name} under protocol {protocol} has {n_pool} samples to split, {n_test} of them "
@@ -296,8 +311,12 @@ def load_problem(
 
     x_train, y_train = arrays["train"]
     x_init, y_init = arrays["init"]
+    if protocol == "stream":  # the statistics a learner has when it starts, nothing later
+        x_stats, y_stats = x_train[:init_rows], y_train[:init_rows]
+    else:
+        x_stats, y_stats = x_train, y_train
     normalizer = Normalizer(
-        *_column_stats(x_train, x_init, chunk_rows), *_column_stats(y_train, y_init, chunk_rows)
+        *_column_stats(x_stats, x_init, chunk_rows), *_column_stats(y_stats, y_init, chunk_rows)
     )
     return Problem(
         name=name,
@@ -325,6 +344,8 @@ def _held_out(
     n_pool = int(counts.sum())
     rng = np.random.default_rng(seed)
     is_test = np.zeros(n_pool, dtype=bool)
+    if protocol == "stream":
+        return is_test, "nothing: every sample is predicted before it is learned, in store order"
     if protocol in ("iid", "ordered"):
         n_test = int(round(TEST_FRACTION * n_pool))
         if 0 < n_test < n_pool:

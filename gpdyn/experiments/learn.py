@@ -26,6 +26,8 @@ from gpdyn.device import dtype_name, resolve_device, resolve_dtype
 from gpdyn.errors import InputError
 from gpdyn.gp import Learner, learner_class, learner_options, make_learner
 from gpdyn.gp.online import load_learner, run_online, save_learner
+from gpdyn.experiments.stream import stream_learner
+from gpdyn.gp.prequential import StreamProtocol
 from gpdyn.runs import RunDir
 
 CHECKPOINT = "checkpoint.pt"
@@ -48,7 +50,8 @@ class LearnConfig:
     dtype: str | None = None  # None: the device's default (gpdyn.device.resolve_dtype)
     preset: str | None = None  # the learner's sizes at this named scale (gpdyn.gp.PRESETS); None: the device's default
     sizes: dict[str, Any] = field(default_factory=dict)  # learner constructor options, over the preset's
-    protocol: str = "iid"  # iid, block or split (ordered streams in order: gpdyn replay)
+    protocol: str = "iid"  # iid, block, split or stream (ordered streams in order: gpdyn replay)
+    stream: StreamProtocol = field(default_factory=StreamProtocol)  # the stream protocol's sizes
 
     def __post_init__(self) -> None:
         if self.preset is None:
@@ -62,6 +65,7 @@ class LearnConfig:
         if self.protocol not in PROTOCOLS or self.protocol == "ordered":
             raise InputError(f"--protocol {self.protocol}: learn takes {', '.join(p for p in PROTOCOLS if p != 'ordered')} "
                              "(the ordered protocol streams in time order: gpdyn replay --protocol ordered)")
+        self.stream.validate()
 
 
 def default_preset(device: str | torch.device) -> str:
@@ -85,7 +89,8 @@ def learn(cfg: LearnConfig, out: str | Path | None = None, *, progress: bool = T
     cfg.validate()  # before the run folder exists, so bad input leaves none
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed, progress=progress)
+    problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed, progress=progress,
+                           init_rows=cfg.stream.init_rows)
     x_train, y_train = problem.tensors("train", device, dtype)
     x_test, y_test = problem.tensors("test", device, dtype)
     options = {**protocol_options(cfg.learner, cfg.n_delta, len(x_train)), **cfg.sizes}
@@ -110,8 +115,16 @@ def learn(cfg: LearnConfig, out: str | Path | None = None, *, progress: bool = T
         "dtype": dtype_name(dtype),
         "learner_config": learner.config,
     }
+    if cfg.protocol == "stream":
+        config["stream"] = cfg.stream.as_dict()
     run = RunDir.create("learn", config, out)
     print(f"run folder: {run.path}")
+    if cfg.protocol == "stream":  # one pass, each chunk predicted before it is learned
+        from gpdyn.experiments.report import write_report
+
+        final = stream_learner(learner, problem, cfg.stream, run, run.path / CHECKPOINT, progress=progress)
+        write_report(run.path)
+        return run, final
     stream = IIDStream(x_train, y_train, cfg.batch_size, seed=cfg.seed, device=device, dtype=dtype)
     records = run_online(
         learner,

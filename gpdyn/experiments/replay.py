@@ -13,6 +13,10 @@ Protocols (see :mod:`gpdyn.data.problems`):
   offline part initialise the learner, then the online part is streamed in time order,
   ``batch_size`` consecutive samples per iteration, until ``iterations`` or the end of
   the stream.
+- ``stream`` (prequential, :mod:`gpdyn.gp.prequential`): one pass over every sample in
+  store order, each chunk predicted before it is learned; ``stream`` holds its sizes
+  (init, chunk, warm rows, steps). ``iterations``, ``batch_size``, ``eval_every``,
+  ``eval_rows`` and ``select_lr`` do not apply (:mod:`gpdyn.experiments.stream`).
 
 Step size (``select_lr``): SVDGP Section 4 picks each learner's gamma_0 from
 {1e-1, 1e-2, 1e-3} "to maximize the improvement in objective function after the first
@@ -51,7 +55,9 @@ from gpdyn.errors import InputError
 from gpdyn.experiments.learn import default_preset, protocol_options
 from gpdyn.experiments.report import STEP_SIZE_FILE
 from gpdyn.gp import LEARNERS, Learner, LearnerError, learner_class, learner_options, make_learner, preset_options
+from gpdyn.experiments.stream import finished_streams, stream_learner
 from gpdyn.gp.online import load_learner, run_online, save_learner
+from gpdyn.gp.prequential import StreamProtocol
 from gpdyn.runs import RunDir, is_run_dir
 
 CHECKPOINTS = "checkpoints"
@@ -78,11 +84,14 @@ class ReplayConfig:
     sizes: dict[str, dict[str, Any]] = field(default_factory=dict)  # learner -> constructor options, over the preset's
     select_lr: list[float] | None = None  # gamma_0 candidates, chosen per learner (SVDGP Section 4)
     select_iterations: int = 100
+    stream: StreamProtocol = field(default_factory=StreamProtocol)  # the stream protocol's sizes
 
     def __post_init__(self) -> None:
         # recorded resolved, so that the run folder says which sizes ran
         if self.preset is None:
             self.preset = default_preset(self.device)
+        if isinstance(self.stream, dict):  # read back from a run folder's config.json
+            self.stream = StreamProtocol(**self.stream)
 
     def validate(self) -> None:
         resolve_device(self.device)
@@ -115,6 +124,10 @@ class ReplayConfig:
             fixed = sorted(name for name, opts in self.sizes.items() if "lr" in opts)
             if fixed:
                 raise InputError(f"--select-lr and --size {fixed[0]}.lr=...: choose the step size one way")
+            if self.protocol == "stream":
+                raise InputError("--select-lr: the stream protocol has no probe phase (every row is scored before "
+                                 "it is learned); set a step size with --size LEARNER.lr=...")
+        self.stream.validate()
 
 
 class _Phase:
@@ -185,7 +198,10 @@ def replay(
     cfg.validate()
     dtype = resolve_dtype(cfg.dtype, cfg.device)
     if problem is None:
-        problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed, progress=progress)
+        problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed, progress=progress,
+                               init_rows=cfg.stream.init_rows)
+    if cfg.protocol == "stream":
+        return _replay_stream(cfg, run, problem, dtype, progress)
     x_test, y_test = problem.tensors("test", cfg.device, dtype)
     if cfg.eval_rows is not None and cfg.eval_rows < len(x_test):
         # the same seeded subset for every learner; time order kept
@@ -241,6 +257,22 @@ def replay(
                 on_checkpoint(name, iteration)
     bar.close()
     return finals
+
+
+def _replay_stream(cfg: ReplayConfig, run: RunDir, problem: Problem, dtype: torch.dtype,
+                   progress: bool) -> dict[str, dict[str, Any]]:
+    """Every learner of ``cfg`` through the stream protocol, one after the other; a learner whose
+    stream finished in ``run`` (a resumed run) is not streamed again."""
+    (run.path / CHECKPOINTS).mkdir(exist_ok=True)
+    _record_learner_configs(cfg, run, problem, dtype)
+    finals = finished_streams(run)
+    for name in cfg.learners:
+        if name in finals:
+            continue
+        learner = _make(name, cfg, problem, dtype, dict(cfg.sizes.get(name, {})))
+        finals[name] = stream_learner(learner, problem, cfg.stream, run, run.path / CHECKPOINTS / f"{name}.pt",
+                                      progress=progress)
+    return {name: finals[name] for name in cfg.learners}
 
 
 def _record_learner_config(run: RunDir, name: str, learner: Learner) -> None:
@@ -340,7 +372,8 @@ def open_run(cfg: ReplayConfig, out: Path | None, problem: Problem | None = None
         print(f"gpdyn replay: resuming {out}")
         return run
     if problem is None:
-        problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed)
+        problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed,
+                               init_rows=cfg.stream.init_rows)
     return RunDir.create("replay", {**asdict(cfg), "outputs": list(problem.output_names), "problem_summary": problem.describe()},
                          out)
 
@@ -348,6 +381,14 @@ def open_run(cfg: ReplayConfig, out: Path | None, problem: Problem | None = None
 def print_table(finals: dict[str, dict[str, Any]]) -> None:
     """The last evaluation of every learner: each score's mean ± std over outputs."""
     from gpdyn.experiments.report import COLUMNS
+
+    if all("rows" in r for r in finals.values()):  # the stream protocol's final records
+        print(f"\n{'learner':<10} {'rows':>8} {'nMSE':>17} {'NLL':>17} {'95% coverage':>17} {'update ms/row':>14} "
+              f"{'predict ms/row':>15}")
+        for name, r in finals.items():
+            cells = " ".join(f"{r[m + '_mean']:>17.4f}" for m in ("nmse", "nll", "coverage"))
+            print(f"{name:<10} {r['rows']:>8} {cells} {r['update_ms_per_row']:>14.3f} {r['predict_ms_per_row']:>15.3f}")
+        return
 
     def cell(r: dict[str, Any], metric: str) -> str:
         return f"{r[metric + '_mean']:.4f} ± {r[metric + '_std']:.4f}" if metric + "_mean" in r else "–"

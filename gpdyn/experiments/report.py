@@ -1,4 +1,5 @@
-"""Reports of replay runs: SVDGP Table 2 and Appendix C tables, CSV curves, Fig. 2-style plots.
+"""Reports of replay runs: SVDGP Table 2 and Appendix C tables, CSV curves, Fig. 2-style plots
+(a stream-protocol run's report is :mod:`gpdyn.experiments.stream_report`'s).
 
 Input: the evaluation records a replay writes to ``metrics.jsonl``, one per learner
 and evaluation point::
@@ -101,8 +102,14 @@ def write_report(run_dir: str | Path) -> Path:
         raise InputError(f"{run_dir}: not a run folder (no config.json)")
     run = RunDir(run_dir)
     config = run.config()
-    curves = eval_curves(run.numbered_metrics(), run_dir / "metrics.jsonl")
+    records = run.numbered_metrics()
+    curves = eval_curves(records, run_dir / "metrics.jsonl")
     if not curves:
+        from gpdyn.experiments.stream_report import stream_curves, write_stream_report
+
+        streams = stream_curves(records, run_dir / "metrics.jsonl")
+        if streams:
+            return write_stream_report(run_dir, config, streams)
         raise InputError(f"{run_dir}/metrics.jsonl: no evaluation records to report")
     width = len(next(iter(curves.values()))[-1]["nmse"])
     outputs = config.get("outputs") or [f"y{i}" for i in range(width)]

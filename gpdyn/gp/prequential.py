@@ -1,0 +1,220 @@
+"""The prequential (stream) protocol: predict each row before it is learned, then learn it.
+
+An online dynamics learner meets its data as the robot moves: rows arrive in time order,
+and what matters is how well it predicts the rows it has not seen yet. The prequential
+rule (Dawid 1984, "Statistical theory: the prequential approach") scores exactly that,
+with every row used once for testing and then once for learning:
+
+1. the first ``init_rows`` rows start the learner: it observes them as one batch (its
+   hyperparameters start from them, :meth:`~gpdyn.gp.base.Learner.observe`), then takes
+   ``init_steps`` updates on them (a learner with a ``pretrain`` phase runs that instead);
+2. the rest comes in chunks of ``chunk`` consecutive rows; each chunk is first predicted
+   (:meth:`~gpdyn.gp.base.Learner.predict_y`, noise included), then observed, then the
+   learner takes ``steps_per_chunk`` updates on it;
+3. only the predictions of rows at or after ``warm_rows`` are scored, so that the
+   learner's first minutes do not dominate the table.
+
+The scores accumulate over the scored rows, per output: nMSE (squared error over the
+variance of the scored targets, so predicting their mean scores 1), the mean negative log
+predictive density and the fraction inside the central 95% interval. Time is measured
+separately for predicting and for learning (process CPU time on the CPU, wall time
+between device syncs on a GPU, :func:`gpdyn.device.seconds`), per streamed row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from gpdyn.device import seconds
+from gpdyn.errors import InputError
+from gpdyn.gp.base import LOG_2PI, Learner
+from gpdyn.gp.online import Z95
+
+
+@dataclass(frozen=True)
+class StreamProtocol:
+    """The sizes of the prequential rule (see the module docs)."""
+
+    init_rows: int = 1024
+    chunk: int = 256
+    warm_rows: int = 2048
+    init_steps: int = 0
+    steps_per_chunk: int = 1
+
+    def validate(self, rows: int | None = None) -> None:
+        """InputError naming the option for an impossible setting (``rows``: the stream's length)."""
+        for name in ("init_rows", "chunk", "steps_per_chunk"):
+            if getattr(self, name) < 1:
+                raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("warm_rows", "init_steps"):
+            if getattr(self, name) < 0:
+                raise InputError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if self.warm_rows < self.init_rows:
+            raise InputError(f"--warm-rows {self.warm_rows} is below --init-rows {self.init_rows}: the init rows are "
+                             "learned before anything is predicted, so they cannot be scored")
+        if rows is not None and rows <= self.warm_rows:
+            raise InputError(f"the stream has {rows} rows, none of them after --warm-rows {self.warm_rows}: "
+                             "lower --warm-rows (and --init-rows) or use a longer stream")
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class StreamScores:
+    """Running sums of the prequential scores per output (``[P]`` tensors on the learner's device)."""
+
+    def __init__(self, outputs: int, device: torch.device, dtype: torch.dtype) -> None:
+        zeros = lambda: torch.zeros(outputs, device=device, dtype=torch.float64)  # noqa: E731
+        self.rows = 0
+        self.sse, self.sum_y, self.sum_y2, self.nll, self.covered = (zeros() for _ in range(5))
+
+    def add(self, mean: Tensor, var: Tensor, y: Tensor) -> None:
+        """Score the predictions ``N(mean, var)`` of targets ``y``, each ``[N, P]``."""
+        mean, var, y = mean.double(), var.double(), y.double()
+        r2 = (y - mean).pow(2)
+        self.rows += y.shape[0]
+        self.sse += r2.sum(0)
+        self.sum_y += y.sum(0)
+        self.sum_y2 += y.pow(2).sum(0)
+        self.nll += (0.5 * (r2 / var + var.log() + LOG_2PI)).sum(0)
+        self.covered += (r2 <= Z95**2 * var).double().sum(0)
+
+    def summary(self) -> dict[str, list[float]]:
+        """``nmse``, ``nll`` and ``coverage`` per output (empty lists before any row is scored)."""
+        if self.rows == 0:
+            return {"nmse": [], "nll": [], "coverage": []}
+        n = self.rows
+        var_y = (self.sum_y2 / n - (self.sum_y / n).pow(2)).clamp_min(torch.finfo(torch.float64).tiny)
+        return {
+            "nmse": (self.sse / n / var_y).cpu().tolist(),
+            "nll": (self.nll / n).cpu().tolist(),
+            "coverage": (self.covered / n).cpu().tolist(),
+        }
+
+
+def _timed(fn: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
+    out: list[Any] = []
+    t = seconds(lambda: out.append(fn()), device)
+    return out[0], t
+
+
+def _observe(learner: Learner, x: Tensor, y: Tensor) -> int:
+    """Observe what fits (a learner with a point limit); return the rows it could not take."""
+    room = learner.room()
+    if room is not None and room < x.shape[0]:
+        if room > 0:
+            learner.observe(x[:room], y[:room])
+        return x.shape[0] - room
+    learner.observe(x, y)
+    return 0
+
+
+def prequential(
+    learner: Learner,
+    x: Tensor,
+    y: Tensor,
+    protocol: StreamProtocol = StreamProtocol(),
+    *,
+    record_every: int | None = None,
+    callback: Callable[[dict[str, Any]], None] | None = None,
+    progress: bool = True,
+    bar: tqdm | None = None,
+) -> list[dict[str, Any]]:
+    """Stream ``x [N, D]``, ``y [N, P]`` (time order, normalised, on the learner's device and dtype)
+    through ``learner`` under ``protocol``; return the records (the last one is the final score).
+
+    A record is written every ``record_every`` chunks (default: about 100 records over the
+    stream) and after the last: ``rows`` (rows learned so far), ``scored`` (rows scored so
+    far), the cumulative ``nmse``/``nll``/``coverage`` per output with their ``_mean``
+    over outputs, ``window_nmse`` (over the rows scored since the previous record), the
+    seconds spent in ``init_s``, ``update_s`` and ``predict_s``, and
+    ``update_ms_per_row``/``predict_ms_per_row`` over the streamed rows. ``callback`` gets
+    each record as it is made.
+    """
+    n = x.shape[0]
+    protocol.validate(n)
+    if y.shape[0] != n:
+        raise InputError(f"prequential: x has {n} rows but y has {y.shape[0]}")
+    device = learner.device
+    chunks = -(-(n - protocol.init_rows) // protocol.chunk)
+    record_every = record_every or max(1, chunks // 100)
+    if record_every < 1:
+        raise InputError(f"prequential: record_every must be >= 1, got {record_every}")
+
+    def start() -> None:
+        xi, yi = x[: protocol.init_rows], y[: protocol.init_rows]
+        _observe(learner, xi, yi)
+        if protocol.init_steps and learner.can("pretrain"):
+            learner.pretrain(xi, yi, iterations=protocol.init_steps, progress=False)
+        else:
+            for _ in range(protocol.init_steps):
+                learner.step(xi, yi)
+
+    _, init_s = _timed(start, device)
+    total = StreamScores(learner.output_dim, device, x.dtype)
+    window = StreamScores(learner.output_dim, device, x.dtype)
+    update_s = predict_s = 0.0
+    unobserved = 0
+    records: list[dict[str, Any]] = []
+    own_bar = bar is None
+    if bar is None:
+        bar = tqdm(total=chunks, desc=f"stream {learner.name}", unit="chunk", disable=not progress)
+    try:
+        for k, a in enumerate(range(protocol.init_rows, n, protocol.chunk), start=1):
+            b = min(a + protocol.chunk, n)
+            xc, yc = x[a:b], y[a:b]
+            (mean, var), t = _timed(lambda: _predict(learner, xc), device)
+            predict_s += t
+            first_scored = max(a, protocol.warm_rows) - a  # rows of this chunk at or after warm_rows
+            if first_scored < b - a:
+                for scores in (total, window):
+                    scores.add(mean[first_scored:], var[first_scored:], yc[first_scored:])
+
+            def learn() -> int:
+                missed = _observe(learner, xc, yc)
+                for _ in range(protocol.steps_per_chunk):
+                    learner.step(xc, yc)
+                return missed
+
+            missed, t = _timed(learn, device)
+            unobserved += missed
+            update_s += t
+            bar.update()
+            if k % record_every == 0 or b == n:
+                streamed = b - protocol.init_rows
+                record: dict[str, Any] = {"rows": b, "scored": total.rows, **total.summary(),
+                                          "window_nmse": window.summary()["nmse"], "init_s": init_s,
+                                          "update_s": update_s, "predict_s": predict_s,
+                                          "update_ms_per_row": 1e3 * update_s / streamed,
+                                          "predict_ms_per_row": 1e3 * predict_s / streamed,
+                                          "cpu_s": init_s + update_s + predict_s}
+                if learner.can("point_limit"):
+                    record["unobserved"] = unobserved
+                record.update(learner.diagnostics())
+                for key in ("nmse", "nll", "coverage"):
+                    if record[key]:
+                        record[f"{key}_mean"] = sum(record[key]) / len(record[key])
+                window = StreamScores(learner.output_dim, device, x.dtype)
+                records.append(record)
+                if "nmse_mean" in record:
+                    bar.set_postfix(nmse=f"{record['nmse_mean']:.4f}", cover=f"{record['coverage_mean']:.3f}")
+                if callback is not None:
+                    callback(record)
+    finally:
+        if own_bar:
+            bar.close()
+    return records
+
+
+@torch.no_grad()
+def _predict(learner: Learner, x: Tensor) -> tuple[Tensor, Tensor]:
+    return learner.predict_y(x)
+
+
+__all__ = ["StreamProtocol", "StreamScores", "prequential"]
