@@ -257,8 +257,11 @@ def run_replay(args: argparse.Namespace) -> int:
                            init_rows=cfg.stream.init_rows)
     run = open_run(cfg, args.out, problem)
     print(f"gpdyn replay: run folder {run.path}")
-    finals = replay(cfg, run, problem=problem)
-    report = write_report(run.path)
+    try:
+        finals = replay(cfg, run, problem=problem)
+        report = write_report(run.path)
+    finally:
+        run.close()  # the writer lock goes now, not when the object is collected
     print_table(finals)
     print(f"\nreport: {report}")
     return 0

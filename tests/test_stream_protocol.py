@@ -1,0 +1,166 @@
+"""The stream (prequential) protocol: no row is scored after it was learned, the scores are the
+closed forms, the problem's statistics come from the init rows alone, and the commands run it."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from synthetic import make_kuka_store
+from torch import Tensor
+
+from gpdyn.cli import main
+from gpdyn.data.problems import load_problem
+from gpdyn.errors import InputError
+from gpdyn.gp.base import Learner
+from gpdyn.gp.prequential import StreamProtocol, StreamScores, prequential
+
+
+class RowSpy(Learner):
+    """A learner that records, by the row index carried in input column 0, which rows it has
+    observed and which it was asked to predict, and predicts the running mean of what it saw
+    (a real, if simple, online learner: the closed forms below are its scores)."""
+
+    name = "row-spy"
+
+    def __init__(self, input_dim: int, output_dim: int, **kwargs) -> None:
+        super().__init__(input_dim, output_dim, **kwargs)
+        self.observed: list[int] = []
+        self.predicted: list[list[int]] = []
+        self.steps: list[list[int]] = []
+        self.sum_y = torch.zeros(output_dim, dtype=self.dtype)
+        self.count = 0
+
+    def observe(self, x: Tensor, y: Tensor) -> None:
+        self.observed += x[:, 0].long().tolist()
+        self.sum_y += y.sum(0)
+        self.count += len(y)
+
+    def step(self, x: Tensor, y: Tensor) -> dict[str, float]:
+        self.steps.append(x[:, 0].long().tolist())
+        return {"loss": 0.0}
+
+    def predict(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        rows = x[:, 0].long().tolist()
+        assert not set(rows) & set(self.observed), "a row was predicted after it was learned"
+        self.predicted.append(rows)
+        mean = (self.sum_y / self.count).expand(x.shape[0], -1)
+        return mean, torch.zeros_like(mean)
+
+    def vlb(self, x: Tensor, y: Tensor) -> Tensor:
+        return torch.zeros(self.output_dim, dtype=self.dtype)
+
+    def noise_variance(self) -> Tensor:
+        return torch.ones(self.output_dim, dtype=self.dtype)
+
+
+def _stream(n: int, p: int = 2, seed: int = 0) -> tuple[Tensor, Tensor]:
+    rng = np.random.default_rng(seed)
+    x = torch.tensor(np.c_[np.arange(n), rng.normal(size=(n, 2))])
+    y = torch.tensor(rng.normal(size=(n, p)) + np.linspace(0, 3, n)[:, None])
+    return x, y
+
+
+@pytest.mark.parametrize("init_rows, chunk, warm_rows", [(100, 32, 200), (64, 50, 64), (10, 1, 30)])
+def test_every_row_is_predicted_once_before_it_is_learned(init_rows: int, chunk: int, warm_rows: int) -> None:
+    n = 403
+    x, y = _stream(n)
+    spy = RowSpy(3, 2)
+    protocol = StreamProtocol(init_rows=init_rows, chunk=chunk, warm_rows=warm_rows, init_steps=2, steps_per_chunk=3)
+    records = prequential(spy, x, y, protocol, progress=False)
+    predicted = [r for rows in spy.predicted for r in rows]
+    assert predicted == list(range(init_rows, n))  # each streamed row once, in order
+    assert spy.observed == list(range(n))  # then every row learned, in order
+    # the init rows: observed as one batch, then init_steps updates on them; each chunk: steps_per_chunk on itself
+    assert spy.steps[:2] == [list(range(init_rows))] * 2
+    chunks = [list(range(a, min(a + chunk, n))) for a in range(init_rows, n, chunk)]
+    assert spy.steps[2:] == [c for c in chunks for _ in range(3)]
+    final = records[-1]
+    assert final["rows"] == n and final["scored"] == n - warm_rows
+
+
+def test_the_scores_are_the_closed_forms_of_the_running_mean() -> None:
+    n, init_rows, chunk, warm_rows = 300, 40, 20, 100
+    x, y = _stream(n, seed=1)
+    final = prequential(RowSpy(3, 2), x, y, StreamProtocol(init_rows, chunk, warm_rows), progress=False)[-1]
+    yn = y.numpy()
+    means = np.array([yn[: a].mean(0) for a in range(init_rows, n, chunk) for _ in range(min(chunk, n - a))])
+    scored, targets = means[warm_rows - init_rows :], yn[warm_rows:]
+    r2 = (targets - scored) ** 2
+    np.testing.assert_allclose(final["nmse"], r2.mean(0) / targets.var(0), rtol=1e-12)
+    np.testing.assert_allclose(final["nll"], (0.5 * (r2 + math.log(2 * math.pi))).mean(0), rtol=1e-12)
+    np.testing.assert_allclose(final["coverage"], (r2 <= 1.959963984540054**2).mean(0), rtol=1e-12)
+    assert final["update_ms_per_row"] >= 0 and final["predict_ms_per_row"] >= 0
+
+
+def test_scores_accumulate_like_one_batch() -> None:
+    rng = np.random.default_rng(2)
+    mean, var, y = (torch.tensor(rng.normal(size=(50, 3))) for _ in range(3))
+    var = var.abs() + 0.1
+    whole, parts = StreamScores(3, torch.device("cpu"), torch.float64), StreamScores(3, torch.device("cpu"), torch.float64)
+    whole.add(mean, var, y)
+    for a in range(0, 50, 7):
+        parts.add(mean[a : a + 7], var[a : a + 7], y[a : a + 7])
+    for key, value in whole.summary().items():
+        np.testing.assert_allclose(parts.summary()[key], value, rtol=1e-12)
+
+
+@pytest.mark.parametrize("protocol, rows, message", [
+    (StreamProtocol(init_rows=100, warm_rows=50), None, "--warm-rows 50 is below --init-rows 100"),
+    (StreamProtocol(chunk=0), None, "--chunk must be >= 1"),
+    (StreamProtocol(init_steps=-1), None, "--init-steps must be >= 0"),
+    (StreamProtocol(), 2048, "none of them after --warm-rows 2048"),
+])
+def test_impossible_settings_are_refused_by_name(protocol: StreamProtocol, rows: int | None, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        protocol.validate(rows)
+
+
+def test_the_stream_problem_keeps_store_order_and_init_statistics(tmp_path: Path) -> None:
+    store = make_kuka_store(tmp_path / "k.zarr", offline=[60], online=[90, 70])
+    problem = load_problem(store, "kuka", protocol="stream", init_rows=50)
+    iid = load_problem(store, "kuka", protocol="iid")
+    assert len(problem.x_train) == 220 and len(problem.x_test) == 0 and len(problem.x_init) == 0
+    # every sample, in store order: the iid train and test rows together, re-sorted, are the same rows
+    assert np.array_equal(np.sort(problem.x_train, axis=0), np.sort(np.r_[iid.x_train, iid.x_test], axis=0))
+    np.testing.assert_allclose(problem.normalizer.x_mean, problem.x_train[:50].mean(0))
+    np.testing.assert_allclose(problem.normalizer.y_std, problem.y_train[:50].std(0, ddof=1))
+    with pytest.raises(InputError, match="none after the 300 init rows"):
+        load_problem(store, "kuka", protocol="stream", init_rows=300)
+
+
+def _final_csv(run: Path) -> dict[tuple[str, str], float]:
+    with open(run / "final.csv") as f:
+        return {(r["learner"], r["metric"]): float(r["mean"]) for r in csv.DictReader(f)}
+
+
+def test_replay_and_learn_run_the_stream_protocol(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    make_kuka_store(tmp_path / "k.zarr", offline=[], online=[300, 260]).close()
+    common = ["--store", str(tmp_path / "k.zarr"), "--problem", "kuka", "--protocol", "stream", "--preset", "small",
+              "--init-rows", "128", "--chunk", "64", "--warm-rows", "192"]
+    out = tmp_path / "replay"
+    assert main(["replay", *common, "--learners", "svi,wiski", "--out", str(out)]) == 0
+    table = _final_csv(out)
+    for learner in ("svi", "wiski"):
+        for metric in ("nmse", "nll", "coverage", "update_ms_per_row", "predict_ms_per_row"):
+            assert math.isfinite(table[learner, metric])
+        assert 0 <= table[learner, "coverage"] <= 1
+    assert (out / "stream_nmse.png").stat().st_size > 0 and "Stream (prequential)" in (out / "report.md").read_text()
+    finals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(r["learner"] for r in finals if r.get("final")) == ["svi", "wiski"]
+    # a rerun on the same folder finds both streams finished and streams nothing again
+    lines = len(finals)
+    assert main(["replay", *common, "--learners", "svi,wiski", "--out", str(out)]) == 0
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == lines
+    # other stream sizes on the same folder are another run
+    assert main(["replay", *common[:-1], "256", "--learners", "svi,wiski", "--out", str(out)]) == 2
+    assert "stream" in capsys.readouterr().err
+
+    assert main(["learn", *common, "--learner", "svi", "--out", str(tmp_path / "learn")]) == 0
+    assert (tmp_path / "learn" / "checkpoint.pt").is_file()
+    assert _final_csv(tmp_path / "learn")["svi", "nmse"] == pytest.approx(table["svi", "nmse"], rel=1e-9)
