@@ -164,3 +164,62 @@ def test_replay_and_learn_run_the_stream_protocol(tmp_path: Path, capsys: pytest
     assert main(["learn", *common, "--learner", "svi", "--out", str(tmp_path / "learn")]) == 0
     assert (tmp_path / "learn" / "checkpoint.pt").is_file()
     assert _final_csv(tmp_path / "learn")["svi", "nmse"] == pytest.approx(table["svi", "nmse"], rel=1e-9)
+
+
+def test_a_prior_mean_is_learned_around_and_added_back() -> None:
+    n, init_rows, chunk, warm_rows = 300, 40, 20, 100
+    x, y = _stream(n, seed=3)
+    prior = 0.5 * y + 0.1  # a fixed function's values at the rows
+    spy = RowSpy(3, 2)
+    final = prequential(spy, x, y, StreamProtocol(init_rows, chunk, warm_rows), prior=prior, progress=False)[-1]
+    residual = (y - prior).numpy()
+    np.testing.assert_allclose(spy.sum_y.numpy(), residual.sum(0), rtol=1e-12)  # the learner saw y - prior only
+    means = np.array([residual[: a].mean(0) for a in range(init_rows, n, chunk) for _ in range(min(chunk, n - a))])
+    predicted = prior.numpy()[warm_rows:] + means[warm_rows - init_rows :]
+    targets = y.numpy()[warm_rows:]
+    np.testing.assert_allclose(final["nmse"], ((targets - predicted) ** 2).mean(0) / targets.var(0), rtol=1e-12)
+    with pytest.raises(InputError, match="prior mean has shape"):
+        prequential(RowSpy(3, 2), x, y, StreamProtocol(init_rows, chunk, warm_rows), prior=prior[:, :1], progress=False)
+
+
+def test_the_rigid_body_prior_leaves_friction_and_damping_to_the_learner(tmp_path: Path) -> None:
+    """On a real (small) KUKA stream the rigid-body prior is the simulator's torque less the joint
+    damping and dry friction, and a learner on its residual predicts far better than without it."""
+    from gpdyn.data.store import EpisodeStore
+    from gpdyn.experiments.prior_mean import parse_prior_mean
+
+    store = tmp_path / "kuka.zarr"
+    assert main(["collect", "kuka", "--store", str(store), "--offline", "0", "--online", "1200",
+                 "--out", str(tmp_path / "collect")]) == 0
+    problem = load_problem(store, "kuka", protocol="stream", init_rows=256)
+    attrs = dict(EpisodeStore.open(store).attrs)
+    prior = parse_prior_mean("rigid-body", problem, attrs)
+    x, tau = problem.split("train")
+    residual = tau - prior.physical(x)
+    terms = attrs["joint_terms"]
+    # the residual is the joint damping plus a bounded dry friction: no rigid-body term left
+    friction = np.abs(residual - np.asarray(terms["damping"]) * x[:, 7:14])
+    assert (friction <= np.asarray(terms["friction"]) + 1e-6).all()
+    common = ["--store", str(store), "--problem", "kuka", "--protocol", "stream", "--preset", "small",
+              "--init-rows", "256", "--chunk", "128", "--warm-rows", "512", "--learners", "svi"]
+    assert main(["replay", *common, "--out", str(tmp_path / "plain")]) == 0
+    assert main(["replay", *common, "--prior-mean", "rigid-body", "--out", str(tmp_path / "prior")]) == 0
+    plain, with_prior = _final_csv(tmp_path / "plain"), _final_csv(tmp_path / "prior")
+    assert with_prior["svi", "nmse"] < 0.5 * plain["svi", "nmse"]
+    assert "rigid-body" in (tmp_path / "prior" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("rigid-body", "not collected from the shipped KUKA model"),
+    ("rigid-body:/nonexistent.xml", "no such MJCF file"),
+    ("learner:", "name the run folder"),
+    ("physics", "expected rigid-body, rigid-body:FILE.xml or learner:RUN_DIR"),
+])
+def test_bad_prior_means_are_refused_before_any_run_folder(tmp_path: Path, spec: str, message: str,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    make_kuka_store(tmp_path / "k.zarr", offline=[], online=[300]).close()
+    out = tmp_path / "run"
+    assert main(["replay", "--store", str(tmp_path / "k.zarr"), "--problem", "kuka", "--protocol", "stream",
+                 "--init-rows", "64", "--warm-rows", "128", "--learners", "svi", "--prior-mean", spec,
+                 "--out", str(out)]) == 2
+    assert message in capsys.readouterr().err and not out.exists()

@@ -88,6 +88,9 @@ def _add_stream(p: argparse.ArgumentParser) -> None:
     g.add_argument("--init-steps", type=NON_NEGATIVE_INT, default=0,
                    help="updates on the init rows before the stream (or the learner's pretrain; default 0)")
     g.add_argument("--steps-per-chunk", type=COUNT, default=1, help="updates after each chunk is observed (default 1)")
+    g.add_argument("--prior-mean", default=None, metavar="SPEC",
+                   help="a fixed mean the learners model the residual of: rigid-body (kuka), rigid-body:FILE.xml "
+                        "(any arm) or learner:RUN_DIR (a gpdyn learn run's frozen learner); default none")
 
 
 def _stream_protocol(args: argparse.Namespace) -> Any:
@@ -188,7 +191,7 @@ def run_learn(args: argparse.Namespace) -> int:
         store=str(args.store), problem=args.problem, learner=args.learner, iterations=args.iterations,
         batch_size=args.batch_size, n_delta=args.n_delta, eval_every=args.eval_every, seed=args.seed,
         device=args.device, dtype=args.dtype, preset=args.preset, sizes=dict(args.size), protocol=args.protocol,
-        stream=_stream_protocol(args),
+        stream=_stream_protocol(args), prior_mean=args.prior_mean,
     )
     run, final = learn(cfg, args.out)
     if cfg.protocol == "stream":
@@ -238,6 +241,7 @@ def run_replay(args: argparse.Namespace) -> int:
     from gpdyn.device import dtype_name, resolve_dtype
     from gpdyn.experiments.replay import ReplayConfig, open_run, print_table, replay
     from gpdyn.experiments.report import write_report
+    from gpdyn.experiments.stream import stream_prior
 
     sizes: dict[str, dict[str, Any]] = {}
     for learner, key, value in args.size:
@@ -250,15 +254,16 @@ def run_replay(args: argparse.Namespace) -> int:
         dtype=dtype_name(resolve_dtype(args.dtype, args.device)), preset=args.preset, sizes=sizes,
         select_lr=args.select_lr,
         select_iterations=args.select_iterations,
-        stream=_stream_protocol(args),
+        stream=_stream_protocol(args), prior_mean=args.prior_mean,
     )
     cfg.validate()
     problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed, progress=True,
                            init_rows=cfg.stream.init_rows)
+    prior = stream_prior(cfg.prior_mean, cfg.store, problem)  # before the run folder: a bad one leaves none
     run = open_run(cfg, args.out, problem)
     print(f"gpdyn replay: run folder {run.path}")
     try:
-        finals = replay(cfg, run, problem=problem)
+        finals = replay(cfg, run, problem=problem, prior=prior)
         report = write_report(run.path)
     finally:
         run.close()  # the writer lock goes now, not when the object is collected

@@ -26,7 +26,7 @@ from gpdyn.device import dtype_name, resolve_device, resolve_dtype
 from gpdyn.errors import InputError
 from gpdyn.gp import Learner, learner_class, learner_options, make_learner
 from gpdyn.gp.online import load_learner, run_online, save_learner
-from gpdyn.experiments.stream import stream_learner
+from gpdyn.experiments.stream import check_prior_mean, stream_learner, stream_prior
 from gpdyn.gp.prequential import StreamProtocol
 from gpdyn.runs import RunDir
 
@@ -52,6 +52,7 @@ class LearnConfig:
     sizes: dict[str, Any] = field(default_factory=dict)  # learner constructor options, over the preset's
     protocol: str = "iid"  # iid, block, split or stream (ordered streams in order: gpdyn replay)
     stream: StreamProtocol = field(default_factory=StreamProtocol)  # the stream protocol's sizes
+    prior_mean: str | None = None  # a fixed mean the learner models the residual of (gpdyn.experiments.prior_mean)
 
     def __post_init__(self) -> None:
         if self.preset is None:
@@ -66,6 +67,7 @@ class LearnConfig:
             raise InputError(f"--protocol {self.protocol}: learn takes {', '.join(p for p in PROTOCOLS if p != 'ordered')} "
                              "(the ordered protocol streams in time order: gpdyn replay --protocol ordered)")
         self.stream.validate()
+        check_prior_mean(self.prior_mean, self.protocol)
 
 
 def default_preset(device: str | torch.device) -> str:
@@ -117,12 +119,15 @@ def learn(cfg: LearnConfig, out: str | Path | None = None, *, progress: bool = T
     }
     if cfg.protocol == "stream":
         config["stream"] = cfg.stream.as_dict()
+        config["prior_mean"] = cfg.prior_mean
+        prior = stream_prior(cfg.prior_mean, cfg.store, problem)  # before the run folder: a bad one leaves none
     run = RunDir.create("learn", config, out)
     print(f"run folder: {run.path}")
     if cfg.protocol == "stream":  # one pass, each chunk predicted before it is learned
         from gpdyn.experiments.report import write_report
 
-        final = stream_learner(learner, problem, cfg.stream, run, run.path / CHECKPOINT, progress=progress)
+        final = stream_learner(learner, problem, cfg.stream, run, run.path / CHECKPOINT, prior=prior,
+                               progress=progress)
         write_report(run.path)
         return run, final
     stream = IIDStream(x_train, y_train, cfg.batch_size, seed=cfg.seed, device=device, dtype=dtype)

@@ -55,7 +55,8 @@ from gpdyn.errors import InputError
 from gpdyn.experiments.learn import default_preset, protocol_options
 from gpdyn.experiments.report import STEP_SIZE_FILE
 from gpdyn.gp import LEARNERS, Learner, LearnerError, learner_class, learner_options, make_learner, preset_options
-from gpdyn.experiments.stream import finished_streams, stream_learner
+from gpdyn.experiments.prior_mean import PriorMean
+from gpdyn.experiments.stream import check_prior_mean, finished_streams, stream_learner, stream_prior
 from gpdyn.gp.online import load_learner, run_online, save_learner
 from gpdyn.gp.prequential import StreamProtocol
 from gpdyn.runs import RunDir, is_run_dir
@@ -85,6 +86,7 @@ class ReplayConfig:
     select_lr: list[float] | None = None  # gamma_0 candidates, chosen per learner (SVDGP Section 4)
     select_iterations: int = 100
     stream: StreamProtocol = field(default_factory=StreamProtocol)  # the stream protocol's sizes
+    prior_mean: str | None = None  # a fixed mean every learner models the residual of (gpdyn.experiments.prior_mean)
 
     def __post_init__(self) -> None:
         # recorded resolved, so that the run folder says which sizes ran
@@ -128,6 +130,7 @@ class ReplayConfig:
                 raise InputError("--select-lr: the stream protocol has no probe phase (every row is scored before "
                                  "it is learned); set a step size with --size LEARNER.lr=...")
         self.stream.validate()
+        check_prior_mean(self.prior_mean, self.protocol)
 
 
 class _Phase:
@@ -187,13 +190,14 @@ def replay(
     run: RunDir,
     *,
     problem: Problem | None = None,
+    prior: PriorMean | None = None,
     progress: bool = True,
     on_checkpoint: Callable[[str, int], None] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Run (or continue) every learner of ``cfg`` in ``run``; return the last record per learner.
 
-    ``problem`` is loaded from ``cfg`` unless given; ``on_checkpoint(learner, iteration)``
-    is called after each saved checkpoint.
+    ``problem`` is loaded from ``cfg`` unless given, and so is ``prior`` (``cfg.prior_mean``'s);
+    ``on_checkpoint(learner, iteration)`` is called after each saved checkpoint.
     """
     cfg.validate()
     dtype = resolve_dtype(cfg.dtype, cfg.device)
@@ -201,7 +205,9 @@ def replay(
         problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed, progress=progress,
                                init_rows=cfg.stream.init_rows)
     if cfg.protocol == "stream":
-        return _replay_stream(cfg, run, problem, dtype, progress)
+        if prior is None:
+            prior = stream_prior(cfg.prior_mean, cfg.store, problem)
+        return _replay_stream(cfg, run, problem, dtype, prior, progress)
     x_test, y_test = problem.tensors("test", cfg.device, dtype)
     if cfg.eval_rows is not None and cfg.eval_rows < len(x_test):
         # the same seeded subset for every learner; time order kept
@@ -259,7 +265,7 @@ def replay(
     return finals
 
 
-def _replay_stream(cfg: ReplayConfig, run: RunDir, problem: Problem, dtype: torch.dtype,
+def _replay_stream(cfg: ReplayConfig, run: RunDir, problem: Problem, dtype: torch.dtype, prior: PriorMean | None,
                    progress: bool) -> dict[str, dict[str, Any]]:
     """Every learner of ``cfg`` through the stream protocol, one after the other; a learner whose
     stream finished in ``run`` (a resumed run) is not streamed again."""
@@ -271,7 +277,7 @@ def _replay_stream(cfg: ReplayConfig, run: RunDir, problem: Problem, dtype: torc
             continue
         learner = _make(name, cfg, problem, dtype, dict(cfg.sizes.get(name, {})))
         finals[name] = stream_learner(learner, problem, cfg.stream, run, run.path / CHECKPOINTS / f"{name}.pt",
-                                      progress=progress)
+                                      prior=prior, progress=progress)
     return {name: finals[name] for name in cfg.learners}
 
 

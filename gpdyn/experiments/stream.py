@@ -18,15 +18,32 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm import tqdm
 
 from gpdyn.data.problems import Problem
+from gpdyn.data.store import EpisodeStore
+from gpdyn.errors import InputError
+from gpdyn.experiments.prior_mean import PriorMean, parse_prior_mean
 from gpdyn.gp import Learner
 from gpdyn.gp.online import save_learner
 from gpdyn.gp.prequential import StreamProtocol, prequential
 from gpdyn.runs import RunDir
 
 KIND = "stream"
+
+
+def check_prior_mean(spec: str | None, protocol: str) -> None:
+    """InputError for a prior mean under a protocol that does not take one (yet)."""
+    if spec is not None and protocol != "stream":
+        raise InputError(f"--prior-mean: taken by the stream protocol (--protocol stream), not by {protocol}")
+
+
+def stream_prior(spec: str | None, store: str, problem: Problem) -> PriorMean | None:
+    """The prior mean of ``--prior-mean spec`` for ``problem`` of ``store`` (None without one)."""
+    if spec is None:
+        return None
+    return parse_prior_mean(spec, problem, dict(EpisodeStore.open(store).attrs))
 
 
 def finished_streams(run: RunDir) -> dict[str, dict[str, Any]]:
@@ -42,12 +59,17 @@ def stream_learner(
     run: RunDir,
     checkpoint: Path,
     *,
+    prior: PriorMean | None = None,
     progress: bool = True,
     bar: tqdm | None = None,
 ) -> dict[str, Any]:
-    """Stream ``problem`` (loaded under the stream protocol) through ``learner``; log every record to
-    ``run`` and save the learner at ``checkpoint`` at the end; return the final record."""
+    """Stream ``problem`` (loaded under the stream protocol) through ``learner``, modelling the
+    residual of ``prior`` where given; log every record to ``run`` and save the learner at
+    ``checkpoint`` at the end; return the final record."""
     x, y = problem.tensors("train", learner.device, learner.dtype)
+    prior_y = None
+    if prior is not None:
+        prior_y = torch.as_tensor(prior.normalized(problem, "train"), device=learner.device, dtype=learner.dtype)
     name = learner.name
 
     def log(record: dict[str, Any]) -> None:
@@ -55,11 +77,11 @@ def stream_learner(
         if not record["final"]:
             run.log(**record)  # the final record is logged once the checkpoint is saved
 
-    records = prequential(learner, x, y, protocol, callback=log, progress=progress, bar=bar)
+    records = prequential(learner, x, y, protocol, prior=prior_y, callback=log, progress=progress, bar=bar)
     final = records[-1]
     save_learner(learner, checkpoint, normalizer=problem.normalizer.to_json(), problem=problem.describe())
     run.log(**final)
     return final
 
 
-__all__ = ["KIND", "finished_streams", "stream_learner"]
+__all__ = ["KIND", "check_prior_mean", "finished_streams", "stream_learner", "stream_prior"]

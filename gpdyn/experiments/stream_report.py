@@ -75,7 +75,9 @@ def write_stream_report(run_dir: Path, config: dict[str, Any], curves: dict[str,
         f"preset {config.get('preset', '?')}. One pass in store order: the first {stream.get('init_rows', '?')} rows "
         f"start each learner ({stream.get('init_steps', 0)} updates on them) and give the normalisation; then chunks "
         f"of {stream.get('chunk', '?')} rows, each predicted (noise included) before it is observed, "
-        f"{stream.get('steps_per_chunk', 1)} update(s) per chunk; scored from row {stream.get('warm_rows', '?')} on.",
+        f"{stream.get('steps_per_chunk', 1)} update(s) per chunk; scored from row {stream.get('warm_rows', '?')} on."
+        + (f" Every learner models the residual of the prior mean `{config['prior_mean']}`." if config.get("prior_mean")
+           else ""),
         "",
         "| learner | rows | scored | nMSE | NLL | 95% coverage | update ms/row | predict ms/row | total s |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",

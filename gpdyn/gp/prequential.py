@@ -121,6 +121,7 @@ def prequential(
     y: Tensor,
     protocol: StreamProtocol = StreamProtocol(),
     *,
+    prior: Tensor | None = None,
     record_every: int | None = None,
     callback: Callable[[dict[str, Any]], None] | None = None,
     progress: bool = True,
@@ -128,6 +129,9 @@ def prequential(
 ) -> list[dict[str, Any]]:
     """Stream ``x [N, D]``, ``y [N, P]`` (time order, normalised, on the learner's device and dtype)
     through ``learner`` under ``protocol``; return the records (the last one is the final score).
+
+    ``prior`` ``[N, P]``: a fixed prior mean at every row (:mod:`gpdyn.experiments.prior_mean`):
+    the learner learns ``y - prior`` and the scored prediction of ``y`` is ``prior`` plus its own.
 
     A record is written every ``record_every`` chunks (default: about 100 records over the
     stream) and after the last: ``rows`` (rows learned so far), ``scored`` (rows scored so
@@ -141,6 +145,9 @@ def prequential(
     protocol.validate(n)
     if y.shape[0] != n:
         raise InputError(f"prequential: x has {n} rows but y has {y.shape[0]}")
+    if prior is not None and prior.shape != y.shape:
+        raise InputError(f"prequential: the prior mean has shape {tuple(prior.shape)}, y {tuple(y.shape)}")
+    target = y if prior is None else y - prior  # what the learner learns
     device = learner.device
     chunks = -(-(n - protocol.init_rows) // protocol.chunk)
     record_every = record_every or max(1, chunks // 100)
@@ -148,7 +155,7 @@ def prequential(
         raise InputError(f"prequential: record_every must be >= 1, got {record_every}")
 
     def start() -> None:
-        xi, yi = x[: protocol.init_rows], y[: protocol.init_rows]
+        xi, yi = x[: protocol.init_rows], target[: protocol.init_rows]
         _observe(learner, xi, yi)
         if protocol.init_steps and learner.can("pretrain"):
             learner.pretrain(xi, yi, iterations=protocol.init_steps, progress=False)
@@ -168,13 +175,15 @@ def prequential(
     try:
         for k, a in enumerate(range(protocol.init_rows, n, protocol.chunk), start=1):
             b = min(a + protocol.chunk, n)
-            xc, yc = x[a:b], y[a:b]
+            xc, yc = x[a:b], target[a:b]
             (mean, var), t = _timed(lambda: _predict(learner, xc), device)
             predict_s += t
             first_scored = max(a, protocol.warm_rows) - a  # rows of this chunk at or after warm_rows
             if first_scored < b - a:
+                s = slice(a + first_scored, b)
+                mean_y = mean[first_scored:] if prior is None else mean[first_scored:] + prior[s]
                 for scores in (total, window):
-                    scores.add(mean[first_scored:], var[first_scored:], yc[first_scored:])
+                    scores.add(mean_y, var[first_scored:], y[s])
 
             def learn() -> int:
                 missed = _observe(learner, xc, yc)

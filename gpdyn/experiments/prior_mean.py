@@ -1,0 +1,125 @@
+"""Prior means: a fixed function of the inputs whose residual a learner models.
+
+A GP with a prior mean ``m`` models ``y = m(x) + f(x) + eps`` with ``f ~ GP(0, k)``: the
+learner sees ``y - m(x)`` and its prediction of ``y`` is ``m(x)`` plus its own. Because
+``m`` is fixed, it is evaluated once per row, before any learning, in physical units; the
+learner keeps speaking the problem's normalised units (:meth:`PriorMean.normalized`).
+
+``--prior-mean SPEC`` (``gpdyn learn`` and ``gpdyn replay`` under the stream protocol):
+
+- ``rigid-body`` (problem ``kuka``) or ``rigid-body:FILE.xml`` (any arm store): the
+  rigid-body inverse dynamics of the arm's MJCF file, ``M(q) qdd + c(q, qd) + g(q)`` with
+  the rotor inertias (armature) and without joint damping and dry friction, one
+  ``mj_inverse`` per row (Nguyen-Tuong & Peters 2010, "Using model knowledge for learning
+  inverse dynamics": the GP learns what the rigid-body class leaves, friction, a payload,
+  unmodelled drives);
+- ``learner:RUN_DIR``: the frozen learner of a ``gpdyn learn`` run folder (its mean,
+  through its own normalisation);
+- from Python, any callable ``physical x [N, D] -> physical y [N, P]``
+  (:class:`PriorMean`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gpdyn.data.problems import Problem
+from gpdyn.errors import InputError
+
+ROWS_PER_CALL = 65536  # rows of one learner prediction (a frozen learner's prior)
+
+
+@dataclass(frozen=True)
+class PriorMean:
+    """A fixed mean function ``fn(x) -> y`` in physical units, named ``name``."""
+
+    name: str
+    fn: Callable[[np.ndarray], np.ndarray]
+
+    def physical(self, x: np.ndarray) -> np.ndarray:
+        """The prior at physical inputs ``x [N, D]``: ``[N, P]``, checked for shape and finiteness."""
+        y = np.asarray(self.fn(x), dtype=np.float64)
+        if y.ndim != 2 or y.shape[0] != x.shape[0]:
+            raise InputError(f"prior mean {self.name}: returned shape {y.shape} for {x.shape[0]} rows")
+        bad = ~np.isfinite(y)
+        if bad.any():
+            row, col = np.argwhere(bad)[0]
+            raise InputError(f"prior mean {self.name}: non-finite value at row {row}, output {col}")
+        return y
+
+    def normalized(self, problem: Problem, split: str) -> np.ndarray:
+        """The prior on ``problem``'s ``split`` in the problem's normalised output units ``[N, P]``
+        (the scale of the normalised targets; the mean offset is the targets')."""
+        x, y = problem.split(split)
+        prior = self.physical(x)
+        if prior.shape[1] != y.shape[1]:
+            raise InputError(f"prior mean {self.name}: gives {prior.shape[1]} outputs, problem {problem.name} has "
+                             f"{y.shape[1]}")
+        return problem.normalizer.normalize_y(prior)
+
+
+def rigid_body_prior(model_file: str | Path, joints: int) -> PriorMean:
+    """The rigid-body inverse dynamics of an arm's MJCF file (damping and dry friction off) on
+    inputs ``[q, qd, qdd]`` of ``joints`` joints."""
+    from gpdyn.robots.arm import ArmModel, inverse_dynamics
+
+    import mujoco
+
+    arm = ArmModel(model_file, damping=0.0, friction=0.0)
+    if arm.n != joints:
+        raise InputError(f"--prior-mean rigid-body: {model_file} has {arm.n} joints, the problem {joints}")
+    model = arm.model
+    data = mujoco.MjData(model)
+
+    def torques(x: np.ndarray) -> np.ndarray:
+        n = arm.n
+        return inverse_dynamics(model, data, x[:, :n], x[:, n : 2 * n], x[:, 2 * n : 3 * n])
+
+    return PriorMean(f"rigid-body:{Path(model_file).name}", torques)
+
+
+def learner_prior(run_dir: str | Path) -> PriorMean:
+    """The mean of the frozen learner of a ``gpdyn learn`` run folder."""
+    from gpdyn.experiments.learn import load
+
+    learner, normalizer = load(run_dir)
+
+    @torch.no_grad()
+    def mean(x: np.ndarray) -> np.ndarray:
+        xn = torch.as_tensor(normalizer.normalize_x(x), dtype=learner.dtype)
+        out = [learner.predict_mean(xn[i : i + ROWS_PER_CALL]) for i in range(0, len(xn), ROWS_PER_CALL)]
+        return normalizer.denormalize_y(torch.cat(out).double().numpy())
+
+    return PriorMean(f"learner:{Path(run_dir).name}", mean)
+
+
+def parse_prior_mean(spec: str, problem: Problem, store_attrs: dict) -> PriorMean:
+    """The prior of ``--prior-mean SPEC`` for ``problem`` (see the module docs)."""
+    kind, _, arg = spec.partition(":")
+    if kind == "rigid-body":
+        if problem.name not in ("kuka", "arm"):
+            raise InputError(f"--prior-mean rigid-body: an arm's prior; problem {problem.name} is not an arm's")
+        if not arg:
+            from gpdyn.robots.kuka import model_path
+
+            if store_attrs.get("model_file") != model_path().name:
+                raise InputError(f"--prior-mean rigid-body: the store was not collected from the shipped KUKA model "
+                                 f"(its model_file is {store_attrs.get('model_file')!r}); name the arm's file: "
+                                 "--prior-mean rigid-body:FILE.xml")
+            arg = str(model_path())
+        if not Path(arg).is_file():
+            raise InputError(f"--prior-mean {spec}: no such MJCF file {arg}")
+        return rigid_body_prior(arg, problem.output_dim)
+    if kind == "learner":
+        if not arg:
+            raise InputError("--prior-mean learner:RUN_DIR: name the run folder of a gpdyn learn run")
+        return learner_prior(arg)
+    raise InputError(f"--prior-mean {spec!r}: expected rigid-body, rigid-body:FILE.xml or learner:RUN_DIR")
+
+
+__all__ = ["PriorMean", "learner_prior", "parse_prior_mean", "rigid_body_prior"]
