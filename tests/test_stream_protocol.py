@@ -208,6 +208,19 @@ def test_the_rigid_body_prior_leaves_friction_and_damping_to_the_learner(tmp_pat
     assert with_prior["svi", "nmse"] < 0.5 * plain["svi", "nmse"]
     assert "rigid-body" in (tmp_path / "prior" / "report.md").read_text()
 
+    # the iid protocol takes it too, in replay and learn (scored on the torques, not the residual)
+    iid = ["--store", str(store), "--problem", "kuka", "--preset", "small", "--iterations", "30", "--eval-every", "30",
+           "--batch-size", "128"]
+    assert main(["replay", *iid, "--learners", "svi", "--out", str(tmp_path / "iid-plain")]) == 0
+    assert main(["replay", *iid, "--learners", "svi", "--prior-mean", "rigid-body", "--out", str(tmp_path / "iid-prior")]) == 0
+    iid_plain, iid_prior = _final_csv(tmp_path / "iid-plain"), _final_csv(tmp_path / "iid-prior")
+    assert iid_prior["svi", "nmse"] < 0.5 * iid_plain["svi", "nmse"]
+    assert main(["learn", *iid, "--learner", "svi", "--prior-mean", "rigid-body", "--out", str(tmp_path / "learn")]) == 0
+    from gpdyn.experiments.learn import load
+
+    with pytest.raises(InputError, match="residual of the prior mean 'rigid-body'"):
+        load(tmp_path / "learn")  # its mean alone would be silently wrong
+
 
 @pytest.mark.parametrize("spec, message", [
     ("rigid-body", "not collected from the shipped KUKA model"),

@@ -88,7 +88,10 @@ def _add_stream(p: argparse.ArgumentParser) -> None:
     g.add_argument("--init-steps", type=NON_NEGATIVE_INT, default=0,
                    help="updates on the init rows before the stream (or the learner's pretrain; default 0)")
     g.add_argument("--steps-per-chunk", type=COUNT, default=1, help="updates after each chunk is observed (default 1)")
-    g.add_argument("--prior-mean", default=None, metavar="SPEC",
+
+
+def _add_prior_mean(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prior-mean", default=None, metavar="SPEC",
                    help="a fixed mean the learners model the residual of: rigid-body (kuka), rigid-body:FILE.xml "
                         "(any arm) or learner:RUN_DIR (a gpdyn learn run's frozen learner); default none")
 
@@ -175,6 +178,7 @@ def add_learn(sub: argparse._SubParsersAction) -> None:
                     "stream predicts each chunk in store order before learning it (prequential)")
     _add_protocol(p)
     _add_stream(p)
+    _add_prior_mean(p)
     add_preset(p)
     p.add_argument("--size", type=size_option, action="append", default=[], metavar="KEY=VALUE",
                    help="learner option, e.g. m_alpha=4096 (repeatable)")
@@ -220,6 +224,7 @@ def add_replay(sub: argparse._SubParsersAction) -> None:
                     "one pass in store order, each chunk predicted before it is learned (prequential)")
     _add_protocol(p)
     _add_stream(p)
+    _add_prior_mean(p)
     p.add_argument("--init-iterations", type=COUNT, default=200, help="ordered protocol: iterations on the offline part")
     p.add_argument("--eval-rows", type=COUNT, default=None,
                    help="score on a seeded subset of this many held-out rows (default: all of them)")
@@ -241,7 +246,7 @@ def run_replay(args: argparse.Namespace) -> int:
     from gpdyn.device import dtype_name, resolve_dtype
     from gpdyn.experiments.replay import ReplayConfig, open_run, print_table, replay
     from gpdyn.experiments.report import write_report
-    from gpdyn.experiments.stream import stream_prior
+    from gpdyn.experiments.prior_mean import load_prior_mean
 
     sizes: dict[str, dict[str, Any]] = {}
     for learner, key, value in args.size:
@@ -259,7 +264,7 @@ def run_replay(args: argparse.Namespace) -> int:
     cfg.validate()
     problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed, progress=True,
                            init_rows=cfg.stream.init_rows)
-    prior = stream_prior(cfg.prior_mean, cfg.store, problem)  # before the run folder: a bad one leaves none
+    prior = load_prior_mean(cfg.prior_mean, cfg.store, problem)  # before the run folder: a bad one leaves none
     run = open_run(cfg, args.out, problem)
     print(f"gpdyn replay: run folder {run.path}")
     try:

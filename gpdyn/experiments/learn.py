@@ -26,7 +26,8 @@ from gpdyn.device import dtype_name, resolve_device, resolve_dtype
 from gpdyn.errors import InputError
 from gpdyn.gp import Learner, learner_class, learner_options, make_learner
 from gpdyn.gp.online import load_learner, run_online, save_learner
-from gpdyn.experiments.stream import check_prior_mean, stream_learner, stream_prior
+from gpdyn.experiments.prior_mean import load_prior_mean, split_tensors
+from gpdyn.experiments.stream import stream_learner
 from gpdyn.gp.prequential import StreamProtocol
 from gpdyn.runs import RunDir
 
@@ -67,7 +68,6 @@ class LearnConfig:
             raise InputError(f"--protocol {self.protocol}: learn takes {', '.join(p for p in PROTOCOLS if p != 'ordered')} "
                              "(the ordered protocol streams in time order: gpdyn replay --protocol ordered)")
         self.stream.validate()
-        check_prior_mean(self.prior_mean, self.protocol)
 
 
 def default_preset(device: str | torch.device) -> str:
@@ -93,8 +93,9 @@ def learn(cfg: LearnConfig, out: str | Path | None = None, *, progress: bool = T
     dtype = resolve_dtype(cfg.dtype, device)
     problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed, progress=progress,
                            init_rows=cfg.stream.init_rows)
-    x_train, y_train = problem.tensors("train", device, dtype)
-    x_test, y_test = problem.tensors("test", device, dtype)
+    prior = load_prior_mean(cfg.prior_mean, cfg.store, problem)  # before the run folder: a bad one leaves none
+    x_train, y_train, prior_train = split_tensors(problem, "train", device, dtype, prior)
+    x_test, y_test, prior_test = split_tensors(problem, "test", device, dtype, prior)
     options = {**protocol_options(cfg.learner, cfg.n_delta, len(x_train)), **cfg.sizes}
     try:
         learner = make_learner(
@@ -116,11 +117,10 @@ def learn(cfg: LearnConfig, out: str | Path | None = None, *, progress: bool = T
         "device": str(device),
         "dtype": dtype_name(dtype),
         "learner_config": learner.config,
+        "prior_mean": cfg.prior_mean,
     }
     if cfg.protocol == "stream":
         config["stream"] = cfg.stream.as_dict()
-        config["prior_mean"] = cfg.prior_mean
-        prior = stream_prior(cfg.prior_mean, cfg.store, problem)  # before the run folder: a bad one leaves none
     run = RunDir.create("learn", config, out)
     print(f"run folder: {run.path}")
     if cfg.protocol == "stream":  # one pass, each chunk predicted before it is learned
@@ -130,6 +130,8 @@ def learn(cfg: LearnConfig, out: str | Path | None = None, *, progress: bool = T
                                progress=progress)
         write_report(run.path)
         return run, final
+    if prior_train is not None:  # the learner learns the residual of the prior mean
+        y_train = y_train - prior_train
     stream = IIDStream(x_train, y_train, cfg.batch_size, seed=cfg.seed, device=device, dtype=dtype)
     records = run_online(
         learner,
@@ -140,8 +142,10 @@ def learn(cfg: LearnConfig, out: str | Path | None = None, *, progress: bool = T
         eval_every=cfg.eval_every,
         callback=lambda r: run.log(**r),
         progress=progress,
+        prior_test=prior_test,
     )
-    save_learner(learner, run.path / CHECKPOINT, normalizer=problem.normalizer.to_json(), problem=problem.describe())
+    save_learner(learner, run.path / CHECKPOINT, normalizer=problem.normalizer.to_json(), problem=problem.describe(),
+                 prior_mean=cfg.prior_mean)
     final = records[-1]
     (run.path / "report.md").write_text(_report(cfg.learner, problem, final))
     return run, final
@@ -152,6 +156,10 @@ def load(run_dir: str | Path, device: str | torch.device | None = None) -> tuple
     (InputError naming the file and the statistic when it is damaged)."""
     path = Path(run_dir) / CHECKPOINT
     learner, extra = load_learner(path, device=device, extra_keys={"normalizer": dict})
+    if extra.get("prior_mean"):
+        # its mean alone would be silently wrong: the targets are the prior plus it
+        raise InputError(f"{path}: the learner models the residual of the prior mean {extra['prior_mean']!r}; "
+                         "its mean alone does not predict the targets")
     widths = {"x_mean": learner.input_dim, "x_std": learner.input_dim, "y_mean": learner.output_dim,
               "y_std": learner.output_dim}
     stats = extra["normalizer"]

@@ -5,7 +5,7 @@ learner sees ``y - m(x)`` and its prediction of ``y`` is ``m(x)`` plus its own. 
 ``m`` is fixed, it is evaluated once per row, before any learning, in physical units; the
 learner keeps speaking the problem's normalised units (:meth:`PriorMean.normalized`).
 
-``--prior-mean SPEC`` (``gpdyn learn`` and ``gpdyn replay`` under the stream protocol):
+``--prior-mean SPEC`` (``gpdyn learn`` and ``gpdyn replay``, every protocol):
 
 - ``rigid-body`` (problem ``kuka``) or ``rigid-body:FILE.xml`` (any arm store): the
   rigid-body inverse dynamics of the arm's MJCF file, ``M(q) qdd + c(q, qd) + g(q)`` with
@@ -14,7 +14,8 @@ learner keeps speaking the problem's normalised units (:meth:`PriorMean.normaliz
   inverse dynamics": the GP learns what the rigid-body class leaves, friction, a payload,
   unmodelled drives);
 - ``learner:RUN_DIR``: the frozen learner of a ``gpdyn learn`` run folder (its mean,
-  through its own normalisation);
+  through its own normalisation; a learner is trained on the residual of its prior, so a
+  learner run folder made with ``--prior-mean`` is refused as one);
 - from Python, any callable ``physical x [N, D] -> physical y [N, P]``
   (:class:`PriorMean`).
 """
@@ -63,6 +64,17 @@ class PriorMean:
         return problem.normalizer.normalize_y(prior)
 
 
+def split_tensors(problem: Problem, split: str, device: str | torch.device, dtype: torch.dtype,
+                  prior: PriorMean | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``problem``'s ``split`` as normalised tensors ``x, y`` and the prior at ``x`` in the units of
+    ``y`` (None without a prior): a learner learns ``y - prior`` and predicts ``y`` as ``prior`` plus
+    its own mean."""
+    x, y = problem.tensors(split, device, dtype)
+    if prior is None:
+        return x, y, None
+    return x, y, torch.as_tensor(prior.normalized(problem, split), device=device, dtype=dtype)
+
+
 def rigid_body_prior(model_file: str | Path, joints: int) -> PriorMean:
     """The rigid-body inverse dynamics of an arm's MJCF file (damping and dry friction off) on
     inputs ``[q, qd, qdd]`` of ``joints`` joints."""
@@ -86,7 +98,12 @@ def rigid_body_prior(model_file: str | Path, joints: int) -> PriorMean:
 def learner_prior(run_dir: str | Path) -> PriorMean:
     """The mean of the frozen learner of a ``gpdyn learn`` run folder."""
     from gpdyn.experiments.learn import load
+    from gpdyn.runs import read_json
 
+    config = Path(run_dir) / "config.json"
+    if config.is_file() and read_json(config).get("prior_mean"):
+        raise InputError(f"--prior-mean learner:{run_dir}: that learner models the residual of its own prior mean "
+                         f"({read_json(config)['prior_mean']}); its mean alone is not a model of the targets")
     learner, normalizer = load(run_dir)
 
     @torch.no_grad()
@@ -96,6 +113,15 @@ def learner_prior(run_dir: str | Path) -> PriorMean:
         return normalizer.denormalize_y(torch.cat(out).double().numpy())
 
     return PriorMean(f"learner:{Path(run_dir).name}", mean)
+
+
+def load_prior_mean(spec: str | None, store: str | Path, problem: Problem) -> PriorMean | None:
+    """The prior mean of ``--prior-mean spec`` for ``problem`` built from ``store`` (None without one)."""
+    if spec is None:
+        return None
+    from gpdyn.data.store import EpisodeStore
+
+    return parse_prior_mean(spec, problem, dict(EpisodeStore.open(store).attrs))
 
 
 def parse_prior_mean(spec: str, problem: Problem, store_attrs: dict) -> PriorMean:
@@ -122,4 +148,4 @@ def parse_prior_mean(spec: str, problem: Problem, store_attrs: dict) -> PriorMea
     raise InputError(f"--prior-mean {spec!r}: expected rigid-body, rigid-body:FILE.xml or learner:RUN_DIR")
 
 
-__all__ = ["PriorMean", "learner_prior", "parse_prior_mean", "rigid_body_prior"]
+__all__ = ["PriorMean", "learner_prior", "load_prior_mean", "parse_prior_mean", "rigid_body_prior", "split_tensors"]

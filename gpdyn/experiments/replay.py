@@ -55,8 +55,8 @@ from gpdyn.errors import InputError
 from gpdyn.experiments.learn import default_preset, protocol_options
 from gpdyn.experiments.report import STEP_SIZE_FILE
 from gpdyn.gp import LEARNERS, Learner, LearnerError, learner_class, learner_options, make_learner, preset_options
-from gpdyn.experiments.prior_mean import PriorMean
-from gpdyn.experiments.stream import check_prior_mean, finished_streams, stream_learner, stream_prior
+from gpdyn.experiments.prior_mean import PriorMean, load_prior_mean, split_tensors
+from gpdyn.experiments.stream import finished_streams, stream_learner
 from gpdyn.gp.online import load_learner, run_online, save_learner
 from gpdyn.gp.prequential import StreamProtocol
 from gpdyn.runs import RunDir, is_run_dir
@@ -130,7 +130,6 @@ class ReplayConfig:
                 raise InputError("--select-lr: the stream protocol has no probe phase (every row is scored before "
                                  "it is learned); set a step size with --size LEARNER.lr=...")
         self.stream.validate()
-        check_prior_mean(self.prior_mean, self.protocol)
 
 
 class _Phase:
@@ -140,13 +139,19 @@ class _Phase:
         self.name, self.iterations, self.make_stream = name, iterations, make_stream
 
 
-def _phases(cfg: ReplayConfig, problem: Problem, dtype: torch.dtype) -> list[_Phase]:
-    x_train, y_train = problem.tensors("train", cfg.device, dtype)
+def _phases(cfg: ReplayConfig, problem: Problem, dtype: torch.dtype, prior: PriorMean | None) -> list[_Phase]:
+    """The streams of the run, of the targets a learner learns (their residual, with a prior mean)."""
+
+    def learned(split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y, at_x = split_tensors(problem, split, cfg.device, dtype, prior)
+        return x, y if at_x is None else y - at_x
+
+    x_train, y_train = learned("train")
     if cfg.protocol != "ordered":
         return [_Phase("train", cfg.iterations, lambda: IIDStream(x_train, y_train, cfg.batch_size, cfg.seed, cfg.device, dtype))]
     phases = []
     if len(problem.x_init) and cfg.init_iterations:
-        x_init, y_init = problem.tensors("init", cfg.device, dtype)
+        x_init, y_init = learned("init")
         phases.append(
             _Phase("init", cfg.init_iterations, lambda: IIDStream(x_init, y_init, cfg.batch_size, cfg.seed, cfg.device, dtype))
         )
@@ -204,17 +209,18 @@ def replay(
     if problem is None:
         problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed, progress=progress,
                                init_rows=cfg.stream.init_rows)
+    if prior is None:
+        prior = load_prior_mean(cfg.prior_mean, cfg.store, problem)
     if cfg.protocol == "stream":
-        if prior is None:
-            prior = stream_prior(cfg.prior_mean, cfg.store, problem)
         return _replay_stream(cfg, run, problem, dtype, prior, progress)
-    x_test, y_test = problem.tensors("test", cfg.device, dtype)
+    x_test, y_test, prior_test = split_tensors(problem, "test", cfg.device, dtype, prior)
     if cfg.eval_rows is not None and cfg.eval_rows < len(x_test):
         # the same seeded subset for every learner; time order kept
         keep = torch.randperm(len(x_test), generator=torch.Generator().manual_seed(cfg.seed))[: cfg.eval_rows]
         keep = keep.sort().values.to(x_test.device)
         x_test, y_test = x_test[keep], y_test[keep]
-    phases = _phases(cfg, problem, dtype)
+        prior_test = None if prior_test is None else prior_test[keep]
+    phases = _phases(cfg, problem, dtype, prior)
     segments = list(_segments(phases, cfg.eval_every))
     total = sum(n for _, _, n in segments)
     (run.path / CHECKPOINTS).mkdir(exist_ok=True)
@@ -247,7 +253,8 @@ def replay(
                     _load_stream_state(stream, extra.get("stream"), ckpt)
             bar.set_description(f"replay {name} ({phase.name})")
             # N_Delta and N are the learner's own, from _make or its checkpoint's config
-            record = run_online(learner, stream, x_test, y_test, iterations=n, eval_every=n, bar=bar)[-1]
+            record = run_online(learner, stream, x_test, y_test, iterations=n, eval_every=n, bar=bar,
+                                prior_test=prior_test)[-1]
             iteration += n
             seconds += record["elapsed_s"]  # training time only: taken before the evaluation
             record = {**record, "kind": "eval", "learner": name, "phase": phase.name, "iteration": iteration,

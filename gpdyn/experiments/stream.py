@@ -18,32 +18,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
 from tqdm import tqdm
 
 from gpdyn.data.problems import Problem
-from gpdyn.data.store import EpisodeStore
-from gpdyn.errors import InputError
-from gpdyn.experiments.prior_mean import PriorMean, parse_prior_mean
+from gpdyn.experiments.prior_mean import PriorMean, split_tensors
 from gpdyn.gp import Learner
 from gpdyn.gp.online import save_learner
 from gpdyn.gp.prequential import StreamProtocol, prequential
 from gpdyn.runs import RunDir
 
 KIND = "stream"
-
-
-def check_prior_mean(spec: str | None, protocol: str) -> None:
-    """InputError for a prior mean under a protocol that does not take one (yet)."""
-    if spec is not None and protocol != "stream":
-        raise InputError(f"--prior-mean: taken by the stream protocol (--protocol stream), not by {protocol}")
-
-
-def stream_prior(spec: str | None, store: str, problem: Problem) -> PriorMean | None:
-    """The prior mean of ``--prior-mean spec`` for ``problem`` of ``store`` (None without one)."""
-    if spec is None:
-        return None
-    return parse_prior_mean(spec, problem, dict(EpisodeStore.open(store).attrs))
 
 
 def finished_streams(run: RunDir) -> dict[str, dict[str, Any]]:
@@ -66,10 +50,7 @@ def stream_learner(
     """Stream ``problem`` (loaded under the stream protocol) through ``learner``, modelling the
     residual of ``prior`` where given; log every record to ``run`` and save the learner at
     ``checkpoint`` at the end; return the final record."""
-    x, y = problem.tensors("train", learner.device, learner.dtype)
-    prior_y = None
-    if prior is not None:
-        prior_y = torch.as_tensor(prior.normalized(problem, "train"), device=learner.device, dtype=learner.dtype)
+    x, y, prior_y = split_tensors(problem, "train", learner.device, learner.dtype, prior)
     name = learner.name
 
     def log(record: dict[str, Any]) -> None:
@@ -84,4 +65,4 @@ def stream_learner(
     return final
 
 
-__all__ = ["KIND", "check_prior_mean", "finished_streams", "stream_learner", "stream_prior"]
+__all__ = ["KIND", "finished_streams", "stream_learner"]

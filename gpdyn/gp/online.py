@@ -63,15 +63,21 @@ def predictive_scores(mean: Tensor, var: Tensor, y: Tensor) -> dict[str, Tensor]
 
 
 @torch.no_grad()
-def evaluate(learner: Learner, x: Tensor, y: Tensor, chunk: int = 4096) -> dict[str, list[float] | float]:
+def evaluate(learner: Learner, x: Tensor, y: Tensor, chunk: int = 4096,
+             prior: Tensor | None = None) -> dict[str, list[float] | float]:
     """The held-out :data:`SCORES` of ``learner`` on ``(x, y)`` (normalised with the training
     statistics) per output, with their mean and std over outputs: nMSE of the predictive
     mean, the bound per point (:meth:`~gpdyn.gp.base.Learner.vlb`), and the calibration
     of the predictive distribution of y, noise included (:func:`predictive_scores` of
-    :meth:`~gpdyn.gp.base.Learner.predict_y`)."""
+    :meth:`~gpdyn.gp.base.Learner.predict_y`). ``prior`` ``[N, P]``: a fixed prior mean at
+    ``x`` whose residual the learner models; its prediction of ``y`` is the prior plus its
+    own, and its bound is on the residual."""
     means, variances = zip(*(learner.predict_y(x[i : i + chunk]) for i in range(0, x.shape[0], chunk)))
     mean, var = torch.cat(means), torch.cat(variances)
-    scores = {"nmse": nmse(mean, y), "vlb": learner.vlb(x, y), **predictive_scores(mean, var, y)}
+    if prior is not None:
+        mean = mean + prior
+    residual = y if prior is None else y - prior
+    scores = {"nmse": nmse(mean, y), "vlb": learner.vlb(x, residual), **predictive_scores(mean, var, y)}
     out: dict[str, list[float] | float] = {}
     for key in SCORES:
         v = scores[key].double().cpu()
@@ -93,6 +99,7 @@ def run_online(
     n_data: int | None = None,
     progress: bool = True,
     bar: tqdm | None = None,
+    prior_test: Tensor | None = None,
 ) -> list[dict[str, Any]]:
     """Run SVDGP Algorithm 1 for ``iterations`` minibatches; return the evaluation records.
 
@@ -108,6 +115,8 @@ def run_online(
         progress: show a tqdm bar (ticks every iteration, with the time left).
         bar: an open tqdm bar to tick every iteration instead of a bar of its own (a replay
             keeps one bar over all its learners).
+        prior_test: a fixed prior mean at ``x_test`` (:func:`evaluate`); the stream then
+            yields the residual targets.
 
     Each record has ``iteration``, ``loss`` (of the last step), ``step_s`` (mean wall time
     per iteration since the last record, synchronised with the device only here),
@@ -160,7 +169,7 @@ def run_online(
                     "elapsed_s": now - start,
                 }
                 bar.set_postfix_str("evaluating")
-                record.update(evaluate(learner, x_test, y_test))
+                record.update(evaluate(learner, x_test, y_test, prior=prior_test))
                 record.update(learner.diagnostics())
                 if learner.can("point_limit"):
                     record["unobserved"] = unobserved
