@@ -6,7 +6,7 @@ nMSE per output), ``final.csv`` (per learner the metric rows ``nmse``, ``nll``,
 ``coverage``, ``update_ms_per_row``, ``predict_ms_per_row``, ``cpu_s``; the columns of
 :func:`gpdyn.experiments.report.write_report`'s), ``curves.csv`` and two plots: nMSE
 against the rows seen (cumulative and over each recording window) and against CPU time,
-and the calibration (NLL, 95% coverage) against the rows seen.
+the calibration (NLL, 95% coverage) and the update time per row against the rows seen.
 """
 
 from __future__ import annotations
@@ -174,15 +174,19 @@ def _plot_nmse(run_dir: Path, curves: dict[str, list[dict[str, Any]]]) -> Path:
 
 
 def _plot_calibration(run_dir: Path, curves: dict[str, list[dict[str, Any]]]) -> Path:
-    plt, fig, axes = _figure(2)
+    plt, fig, axes = _figure(3)
     for name, rows in curves.items():
         x, _, nll = _series(rows, "nll")
         axes[0].plot(x, nll, label=name)
         x, _, coverage = _series(rows, "coverage")
         axes[1].plot(x, coverage, label=name)
+        timed = [r for r in rows if "window_update_ms_per_row" in r]
+        axes[2].plot([r["rows"] for r in timed], [r["window_update_ms_per_row"] for r in timed], label=name)
     axes[0].set_title("prequential NLL of y (normalised units)")
     axes[1].set_title("fraction inside the central 95% interval")
     axes[1].axhline(0.95, color="k", lw=0.8, ls="--")
+    axes[2].set_title("update time per row (CPU ms, each recording window)")
+    axes[2].set_yscale("log")
     for ax in axes:
         ax.set_xlabel("rows seen")
         ax.grid(alpha=0.3)

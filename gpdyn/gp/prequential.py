@@ -137,8 +137,10 @@ def prequential(
     stream) and after the last: ``rows`` (rows learned so far), ``scored`` (rows scored so
     far), the cumulative ``nmse``/``nll``/``coverage`` per output with their ``_mean``
     over outputs, ``window_nmse`` (over the rows scored since the previous record), the
-    seconds spent in ``init_s``, ``update_s`` and ``predict_s``, and
-    ``update_ms_per_row``/``predict_ms_per_row`` over the streamed rows. ``callback`` gets
+    seconds spent in ``init_s``, ``update_s`` and ``predict_s``,
+    ``update_ms_per_row``/``predict_ms_per_row`` over the streamed rows and
+    ``window_update_ms_per_row`` over the rows since the previous record (flat in ``rows``
+    for a learner whose update does not grow with the data). ``callback`` gets
     each record as it is made.
     """
     n = x.shape[0]
@@ -167,6 +169,7 @@ def prequential(
     total = StreamScores(learner.output_dim, device, x.dtype)
     window = StreamScores(learner.output_dim, device, x.dtype)
     update_s = predict_s = 0.0
+    window_update_s, window_rows = 0.0, 0  # since the previous record: does an update's cost grow with n?
     unobserved = 0
     records: list[dict[str, Any]] = []
     own_bar = bar is None
@@ -194,6 +197,8 @@ def prequential(
             missed, t = _timed(learn, device)
             unobserved += missed
             update_s += t
+            window_update_s += t
+            window_rows += b - a
             bar.update()
             if k % record_every == 0 or b == n:
                 streamed = b - protocol.init_rows
@@ -202,6 +207,7 @@ def prequential(
                                           "update_s": update_s, "predict_s": predict_s,
                                           "update_ms_per_row": 1e3 * update_s / streamed,
                                           "predict_ms_per_row": 1e3 * predict_s / streamed,
+                                          "window_update_ms_per_row": 1e3 * window_update_s / window_rows,
                                           "cpu_s": init_s + update_s + predict_s}
                 if learner.can("point_limit"):
                     record["unobserved"] = unobserved
@@ -210,6 +216,7 @@ def prequential(
                     if record[key]:
                         record[f"{key}_mean"] = sum(record[key]) / len(record[key])
                 window = StreamScores(learner.output_dim, device, x.dtype)
+                window_update_s, window_rows = 0.0, 0
                 records.append(record)
                 if "nmse_mean" in record:
                     bar.set_postfix(nmse=f"{record['nmse_mean']:.4f}", cover=f"{record['coverage_mean']:.3f}")
