@@ -148,6 +148,13 @@ def _figure(ncols: int):
     return plt, fig, axes
 
 
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _plot_nmse(run_dir: Path, curves: dict[str, list[dict[str, Any]]]) -> Path:
     plt, fig, axes = _figure(3)
     for name, rows in curves.items():
@@ -166,11 +173,7 @@ def _plot_nmse(run_dir: Path, curves: dict[str, list[dict[str, Any]]]) -> Path:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("nMSE, mean over outputs (1 = the targets' mean)")
     axes[2].legend()
-    fig.tight_layout()
-    path = run_dir / "stream_nmse.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, run_dir / "stream_nmse.png")
 
 
 def _plot_calibration(run_dir: Path, curves: dict[str, list[dict[str, Any]]]) -> Path:
@@ -191,11 +194,7 @@ def _plot_calibration(run_dir: Path, curves: dict[str, list[dict[str, Any]]]) ->
         ax.set_xlabel("rows seen")
         ax.grid(alpha=0.3)
     axes[1].legend()
-    fig.tight_layout()
-    path = run_dir / "stream_calibration.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, run_dir / "stream_calibration.png")
 
 
 __all__ = ["stream_curves", "write_stream_report"]
