@@ -385,6 +385,7 @@ class WISKI(Learner):
         proj_dim: int | None = None,
         components: int | None = None,
         linear: bool = True,
+        quadratic: bool = False,
         proj_init: str = "axes",
         bounds: tuple[Any, Any] | None = None,
         margin: float = 0.1,
@@ -431,6 +432,11 @@ class WISKI(Learner):
         if not additive and components != 1:
             raise LearnerError(f"WISKI: components={components} needs structure='additive' (the single grid has one)")
         linear = bool(linear) and additive
+        quadratic = bool(quadratic)
+        if quadratic and not linear:
+            raise LearnerError("WISKI: quadratic=True extends the linear term: it needs structure='additive' and linear=True")
+        if quadratic and compiled_mean:
+            raise LearnerError("WISKI: compiled_mean=True has no quadratic term; pass quadratic=False")
         if out_of_grid not in ("clamp", "error"):
             raise LearnerError(f"WISKI: out_of_grid must be 'clamp' or 'error', got '{out_of_grid}'")
         if out_of_grid == "error" and not validate:
@@ -454,6 +460,7 @@ class WISKI(Learner):
             "structure": structure,
             "grid_size": grid_size if isinstance(grid_size, int) else [int(g) for g in grid_size],
             "projection": projection, "proj_dim": int(proj_dim), "components": int(components), "linear": linear,
+            "quadratic": quadratic,
             "proj_init": proj_init, "bounds": bounds, "margin": float(margin),
             "out_of_grid": out_of_grid, "lr": float(lr), "proj_lr": float(proj_lr), "pretrain_lr": float(pretrain_lr),
             "pretrain_proj_lr": float(pretrain_proj_lr), "pretrain_iters": int(pretrain_iters),
@@ -463,7 +470,10 @@ class WISKI(Learner):
         self.structure = structure
         self.projection = projection
         self.components = int(components)
-        self.linear_dim = input_dim + 1 if linear else 0
+        self.quadratic = quadratic
+        # the Bayesian linear term's features [x, 1] and, with ``quadratic``, the products x_i x_j (i <= j)
+        self.linear_dim = (input_dim + 1 + (input_dim * (input_dim + 1) // 2 if quadratic else 0)) if linear else 0
+        self._quad_i, self._quad_j = torch.triu_indices(input_dim, input_dim, device=self.device)
         # grid_dim: dimensions of one grid; feature_dim: all projected features (C grids)
         self.grid_dim = input_dim if projection == "none" else int(proj_dim)
         self.feature_dim = self.components * self.grid_dim
@@ -580,8 +590,15 @@ class WISKI(Learner):
         w = w.flatten(-2)
         if self.linear_dim:
             idx = torch.cat([idx, self._linear_idx.expand(q, n, self.linear_dim)], dim=-1)
-            w = torch.cat([w, torch.cat([x, x.new_ones(n, 1)], dim=-1).expand(q, n, self.linear_dim)], dim=-1)
+            w = torch.cat([w, self._linear_features(x).expand(q, n, self.linear_dim)], dim=-1)
         return idx, w, outside.any(dim=-1)
+
+    def _linear_features(self, x: Tensor) -> Tensor:
+        """The linear term's features ``[N, L]``: ``[x, 1]``, then ``x_i x_j`` (i <= j) with ``quadratic``."""
+        parts = [x, x.new_ones(x.shape[0], 1)]
+        if self.quadratic:
+            parts.append(x[:, self._quad_i] * x[:, self._quad_j])
+        return torch.cat(parts, dim=-1)
 
     def _per_output(self, t: Tensor) -> Tensor:
         return t.expand(self.output_dim, *t.shape[1:])
@@ -836,7 +853,10 @@ class WISKI(Learner):
             mean = v.sum(-1) if c > 1 else v.view(n, q)
         if self.linear_dim:
             lin_t = f["linear_t"]  # transposed: see additive_mean_dense
-            mean = mean + torch.addmm(lin_t[:, -1:], lin_t[:, :-1], x.T).T
+            if self.quadratic:
+                mean = mean + self._linear_features(x) @ lin_t.T
+            else:
+                mean = mean + torch.addmm(lin_t[:, -1:], lin_t[:, :-1], x.T).T
         return mean, outside
 
     def _mean_chunk(self, x: Tensor) -> tuple[Tensor, Tensor]:
