@@ -1,0 +1,88 @@
+"""WISKI's stream options (float64): the quadratic term of the additive structure against a
+batch recompute of Bayesian linear regression on the same basis, and option errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpdyn.gp import make_learner
+from gpdyn.gp.base import LearnerError
+from gpdyn.gp.wiski import WISKI
+
+D64 = torch.float64
+
+
+def _data(n: int, d: int = 3, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g, dtype=D64)
+    f = torch.stack([x[:, 0] * x[:, 1] + torch.sin(x[:, 2]), x[:, 0] ** 2 - x[:, 2]], dim=-1)
+    return x, f + 0.05 * torch.randn(n, 2, generator=g, dtype=D64)
+
+
+def _quadratic(d: int = 3, **kw) -> WISKI:
+    return WISKI(d, 2, structure="additive", components=2, grid_size=6, quadratic=True, init_iters=0,
+                 learn_hyperparameters=False, dtype=D64, **kw)
+
+
+def test_quadratic_basis_holds_products_after_the_linear_term():
+    model = _quadratic()
+    x, y = _data(5)
+    model.observe(x, y)
+    phi = model.dense_rows(x)[0]  # [N, M]
+    lin = phi[:, model.components * model.grid_points :]
+    i, j = torch.triu_indices(3, 3)
+    torch.testing.assert_close(lin, torch.cat([x, torch.ones(5, 1, dtype=D64), x[:, i] * x[:, j]], dim=-1))
+    assert model.num_inducing == 2 * 6 + 4 + 6
+
+
+def test_row_by_row_caches_equal_one_batch_and_predictions_equal_the_dense_posterior():
+    x, y = _data(60)
+    one, rows = _quadratic(), _quadratic()
+    one.observe(x[:20], y[:20])
+    rows.observe(x[:20], y[:20])
+    one.observe(x[20:], y[20:])
+    for k in range(20, 60):  # the O(1) cache update of WISKI eqs. (7), (16), (17), one row at a time
+        rows.observe(x[k : k + 1], y[k : k + 1])
+    torch.testing.assert_close(rows.gram, one.gram)
+    torch.testing.assert_close(rows.wty, one.wty)
+    torch.testing.assert_close(rows.yty, one.yty)
+    # the batch recompute: GP with kernel phi(x)^T K phi(x'), noise s, by dense algebra
+    xs, _ = _data(7, seed=1)
+    phi, phis = one.dense_rows(x)[0], one.dense_rows(xs)[0]
+    k = one.prior_dense()  # [P, M, M]
+    s = one.hp.noise
+    kxx = phi @ k @ phi.T  # [P, N, N]
+    kxs = phi @ k @ phis.T
+    kss = (phis @ k @ phis.T).diagonal(dim1=-2, dim2=-1)
+    c = kxx + s[:, None, None] * torch.eye(60, dtype=D64)
+    mean_ref = (kxs.transpose(-1, -2) @ torch.linalg.solve(c, y.T.unsqueeze(-1))).squeeze(-1).T
+    var_ref = (kss - (kxs * torch.linalg.solve(c, kxs)).sum(-2)).T
+    mean, var = rows.predict(xs)
+    torch.testing.assert_close(mean, mean_ref)
+    torch.testing.assert_close(var, var_ref)
+    torch.testing.assert_close(rows.predict_mean(xs), mean_ref)  # the fused gather with the quadratic part
+
+
+def test_steps_with_the_quadratic_term_keep_predictions_finite_and_fit():
+    x, y = _data(300)
+    model = WISKI(3, 2, structure="additive", components=3, grid_size=8, quadratic=True, init_iters=5, lr=0.05,
+                  dtype=D64)
+    model.observe(x[:200], y[:200])
+    for k in range(200, 300, 20):
+        model.observe(x[k : k + 20], y[k : k + 20])
+        model.step(x[k : k + 20], y[k : k + 20])
+    mean, var = model.predict(x[:50])
+    assert bool(torch.isfinite(mean).all()) and bool((var >= 0).all())
+    assert float(((mean - y[:50]) ** 2).mean()) < 0.1 * float(y[:50].var(0).mean())
+
+
+def test_quadratic_option_errors_and_registry():
+    with pytest.raises(LearnerError, match="quadratic=True extends the linear term"):
+        WISKI(3, 1, structure="additive", linear=False, quadratic=True)
+    with pytest.raises(LearnerError, match="quadratic=True extends the linear term"):
+        WISKI(2, 1, structure="single", quadratic=True)
+    with pytest.raises(LearnerError, match="compiled_mean"):
+        WISKI(3, 1, structure="additive", quadratic=True, compiled_mean=True)
+    learner = make_learner("wiski", 4, 2, preset="cpu", quadratic=True, components=4)
+    assert learner.config["quadratic"] is True and learner.linear_dim == 5 + 10
