@@ -27,6 +27,8 @@ LEARNERS: dict[str, str] = {
     "wiski": "gpdyn.gp.wiski:WISKI",
     "exact": "gpdyn.gp.exact:ExactOnlineGP",
     "residual": "gpdyn.gp.residual:ResidualGP",
+    "ssgp": "gpdyn.gp.ssgp:SSGP",
+    "rls": "gpdyn.gp.rls:RLS",
 }
 
 
