@@ -382,7 +382,7 @@ class WISKI(Learner):
     # the caches of eqs. (7), (16), (17), the hyperparameters, the grid, the clamp counters,
     # the projection (PROJECTION_FIELDS, with a projection) and the optimiser
     state_fields = ("initialized", "n", "grid_state", "gram", "wty", "yty", "observe_clamped", "predict_clamped", "hp",
-                    "optimizer", "generator")
+                    "optimizer", "generator", "quad_bounds")
     PROJECTION_FIELDS = ("proj_weight", "bn_gamma", "bn_beta", "bn_mean", "bn_std")
 
     def __init__(
@@ -485,6 +485,8 @@ class WISKI(Learner):
         # the Bayesian linear term's features [x, 1] and, with ``quadratic``, the products x_i x_j (i <= j)
         self.linear_dim = (input_dim + 1 + (input_dim * (input_dim + 1) // 2 if quadratic else 0)) if linear else 0
         self._quad_i, self._quad_j = torch.triu_indices(input_dim, input_dim, device=self.device)
+        # [lo, hi] [2, D] of the inputs in the quadratic term (set from the first data, with margin, before any use)
+        self.quad_bounds = torch.zeros(2, input_dim, device=self.device, dtype=self.dtype)
         # grid_dim: dimensions of one grid; feature_dim: all projected features (C grids)
         self.grid_dim = input_dim if projection == "none" else int(proj_dim)
         self.feature_dim = self.components * self.grid_dim
@@ -608,7 +610,10 @@ class WISKI(Learner):
         """The linear term's features ``[N, L]``: ``[x, 1]``, then ``x_i x_j`` (i <= j) with ``quadratic``."""
         parts = [x, x.new_ones(x.shape[0], 1)]
         if self.quadratic:
-            parts.append(x[:, self._quad_i] * x[:, self._quad_j])
+            # the products of the inputs clamped to the first data's range widened by ``margin``:
+            # a quadratic grows without bound, and a stream leaves its first rows' range
+            xc = torch.minimum(torch.maximum(x, self.quad_bounds[0]), self.quad_bounds[1])
+            parts.append(xc[:, self._quad_i] * xc[:, self._quad_j])
         return torch.cat(parts, dim=-1)
 
     def _per_output(self, t: Tensor) -> Tensor:
@@ -669,6 +674,10 @@ class WISKI(Learner):
             self.bn_mean, self.bn_std = _bn_stats(x @ self.proj_weight)
         elif self.grid is None:
             self.grid = Grid.from_bounds(x.min(dim=0).values, x.max(dim=0).values, self.grid_sizes, self.margin)
+        if self.quadratic:
+            lo, hi = x.min(dim=0).values, x.max(dim=0).values
+            width = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
+            self.quad_bounds = torch.stack([lo - self.margin * width, hi + self.margin * width])
         z = self.features(x)
         if self.structure == "single":
             self.hp.init_from_data(z, y, self.generator)
