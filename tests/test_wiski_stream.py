@@ -3,6 +3,8 @@ batch recompute of Bayesian linear regression on the same basis, and option erro
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -86,3 +88,33 @@ def test_quadratic_option_errors_and_registry():
         WISKI(3, 1, structure="additive", quadratic=True, compiled_mean=True)
     learner = make_learner("wiski", 4, 2, preset="cpu", quadratic=True, components=4)
     assert learner.config["quadratic"] is True and learner.linear_dim == 5 + 10
+
+
+def test_calibrated_variance_is_the_ml_scale_of_the_one_step_predictions():
+    """calibrate_rows: before a batch enters the caches, its predictions N(mu, c v) move c toward
+    mean(r^2 / v); the mean and the caches are those of the uncalibrated learner."""
+    x, y = _data(120)
+    plain = WISKI(3, 2, structure="additive", components=2, grid_size=6, init_iters=0, learn_hyperparameters=False,
+                  dtype=D64)
+    calibrated = WISKI(3, 2, structure="additive", components=2, grid_size=6, init_iters=0,
+                       learn_hyperparameters=False, dtype=D64, calibrate_rows=50)
+    for model in (plain, calibrated):
+        model.observe(x[:40], y[:40])
+    mean, var = plain.predict(x[40:80])
+    ratio = ((y[40:80] - mean) ** 2 / (var + plain.noise_variance())).mean(0)
+    for model in (plain, calibrated):
+        model.observe(x[40:80], y[40:80])
+    keep = math.exp(-40 / 50)
+    torch.testing.assert_close(calibrated.variance_scale, keep + (1 - keep) * ratio)
+    torch.testing.assert_close(calibrated.predict_mean(x[80:]), plain.predict_mean(x[80:]))
+    torch.testing.assert_close(calibrated.gram, plain.gram)
+    m_c, v_c = calibrated.predict_y(x[80:])
+    m_p, v_p = plain.predict_y(x[80:])
+    torch.testing.assert_close(v_c, v_p * calibrated.variance_scale)
+    # the scale survives a checkpoint
+    again = WISKI(3, 2, structure="additive", components=2, grid_size=6, init_iters=0, learn_hyperparameters=False,
+                  dtype=D64, calibrate_rows=50)
+    again.load_state_dict(calibrated.state_dict())
+    torch.testing.assert_close(again.predict_y(x[80:])[1], v_c)
+    with pytest.raises(LearnerError, match="calibrate_rows must be >= 0"):
+        WISKI(3, 2, calibrate_rows=-1)

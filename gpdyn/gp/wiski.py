@@ -66,6 +66,18 @@ the rows to the caches, then ``step(x, y)`` takes one Adam step on ``theta`` (eq
 and ``phi`` (eq. (18), ``x, y`` being the batch just observed). :meth:`WISKI.pretrain`
 is the batch phase on the first 5% of the stream; :meth:`WISKI.learn_stream` runs the
 whole protocol point by point. Design and measurements: docs/wiski.md.
+
+Calibrated variance (``calibrate_rows``, off by default). Over a stream that drifts from
+its first rows the caches' noise estimate (eq. (13) over all the data) is too small for the
+rows ahead, and 95% intervals cover too little. With ``calibrate_rows = R`` every
+``observe`` first predicts its batch (before the batch enters the caches: the one-step-ahead
+predictions of the prequential approach, Dawid 1984), and updates a scale ``c_p`` per output,
+the maximum-likelihood scale of those predictive distributions ``N(mu, c_p v)``,
+``mean(r^2 / v)``, exponentially weighted over about the last ``R`` rows. The predictive
+variance of ``f`` and the noise variance that :meth:`~WISKI.predict` and
+:meth:`~WISKI.noise_variance` report are scaled by ``c_p``; the mean, the caches and the
+marginal likelihood of the hyperparameters are unchanged. Cost: one prediction per
+``observe``.
 """
 
 from __future__ import annotations
@@ -382,7 +394,7 @@ class WISKI(Learner):
     # the caches of eqs. (7), (16), (17), the hyperparameters, the grid, the clamp counters,
     # the projection (PROJECTION_FIELDS, with a projection) and the optimiser
     state_fields = ("initialized", "n", "grid_state", "gram", "wty", "yty", "observe_clamped", "predict_clamped", "hp",
-                    "optimizer", "generator", "quad_bounds")
+                    "optimizer", "generator", "quad_bounds", "variance_scale")
     PROJECTION_FIELDS = ("proj_weight", "bn_gamma", "bn_beta", "bn_mean", "bn_std")
 
     def __init__(
@@ -412,6 +424,7 @@ class WISKI(Learner):
         validate: bool = True,
         predict_chunk: int = 4096,
         compiled_mean: bool = False,
+        calibrate_rows: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(input_dim, output_dim, **kwargs)  # device, dtype, seed
@@ -448,6 +461,8 @@ class WISKI(Learner):
             raise LearnerError("WISKI: quadratic=True extends the linear term: it needs structure='additive' and linear=True")
         if quadratic and compiled_mean:
             raise LearnerError("WISKI: compiled_mean=True has no quadratic term; pass quadratic=False")
+        if calibrate_rows < 0:
+            raise LearnerError(f"WISKI: calibrate_rows must be >= 0 (0: no calibration), got {calibrate_rows}")
         if out_of_grid not in ("clamp", "error"):
             raise LearnerError(f"WISKI: out_of_grid must be 'clamp' or 'error', got '{out_of_grid}'")
         if out_of_grid == "error" and not validate:
@@ -477,7 +492,9 @@ class WISKI(Learner):
             "pretrain_proj_lr": float(pretrain_proj_lr), "pretrain_iters": int(pretrain_iters),
             "init_iters": int(init_iters), "noise_floor": float(noise_floor), "learn_hyperparameters": bool(learn_hyperparameters),
             "validate": bool(validate), "predict_chunk": int(predict_chunk), "compiled_mean": compiled_mean,
+            "calibrate_rows": int(calibrate_rows),
         })
+        self.calibrate_rows = int(calibrate_rows)
         self.structure = structure
         self.projection = projection
         self.components = int(components)
@@ -567,6 +584,8 @@ class WISKI(Learner):
         self.yty = torch.zeros(output_dim, **kw)  # y^T y, eq. (17)
         self.observe_clamped = torch.zeros((), dtype=torch.int64, device=self.device)
         self.predict_clamped = torch.zeros((), dtype=torch.int64, device=self.device)
+        # c_p of the calibrated variance (module notes; 1 without calibration)
+        self.variance_scale = torch.ones(output_dim, **kw)
         self._stale = True
         self._m_cache = torch.zeros(0, **kw)
         self._mean_cache = torch.zeros(0, **kw)
@@ -721,6 +740,8 @@ class WISKI(Learner):
                 self.pretrain(x, y, iterations=self.init_iters, progress=False)  # conditions on x, y at its end
                 return
             self._initialize(x, y)
+        elif self.calibrate_rows and self.n > 0:
+            self._calibrate(x, y)
         with torch.no_grad():
             idx, w, outside = self._rows(x)
             if self.validate:
@@ -732,6 +753,14 @@ class WISKI(Learner):
             self.yty += (y * y).sum(dim=0)
         self.n += x.shape[0]
         self._stale = True
+
+    @torch.no_grad()
+    def _calibrate(self, x: Tensor, y: Tensor) -> None:
+        """Update ``variance_scale`` from the predictions of ``x, y`` before they enter the caches."""
+        mean, var = self.predict(x)  # already scaled by c_p: the ratio below is relative to it
+        ratio = ((y - mean).pow(2) / (var + self.noise_variance())).mean(dim=0)
+        keep = math.exp(-x.shape[0] / self.calibrate_rows)  # the weight of the rows before this batch
+        self.variance_scale.mul_(keep + (1.0 - keep) * ratio)
 
     def mll(self) -> Tensor:
         """Log marginal likelihood of everything observed, per output ``[P]`` (WISKI eq. (13))."""
@@ -964,7 +993,7 @@ class WISKI(Learner):
                 mg = mflat.gather(1, pair).view(*w.shape, w.shape[-1])
                 variances.append((noise * torch.einsum("pnk,pnkl,pnl->pn", w, mg, w)).T)
         mean = torch.cat(means) if means else xf.new_zeros(0, p)
-        var = torch.cat(variances).clamp_min(0.0) if variances else xf.new_zeros(0, p)
+        var = torch.cat(variances).clamp_min(0.0) * self.variance_scale if variances else xf.new_zeros(0, p)
         return mean.reshape(*lead, p), var.reshape(*lead, p)
 
     @torch.no_grad()
@@ -987,7 +1016,7 @@ class WISKI(Learner):
         return (after - before) / x.shape[0]
 
     def noise_variance(self) -> Tensor:
-        return self.hp.noise.detach()
+        return self.hp.noise.detach() * self.variance_scale
 
     # -- the paper's protocol ------------------------------------------------------------------
     def pretrain(self, x: Tensor, y: Tensor, iterations: int | None = None, progress: bool = True) -> dict[str, float]:
