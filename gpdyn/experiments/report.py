@@ -149,7 +149,7 @@ def write_report(run_dir: str | Path) -> Path:
             cells = [f"{v:.4g}" for v in r[metric]] if metric in r else ["–"] * len(outputs)
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += step_sizes
-    lines += _sizes_section(config)
+    lines += sizes_section(config)
     lines += ["", "## Curves", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     lines += ["", "Every curve point is in `curves.csv`; the table rows are the last rows per learner (`final.csv`).", ""]
     report = run_dir / "report.md"
@@ -166,7 +166,7 @@ def _split_line(config: dict[str, Any]) -> list[str]:
     return ["", f"Held out: {summary['held_out']} ({summary['test']} test rows; {summary['train']} training rows{init})."]
 
 
-def _sizes_section(config: dict[str, Any]) -> list[str]:
+def sizes_section(config: dict[str, Any]) -> list[str]:
     """Each learner's resolved options (preset, capped bases, overrides), where the run recorded them."""
     learners = config.get("learner_config")
     if not learners:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from gpdyn.errors import InputError
+from gpdyn.experiments.report import sizes_section
 from gpdyn.experiments.stream import KIND
 
 SCORES = ("nmse", "nll", "coverage")  # per output
@@ -99,6 +100,7 @@ def write_stream_report(run_dir: Path, config: dict[str, Any], curves: dict[str,
     ]
     for name, r in final.items():
         lines.append(f"| {name} | " + " | ".join(f"{v:.4g}" for v in r["nmse"]) + " |")
+    lines += sizes_section(config)
     lines += ["", "## Curves", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     lines += ["", "Every curve point is in `curves.csv`; the table rows are the final records (`final.csv`).", ""]
     report = run_dir / "report.md"
