@@ -100,6 +100,8 @@ def write_stream_report(run_dir: Path, config: dict[str, Any], curves: dict[str,
     ]
     for name, r in final.items():
         lines.append(f"| {name} | " + " | ".join(f"{v:.4g}" for v in r["nmse"]) + " |")
+    if isinstance(config.get("learner"), str):  # a learn run records one learner's options
+        config = {**config, "learner_config": {config["learner"]: config.get("learner_config") or {}}}
     lines += sizes_section(config)
     lines += ["", "## Curves", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     lines += ["", "Every curve point is in `curves.csv`; the table rows are the final records (`final.csv`).", ""]
