@@ -125,7 +125,7 @@ def _write_final_csv(path: Path, final: dict[str, dict[str, Any]], outputs: list
 def _write_curves_csv(path: Path, curves: dict[str, list[dict[str, Any]]], outputs: list[str]) -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["learner", "rows", "scored", *TIMES, "window_nmse_mean"]
+        w.writerow(["learner", "rows", "scored", *TIMES, "window_update_ms_per_row", "window_nmse_mean"]
                    + [f"{m}_mean" for m in SCORES] + [f"{m}[{o}]" for m in SCORES for o in outputs])
         for name, rows in curves.items():
             for r in rows:
@@ -133,6 +133,7 @@ def _write_curves_csv(path: Path, curves: dict[str, list[dict[str, Any]]], outpu
                 means = [f"{np.mean(r[m]):.8g}" if r[m] else "" for m in SCORES]
                 per_output = [f"{x:.8g}" for m in SCORES for x in (r[m] or [float("nan")] * len(outputs))]
                 w.writerow([name, r["rows"], r.get("scored", ""), *(f"{r[t]:.6g}" for t in TIMES),
+                            f"{r['window_update_ms_per_row']:.6g}" if "window_update_ms_per_row" in r else "",
                             f"{np.mean(window):.8g}" if window else "", *means, *per_output])
 
 
