@@ -194,9 +194,11 @@ def _plot_calibration(run_dir: Path, curves: dict[str, list[dict[str, Any]]]) ->
     axes[1].set_title("fraction inside the central 95% interval")
     axes[1].axhline(0.95, color="k", lw=0.8, ls="--")
     axes[2].set_title("update time per row (CPU ms, each recording window)")
+    axes[0].set_yscale("symlog")  # one learner's NLL can be 100x another's
     axes[2].set_yscale("log")
     for ax in axes:
         ax.set_xlabel("rows seen")
+        ax.xaxis.set_major_locator(plt.MaxNLocator(5))
         ax.grid(alpha=0.3)
     axes[1].legend()
     return _save(plt, fig, run_dir / "stream_calibration.png")
