@@ -100,9 +100,8 @@ class SVDGP(VariationalLearner):
             False (default): one GP per output, as the paper.
         stream: the stream regime of the module docs (the bound's N = rows seen, every observed
             row joins alpha with its residual-GPR coefficient, least-norm replacement).
-            Experimental: measured better than the default on the SARCOS stream (nMSE 0.89 ->
-            0.70) but worse on walker-1 and KUKA (docs/results/stream-svdgp-study.md), so it is
-            off by default. False (default): Algorithm 1 (i.i.d.).
+            Experimental: better than the default on the SARCOS stream, worse on walker-1 and
+            KUKA (docs/results/stream-svdgp-study.md), so it is off by default. False (default): Algorithm 1 (i.i.d.).
         **kwargs: see :class:`~gpdyn.gp.variational.VariationalLearner`.
     """
 

@@ -346,10 +346,10 @@ class WISKI(Learner):
             additive (``M(q) qdd``, ``qd_i qd_j`` terms); the products carry its second-order part.
 
     Stream use (the prequential protocol, ``gpdyn replay --protocol stream``): pass
-    ``quadratic=True, components=D`` (``--size wiski.quadratic=true --size
-    wiski.components=21``): the second-order term in place of the extra random-direction
-    components. Measured in docs/results/stream-wiski-study.md (SARCOS stream nMSE 0.119 ->
-    0.073 at about the same CPU time per row).
+    ``calibrate_rows=1024`` so that the predictive variance follows the stream (module
+    notes). ``quadratic=True, components=D`` (the second-order term in place of the extra
+    random-direction components) helps where the function has strong products (the SARCOS
+    stream) and costs where it has not (walker-1): docs/results/stream-wiski-study.md.
         proj_init: additive projections start as ``"axes"`` (default: component c < D
             looks along input c, the rest along random directions) or ``"random"``.
         bounds: ``(lo, hi)`` of the inputs without projection (scalars or per dimension);
