@@ -102,7 +102,7 @@ def test_scores_accumulate_like_one_batch() -> None:
     rng = np.random.default_rng(2)
     mean, var, y = (torch.tensor(rng.normal(size=(50, 3))) for _ in range(3))
     var = var.abs() + 0.1
-    whole, parts = StreamScores(3, torch.device("cpu"), torch.float64), StreamScores(3, torch.device("cpu"), torch.float64)
+    whole, parts = StreamScores(3, torch.device("cpu")), StreamScores(3, torch.device("cpu"))
     whole.add(mean, var, y)
     for a in range(0, 50, 7):
         parts.add(mean[a : a + 7], var[a : a + 7], y[a : a + 7])
