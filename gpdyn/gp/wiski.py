@@ -67,6 +67,13 @@ and ``phi`` (eq. (18), ``x, y`` being the batch just observed). :meth:`WISKI.pre
 is the batch phase on the first 5% of the stream; :meth:`WISKI.learn_stream` runs the
 whole protocol point by point. Design and measurements: docs/wiski.md.
 
+Precision. The caches are sums over every row seen and the marginal likelihood is a
+difference of such sums (``y^T y`` less the fitted part), so a float32 learner keeps them,
+and solves with them, in float64 (:data:`SOLVE_DTYPE`): in float32 the cancellation over
+~10^5 rows drove the noise to its floor and the fit apart (a KUKA race diverged in float32
+and not in float64). The hyperparameters, the features and the prediction caches stay in
+the learner's dtype; the ``[P, M, M]`` solves are small beside the predictions.
+
 Calibrated variance (``calibrate_rows``, off by default). Over a stream that drifts from
 its first rows the caches' noise estimate (eq. (13) over all the data) is too small for the
 rows ahead, and 95% intervals cover too little. With ``calibrate_rows = R`` every
@@ -94,6 +101,9 @@ from tqdm import tqdm
 from gpdyn.compiled import SignatureCompiled, compile_errors
 from gpdyn.gp.base import LOG_2PI, Learner, LearnerError, MeanProgram
 from gpdyn.gp.hyperparams import SEHyperparameters, initial_noise_variance
+
+#: the dtype of the caches of eqs. (7), (16), (17) and of every solve with them (module notes)
+SOLVE_DTYPE = torch.float64
 from gpdyn.gp.kernels import median_lengthscale
 from gpdyn.gp.ski import (
     Grid,
@@ -579,9 +589,10 @@ class WISKI(Learner):
         self.initialized = False
         self.n = 0
         m = self.num_inducing
-        self.gram = torch.zeros(self.num_maps, m, m, **kw)  # W^T W, WISKI eq. (7)
-        self.wty = torch.zeros(output_dim, m, **kw)  # W^T y, eq. (16)
-        self.yty = torch.zeros(output_dim, **kw)  # y^T y, eq. (17)
+        sums = {"device": self.device, "dtype": SOLVE_DTYPE}
+        self.gram = torch.zeros(self.num_maps, m, m, **sums)  # W^T W, WISKI eq. (7)
+        self.wty = torch.zeros(output_dim, m, **sums)  # W^T y, eq. (16)
+        self.yty = torch.zeros(output_dim, **sums)  # y^T y, eq. (17)
         self.observe_clamped = torch.zeros((), dtype=torch.int64, device=self.device)
         self.predict_clamped = torch.zeros((), dtype=torch.int64, device=self.device)
         # c_p of the calibrated variance (module notes; 1 without calibration)
@@ -662,24 +673,29 @@ class WISKI(Learner):
         assert gram is not None and wty is not None
         return gram, wty
 
-    def _kmul(self) -> Callable[[Tensor], Tensor]:
-        """``X -> K X`` for the current hyperparameters (the prior of the basis weights)."""
+    def _kmul(self, dtype: torch.dtype | None = None) -> Callable[[Tensor], Tensor]:
+        """``X -> K X`` for the current hyperparameters (the prior of the basis weights), in ``dtype``
+        (default the learner's)."""
         assert self.grid is not None
+        dtype = dtype or self.dtype
+        ls, amp = self.hp.lengthscale.to(dtype), self.hp.amplitude.to(dtype)
         if self.structure == "single":
-            factors = toeplitz_factors(self.grid, self.hp.lengthscale)
-            amp = self.hp.amplitude
+            factors = toeplitz_factors(self.grid, ls)
             return lambda x: kron_matmul(factors, amp, x)
-        factors = toeplitz_factors(self.grid, self.hp.lengthscale.reshape(-1, self.grid_dim))
-        amp, lin = self.hp.amplitude, self.hp.linear
+        factors = toeplitz_factors(self.grid, ls.reshape(-1, self.grid_dim))
+        lin = self.hp.linear.to(dtype)
         return lambda x: additive_kmul(factors, amp, lin, x)
 
-    def prior_dense(self) -> Tensor:
-        """Dense prior covariance ``K`` ``[P, M, M]`` of the basis weights (``K_UU`` for the single grid)."""
+    def prior_dense(self, dtype: torch.dtype | None = None) -> Tensor:
+        """Dense prior covariance ``K`` ``[P, M, M]`` of the basis weights (``K_UU`` for the single grid),
+        in ``dtype`` (default the learner's)."""
         assert self.grid is not None
+        dtype = dtype or self.dtype
+        ls, amp = self.hp.lengthscale.to(dtype), self.hp.amplitude.to(dtype)
         if self.structure == "single":
-            return kron_dense(toeplitz_factors(self.grid, self.hp.lengthscale), self.hp.amplitude)
-        factors = toeplitz_factors(self.grid, self.hp.lengthscale.reshape(-1, self.grid_dim))
-        return additive_kdense(factors, self.hp.amplitude, self.hp.linear)
+            return kron_dense(toeplitz_factors(self.grid, ls), amp)
+        factors = toeplitz_factors(self.grid, ls.reshape(-1, self.grid_dim))
+        return additive_kdense(factors, amp, self.hp.linear.to(dtype))
 
     def dense_rows(self, x: Tensor) -> Tensor:
         """Dense interpolation rows ``W(x)`` ``[Q, N, M]`` (reference code and tests)."""
@@ -767,7 +783,8 @@ class WISKI(Learner):
         return self._mll(self.gram, self.wty, self.yty, self.n)
 
     def _mll(self, gram: Tensor, wty: Tensor, yty: Tensor, n: int) -> Tensor:
-        return woodbury_mll(self._kmul(), self.hp.noise, gram, wty, yty, n)
+        s = SOLVE_DTYPE  # the caches' precision (module notes); the result too
+        return woodbury_mll(self._kmul(s), self.hp.noise.to(s), gram.to(s), wty.to(s), yty.to(s), n)
 
     def step(self, x: Tensor, y: Tensor) -> dict[str, float]:
         """One Adam step on theta (eq. (13)) and the projection (eq. (18)); ``x, y`` = the batch just observed."""
@@ -794,14 +811,14 @@ class WISKI(Learner):
     @torch.no_grad()
     def _refresh(self) -> None:
         """Prediction caches ``M = B^{-1} K`` (eq. (6)) and ``a = M W^T y`` (eqs. (9), (14))."""
-        kmul = self._kmul()
+        s = SOLVE_DTYPE  # solved in the caches' precision, kept in the learner's (module notes)
         m = self.num_inducing
-        b = self.hp.noise[:, None, None] * torch.eye(m, dtype=self.dtype, device=self.device) + kmul(self.gram)
+        b = self.hp.noise.to(s)[:, None, None] * torch.eye(m, dtype=s, device=self.device) + self._kmul(s)(self.gram)
         lu, piv = _lu_factor(b)
-        mm = torch.linalg.lu_solve(lu, piv, self.prior_dense())
+        mm = torch.linalg.lu_solve(lu, piv, self.prior_dense(s))
         mm = 0.5 * (mm + mm.transpose(-1, -2))
-        self._m_cache = mm
-        self._mean_cache = (mm @ self.wty.unsqueeze(-1)).squeeze(-1)  # [P, M]
+        self._m_cache = mm.to(self.dtype)
+        self._mean_cache = (mm @ self.wty.unsqueeze(-1)).squeeze(-1).to(self.dtype)  # [P, M]
         self._fast = self._mean_tables()
         self._stale = False
 
@@ -1013,7 +1030,7 @@ class WISKI(Learner):
         yty = self.yty + (y * y).sum(dim=0)
         after = self._mll(gram, wty, yty, self.n + x.shape[0])
         before = self.mll() if self.n > 0 else torch.zeros_like(after)
-        return (after - before) / x.shape[0]
+        return ((after - before) / x.shape[0]).to(self.dtype)
 
     def noise_variance(self) -> Tensor:
         return self.hp.noise.detach() * self.variance_scale
