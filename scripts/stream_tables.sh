@@ -6,8 +6,8 @@
 #
 #   bash scripts/stream_tables.sh [LEARNERS]     (default svdgp,wiski,svi,ssgp,rls)
 #
-# Each run folder keeps its report, CSV files, plots and config; the records and the learners
-# checkpoints are dropped (large; the same command makes them again).
+# Each run folder keeps its report (with every learner's options), CSV files and plots; the records,
+# the config and the checkpoints are dropped (the same command makes them again).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,7 +24,7 @@ run() {  # run NAME REPLAY_OPTIONS...
     rm -rf "$out"
     # WISKI with its calibrated variance (chosen on SARCOS: calibrate_rows 1024; the mean is the default's)
     $gpdyn replay --protocol stream --learners "$learners" --size wiski.calibrate_rows=1024 "$@" --out "$out"
-    rm -rf "$out/checkpoints" "$out/metrics.jsonl"  # curves.csv and final.csv hold every number
+    rm -rf "$out/checkpoints" "$out/metrics.jsonl" "$out/config.json"  # report, curves.csv and final.csv hold every number
 }
 
 run stream-sarcos --store data/sarcos_test.zarr --problem arm

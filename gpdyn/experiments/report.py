@@ -149,9 +149,14 @@ def write_report(run_dir: str | Path) -> Path:
             cells = [f"{v:.4g}" for v in r[metric]] if metric in r else ["–"] * len(outputs)
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += step_sizes
-    lines += sizes_section(config)
-    lines += ["", "## Curves", ""] + [f"![{p.stem}]({p.name})" for p in plots]
-    lines += ["", "Every curve point is in `curves.csv`; the table rows are the last rows per learner (`final.csv`).", ""]
+    return finish_report(run_dir, lines, config, plots, "the last rows per learner")
+
+
+def finish_report(run_dir: Path, lines: list[str], config: dict[str, Any], plots: list[Path], rows: str) -> Path:
+    """Append the learners' sizes, the plots and where every number is (``rows``: what the table
+    rows are) to ``lines``; write them as ``report.md`` and return its path."""
+    lines = lines + sizes_section(config) + ["", "## Curves", ""] + [f"![{p.stem}]({p.name})" for p in plots]
+    lines += ["", f"Every curve point is in `curves.csv`; the table rows are {rows} (`final.csv`).", ""]
     report = run_dir / "report.md"
     report.write_text("\n".join(lines))
     return report

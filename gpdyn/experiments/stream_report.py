@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from gpdyn.errors import InputError
-from gpdyn.experiments.report import sizes_section
+from gpdyn.experiments.report import finish_report
 from gpdyn.experiments.stream import KIND
 
 SCORES = ("nmse", "nll", "coverage")  # per output
@@ -102,12 +102,7 @@ def write_stream_report(run_dir: Path, config: dict[str, Any], curves: dict[str,
         lines.append(f"| {name} | " + " | ".join(f"{v:.4g}" for v in r["nmse"]) + " |")
     if isinstance(config.get("learner"), str):  # a learn run records one learner's options
         config = {**config, "learner_config": {config["learner"]: config.get("learner_config") or {}}}
-    lines += sizes_section(config)
-    lines += ["", "## Curves", ""] + [f"![{p.stem}]({p.name})" for p in plots]
-    lines += ["", "Every curve point is in `curves.csv`; the table rows are the final records (`final.csv`).", ""]
-    report = run_dir / "report.md"
-    report.write_text("\n".join(lines))
-    return report
+    return finish_report(run_dir, lines, config, plots, "the final records")
 
 
 def _write_final_csv(path: Path, final: dict[str, dict[str, Any]], outputs: list[str]) -> None:

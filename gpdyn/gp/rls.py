@@ -46,6 +46,7 @@ delta I)^{-1}``, with an optional exponential forgetting factor.
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -99,13 +100,13 @@ class RecursiveBLR(Learner):
 
     # -- what a subclass defines -------------------------------------------------------
     @property
+    @abc.abstractmethod
     def feature_dim(self) -> int:
         """``M``, the number of features."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def features(self, x: Tensor) -> Tensor:
         """``phi(x)``, ``[N, M]`` for ``x [N, D]``."""
-        raise NotImplementedError
 
     def _start(self, x: Tensor, y: Tensor) -> dict[str, Any]:
         """Hyperparameters from the first batch, as ``{attribute: value}`` (set by the caller
