@@ -87,6 +87,18 @@ def evaluate(learner: Learner, x: Tensor, y: Tensor, chunk: int = 4096,
     return out
 
 
+def observe_what_fits(learner: Learner, x: Tensor, y: Tensor) -> int:
+    """Observe the rows that fit a learner with a ``"point_limit"`` (all of them otherwise); return
+    how many it could not take."""
+    room = learner.room()
+    if room is not None and room < x.shape[0]:
+        if room > 0:
+            learner.observe(x[:room], y[:room])
+        return x.shape[0] - room
+    learner.observe(x, y)
+    return 0
+
+
 def run_online(
     learner: Learner,
     stream: Iterable[tuple[Tensor, Tensor]],
@@ -150,12 +162,7 @@ def run_online(
                 xb, yb = next(batches)
             except StopIteration:
                 raise InputError(f"run_online: the stream ended after {it - 1} of {iterations} iterations") from None
-            room = learner.room()
-            if room is not None and room < xb.shape[0]:
-                unobserved += xb.shape[0] - room
-                learner.observe(xb[:room], yb[:room])
-            else:
-                learner.observe(xb, yb)
+            unobserved += observe_what_fits(learner, xb, yb)
             metrics = learner.step(xb, yb)
             loss = metrics.get("loss", loss)
             bar.update()
@@ -299,5 +306,6 @@ def load_learner(
     return learner, dict(extra)
 
 
-__all__ = ["CHECKPOINT_FORMAT", "SCORES", "Z95", "evaluate", "load_learner", "nmse", "predictive_scores", "run_online",
+__all__ = ["CHECKPOINT_FORMAT", "SCORES", "Z95", "evaluate", "load_learner", "nmse", "observe_what_fits",
+           "predictive_scores", "run_online",
            "save_learner"]

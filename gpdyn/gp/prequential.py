@@ -33,8 +33,8 @@ from tqdm import tqdm
 
 from gpdyn.device import seconds
 from gpdyn.errors import InputError
-from gpdyn.gp.base import LOG_2PI, Learner
-from gpdyn.gp.online import Z95
+from gpdyn.gp.base import Learner
+from gpdyn.gp.online import observe_what_fits, predictive_scores
 
 
 @dataclass(frozen=True)
@@ -78,13 +78,14 @@ class StreamScores:
     def add(self, mean: Tensor, var: Tensor, y: Tensor) -> None:
         """Score the predictions ``N(mean, var)`` of targets ``y``, each ``[N, P]``."""
         mean, var, y = mean.double(), var.double(), y.double()
-        r2 = (y - mean).pow(2)
-        self.rows += y.shape[0]
-        self.sse += r2.sum(0)
+        n = y.shape[0]
+        scores = predictive_scores(mean, var, y)  # means over the rows: the held-out scores' one home
+        self.rows += n
+        self.sse += (y - mean).pow(2).sum(0)
         self.sum_y += y.sum(0)
         self.sum_y2 += y.pow(2).sum(0)
-        self.nll += (0.5 * (r2 / var + var.log() + LOG_2PI)).sum(0)
-        self.covered += (r2 <= Z95**2 * var).double().sum(0)
+        self.nll += n * scores["nll"]
+        self.covered += n * scores["coverage"]
 
     def summary(self) -> dict[str, list[float]]:
         """``nmse``, ``nll`` and ``coverage`` per output (empty lists before any row is scored)."""
@@ -103,17 +104,6 @@ def _timed(fn: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
     out: list[Any] = []
     t = seconds(lambda: out.append(fn()), device)
     return out[0], t
-
-
-def _observe(learner: Learner, x: Tensor, y: Tensor) -> int:
-    """Observe what fits (a learner with a point limit); return the rows it could not take."""
-    room = learner.room()
-    if room is not None and room < x.shape[0]:
-        if room > 0:
-            learner.observe(x[:room], y[:room])
-        return x.shape[0] - room
-    learner.observe(x, y)
-    return 0
 
 
 def prequential(
@@ -159,7 +149,7 @@ def prequential(
 
     def start() -> None:
         xi, yi = x[: protocol.init_rows], target[: protocol.init_rows]
-        _observe(learner, xi, yi)
+        observe_what_fits(learner, xi, yi)
         if protocol.init_steps and learner.can("pretrain"):
             learner.pretrain(xi, yi, iterations=protocol.init_steps, progress=False)
         else:
@@ -190,7 +180,7 @@ def prequential(
                     scores.add(mean_y, var[first_scored:], y[s])
 
             def learn() -> int:
-                missed = _observe(learner, xc, yc)
+                missed = observe_what_fits(learner, xc, yc)
                 for _ in range(protocol.steps_per_chunk):
                     learner.step(xc, yc)
                 return missed
