@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from gpdyn.cli import collect, control, jobs
+from gpdyn.environment import check as check_environment
 from gpdyn.errors import InputError
 
 EXIT_INPUT = 2
@@ -89,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(done.code or 0)
     name = " ".join(str(getattr(args, k)) for k in ("command", "source", "format", "target", "robot") if getattr(args, k, None))
     try:
+        check_environment()  # MUJOCO_GL and GPDYN_NATIVE, before MuJoCo or the native kernel reads them
         from gpdyn.device import resolve_device, set_threads  # imports torch: not for --help
 
         set_threads(args.threads)
