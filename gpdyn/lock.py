@@ -10,6 +10,15 @@ that refuses a second writer. Readers never lock.
 A process forked while it holds a lock does not hold it in the child (the child's copy
 of the descriptor is closed at fork), so a collector's worker processes can neither keep
 a dead parent's lock alive nor release the parent's lock when they exit.
+
+The lock file may sit in a folder other users can write (a shared data folder), so what
+is at its path is not trusted: it is opened with ``O_NOFOLLOW`` and ``O_NONBLOCK`` and
+must be a regular file with one link (a symbolic link, a hard link to another file, a
+directory, a FIFO, a socket or a device is refused with the lock's error naming the
+path, and nothing is written to it, so a link planted there cannot make gpdyn overwrite
+the file it points to; a FIFO never blocks). The file's content is replaced only when it
+is a lock record, empty, or only NUL bytes (a record torn by a crash); anything else is
+someone's data and is refused.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 import time
 import warnings
@@ -26,6 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from gpdyn.errors import InputError
+
+#: a lock record is far shorter: a larger file at the lock's path is not one
+MAX_RECORD_BYTES = 65536
 
 # descriptors of the locks this process holds, closed in a forked child
 _HELD: dict[int, "WriterLock"] = {}
@@ -95,12 +108,17 @@ class WriterLock:
             # The previous holder unlinks the file while it holds the lock: a lock on an
             # unlinked file guards nothing, so make sure the path still names our file.
             try:
-                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+                same = os.path.samestat(os.fstat(fd), os.lstat(self.path))
             except FileNotFoundError:
                 same = False
             if not same:
                 os.close(fd)
                 continue
+            try:
+                self._check_content(fd)  # under the lock: no live holder is writing its record now
+            except BaseException:
+                os.close(fd)
+                raise
             previous = self._read(fd)
             if previous:
                 # a release removes the file: one still there with a record is a holder
@@ -137,15 +155,74 @@ class WriterLock:
                 pass
 
     def _open(self) -> int:
+        """A descriptor of the lock file, created when absent; anything at the path but a
+        regular file with one link is refused before (and, against a swap, after) opening."""
         try:
-            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self._check_kind(os.lstat(self.path))  # a device is not even opened
+        except FileNotFoundError:
+            pass
         except OSError as err:
+            raise self.error(f"{self.what}: cannot read the lock file {self.path} ({err.strerror})") from err
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+        try:
+            fd = os.open(self.path, flags, 0o644)
+        except OSError as err:
+            if err.errno == errno.ELOOP:  # O_NOFOLLOW: a link appeared since the check
+                raise self.error(self._refusal("is a symbolic link")) from None
+            if err.errno == errno.EISDIR:
+                raise self.error(self._refusal("is a directory")) from None
             raise self.error(f"{self.what}: cannot create the lock file {self.path} ({err.strerror})") from err
+        try:
+            self._check_kind(os.fstat(fd))
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _check_kind(self, st: os.stat_result) -> None:
+        """Refuse anything but a regular file with one link at the lock's path."""
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                target = f" (to {os.readlink(self.path)})"
+            except OSError:
+                target = ""
+            raise self.error(self._refusal(f"is a symbolic link{target}"))
+        if not stat.S_ISREG(st.st_mode):
+            kinds = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO", stat.S_ISSOCK: "a socket",
+                     stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device"}
+            kind = next((name for test, name in kinds.items() if test(st.st_mode)), "not a regular file")
+            raise self.error(self._refusal(f"is {kind}"))
+        if st.st_nlink != 1:
+            raise self.error(self._refusal(f"has {st.st_nlink} hard links (another name for some other file)"))
+
+    def _check_content(self, fd: int) -> None:
+        """Refuse a file whose content is neither a lock record nor what a crash leaves of one."""
+        try:
+            data = os.pread(fd, MAX_RECORD_BYTES + 1, 0)
+        except OSError as err:
+            raise self.error(f"{self.what}: cannot read the lock file {self.path} ({err.strerror})") from err
+        if not data.strip(b"\0 \t\r\n"):
+            return  # empty, or zeros where a crash lost the record's data
+        if len(data) <= MAX_RECORD_BYTES:
+            try:
+                record = json.loads(data.decode("utf-8"))
+            except ValueError:
+                record = None
+            if isinstance(record, dict) and "pid" in record:
+                return
+        raise self.error(self._refusal(f"holds {len(data)}{'+' if len(data) > MAX_RECORD_BYTES else ''} bytes "
+                                       "that are not a gpdyn lock record"))
+
+    def _refusal(self, problem: str) -> str:
+        return (f"{self.what}: the lock file {self.path} {problem}; gpdyn writes its lock only into a regular "
+                "file of its own and leaves this untouched: remove it (or choose another path) if no gpdyn "
+                "process uses it")
 
     @staticmethod
     def _read(fd: int) -> dict[str, Any]:
         try:
-            text = os.pread(fd, 65536, 0).decode("utf-8", "replace")
+            text = os.pread(fd, MAX_RECORD_BYTES, 0).decode("utf-8", "replace")
             holder = json.loads(text) if text.strip() else {}
         except (OSError, ValueError):
             return {}

@@ -153,12 +153,16 @@ def test_stale_lock_of_a_killed_writer_is_taken_over(tmp_path, holder):
     assert not lock_file.exists() and EpisodeStore.open(path).n_episodes == 3
 
 
-def test_garbage_lock_file_without_a_holder_is_taken_over(tmp_path):
+def test_a_lock_record_torn_by_a_crash_is_taken_over_and_foreign_content_is_refused(tmp_path):
     path = _store(tmp_path / "s.zarr")
-    (tmp_path / "s.zarr.lock").write_bytes(b"\x00garbage{")
+    (tmp_path / "s.zarr.lock").write_bytes(b"\x00" * 60)  # a record whose data a power loss left as zeros
     with EpisodeStore.open(path, "a") as store:
         store.append_episode(_episode(), seed=1)
     assert EpisodeStore.open(path).n_episodes == 3
+    (tmp_path / "s.zarr.lock").write_bytes(b"\x00garbage{")  # not a record: someone's data, left as it is
+    with pytest.raises(StoreError, match="s.zarr.lock holds 9 bytes that are not a gpdyn lock record"):
+        EpisodeStore.open(path, "a")
+    assert (tmp_path / "s.zarr.lock").read_bytes() == b"\x00garbage{"
 
 
 def test_a_forked_child_neither_holds_nor_releases_the_parents_lock(tmp_path):
