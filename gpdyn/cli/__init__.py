@@ -20,6 +20,7 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
+from gpdyn import __version__
 from gpdyn.cli import collect, control, jobs
 from gpdyn.environment import check as check_environment
 from gpdyn.errors import InputError
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Learn robot dynamics online with Gaussian processes and control robots with them.",
         epilog="Run 'gpdyn COMMAND --help' for the options of a command.",
     )
+    parser.add_argument("--version", action="version", version=f"gpdyn {__version__}")
     _add_threads(parser, default=1)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     jobs.add_demo(sub)

@@ -25,6 +25,7 @@ from gpdyn.device import dtype_name, resolve_dtype, sync
 from gpdyn.errors import InputError
 from gpdyn.gp import make_learner
 from gpdyn.gp.base import LOG_2PI, Learner, check_plain
+from gpdyn.torch_check import require_safe_torch_load
 
 #: the layout of a checkpoint: learner name, config, dtype, the learner's declared state
 #: (gpdyn.gp.base.Stateful) and the caller's extras, all plain data
@@ -253,6 +254,7 @@ def load_learner(
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such checkpoint")
+    require_safe_torch_load()
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # a truncated or foreign file: say which

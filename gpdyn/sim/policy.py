@@ -29,6 +29,7 @@ from torch import nn
 
 from gpdyn.errors import InputError
 from gpdyn.robots.walker import ENV_ID, make_env
+from gpdyn.torch_check import require_safe_torch_load
 
 POLICY_FORMAT = "gpdyn.policy"
 POLICY_VERSION = 1
@@ -250,6 +251,7 @@ def load_policy(path: str | Path | None = None, env: Any | None = None) -> Walke
     path = Path(path) if path is not None else SHIPPED_POLICY
     if not path.is_file():
         raise PolicyError(f"{path}: no such policy file")
+    require_safe_torch_load()
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # a zip from sb3, a pickle, a truncated file ...
