@@ -24,6 +24,15 @@ command-line order. The per-episode key ``file`` indexes the root attribute
 "test" (``sarcos_inv_test.mat``), ``"train"`` otherwise; :func:`episode_splits`
 reads it back for the protocols that train on one file and score on another.
 
+The same samples twice (a file named twice, a renamed or gzip copy of another) are
+refused, naming both files: each file's rows would otherwise be stored twice. Every
+entry of ``imported_files`` records the SHA-256 of the file's content (``sha256``, of
+the text after gunzip or of the .mat bytes) and of its rows (``data_sha256``).
+
+Text files are read a line at a time, each line at most ``MAX_LINE_BYTES``: a longer
+line (a gzip file can expand to one line of any size) is refused naming the file and
+line, so memory stays bounded.
+
 Malformed input (wrong column count, a cell that is not a plain decimal number such
 as ``1_000`` or ``0x1p3``, NaN or infinity, no rows, a .mat matrix that is not
 floating point) is refused with the file and line and column (text) or row and
@@ -34,11 +43,13 @@ and checked.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import re
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -49,6 +60,10 @@ from gpdyn.errors import InputError
 N_JOINTS = 7  # both datasets record 7-DOF arms (KUKA LBR, SARCOS master arm)
 N_COLUMNS = 4 * N_JOINTS
 KUKA_TAU_SCALE = (40.0, 40.0, 20.0, 20.0, 4.0, 4.0, 2.0)  # the real KUKA1/KUKA2 files
+# Longest text line read, in bytes: a sample line of 28 numbers is well under 1 KB, so a
+# longer line is not a sample, and reading it whole would let one line (a gzip file can
+# expand a few KB into GBs) take any amount of memory.
+MAX_LINE_BYTES = 1 << 20
 TRAIN, TEST = "train", "test"  # the values of ``imported_files[i]["split"]``
 # What the input columns (q, qd, qdd) hold: the unit each field is labelled with.
 UNITS: dict[str, tuple[str, str, str]] = {
@@ -72,12 +87,41 @@ class ImportFormatError(InputError):
 
 @dataclass(frozen=True)
 class ImportedFile:
-    """One file's rows [N, 28], the part it belongs to and its split."""
+    """One file's rows [N, 28], the part it belongs to, its split and the SHA-256 of its content
+    (of the text after gunzip for a text file, of the bytes for a .mat file)."""
 
     path: Path
     rows: np.ndarray
     online: int
     split: str = TRAIN
+    sha256: str = ""
+
+    @property
+    def data_sha256(self) -> str:
+        """SHA-256 of the rows as float64: equal for two files that hold the same samples."""
+        return hashlib.sha256(np.ascontiguousarray(self.rows, dtype=np.float64).tobytes()).hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _refuse_repeats(files: Sequence[ImportedFile]) -> None:
+    """Refuse a file whose samples another file of the import already holds (the same file
+    named twice, a renamed copy, a gzip copy of a plain file): its rows would be stored twice."""
+    first: dict[str, Path] = {}
+    for f in files:
+        key = f.data_sha256
+        if key in first:
+            raise ImportFormatError(
+                f"{f.path}: holds the same {f.rows.shape[0]} samples as {first[key]} (sha256 of the rows "
+                f"{key[:16]}...); each dataset file is imported once: leave out the repeat"
+            )
+        first[key] = f.path
 
 
 def _check_rows(path: Path, rows: np.ndarray, where: str, line_numbers: np.ndarray | None = None) -> np.ndarray:
@@ -92,20 +136,70 @@ def _check_rows(path: Path, rows: np.ndarray, where: str, line_numbers: np.ndarr
     return rows
 
 
-def _read_text(path: Path) -> str:
-    """The file's text, gunzipped when it starts with the gzip magic bytes (whatever its name)."""
+def _open_text(path: Path) -> BinaryIO:
+    """The file opened for reading bytes, gunzipped on the fly when it starts with the gzip
+    magic bytes (whatever its name)."""
     if not path.is_file():
         raise ImportFormatError(f"{path}: no such file")
-    data = path.read_bytes()
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as err:  # BadGzipFile is an OSError; a cut file is an EOFError
-            raise ImportFormatError(f"{path}: not a readable gzip file ({err or type(err).__name__})") from err
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ImportFormatError(f"{path}: not a text file ({err})") from err
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")  # type: ignore[return-value]
+
+
+def _gzip_error(path: Path, err: BaseException) -> ImportFormatError:
+    return ImportFormatError(f"{path}: not a readable gzip file ({err or type(err).__name__})")
+
+
+def _line_error(path: Path, message: str) -> ImportFormatError:
+    """The error for a bad line; in a gzip file whose stream is damaged, the damage instead
+    (the rest is read a block at a time: the garbage a damaged stream decodes to is not the
+    problem to report)."""
+    with _open_text(path) as f:
+        if isinstance(f, gzip.GzipFile):
+            try:
+                while f.read(1 << 20):
+                    pass
+            except (OSError, EOFError, zlib.error) as err:
+                return _gzip_error(path, err)
+    return ImportFormatError(f"{path}: {message}")
+
+
+def _lines(path: Path, digest: Any) -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` of every line of the file (numbered as ``str.splitlines`` splits
+    them), read a block at a time with no line longer than :data:`MAX_LINE_BYTES`, so that
+    memory stays bounded whatever the file holds (a gzip file that expands to one huge line
+    included); ``digest`` is fed every byte.
+
+    A line longer than that, or text that is not UTF-8, is refused naming the line.
+    """
+    limit = MAX_LINE_BYTES
+    block_size = max(limit, 1 << 20)
+    number = 1  # of the first line not yet yielded
+    tail = b""  # the start of a line whose end is not read yet
+    with _open_text(path) as f:
+        while True:
+            try:
+                block = f.read(block_size)
+            except (OSError, EOFError, zlib.error) as err:  # BadGzipFile is an OSError; a cut file an EOFError
+                raise _gzip_error(path, err) from err
+            digest.update(block)
+            data = tail + block
+            cut = data.rfind(b"\n") + 1 if block else len(data)  # whole lines only, until the end
+            head, tail = data[:cut], data[cut:]
+            try:
+                lines = head.decode("utf-8").splitlines()
+            except UnicodeDecodeError as err:
+                line = number + len(head[: err.start].decode("utf-8").splitlines())
+                raise _line_error(path, f"not a text file (line {line}: {err})") from err
+            too_long = [i for i, text in enumerate(lines) if len(text) > limit]
+            if too_long or len(tail) > limit:
+                line = number + (too_long[0] if too_long else len(lines))
+                raise _line_error(path, f"line {line} is longer than {limit} bytes (a sample line holds "
+                                        f"{N_COLUMNS} numbers); not a KUKA1/KUKA2 text file")
+            yield from enumerate(lines, start=number)
+            number += len(lines)
+            if not block:
+                return
 
 
 def read_kuka_ilgr(path: str | Path) -> np.ndarray:
@@ -114,24 +208,29 @@ def read_kuka_ilgr(path: str | Path) -> np.ndarray:
     Blank lines are skipped (they hold no sample); every other line must hold
     exactly 28 finite plain decimal numbers.
     """
-    path = Path(path)
+    return _read_kuka_ilgr(Path(path))[0]
+
+
+def _read_kuka_ilgr(path: Path) -> tuple[np.ndarray, str]:
+    """The rows of :func:`read_kuka_ilgr` and the SHA-256 of the file's text (after gunzip)."""
+    digest = hashlib.sha256()
     kept: list[str] = []
     numbers: list[int] = []
-    for number, line in enumerate(_read_text(path).splitlines(), start=1):
+    for number, line in _lines(path, digest):
         if not _LINE.fullmatch(line):
             cells = line.split()
             if not cells:
                 continue
             if len(cells) != N_COLUMNS:
-                raise ImportFormatError(f"{path}: line {number}: expected {N_COLUMNS} columns, found {len(cells)}")
+                raise _line_error(path, f"line {number}: expected {N_COLUMNS} columns, found {len(cells)}")
             for col, cell in enumerate(cells):
                 if not NUMBER.fullmatch(cell):
-                    raise ImportFormatError(f"{path}: line {number}, column {col + 1}: {cell!r} is not a number")
+                    raise _line_error(path, f"line {number}, column {col + 1}: {cell!r} is not a number")
         kept.append(line)
         numbers.append(number)
     # every cell matched NUMBER, which float() parses the same way
     rows = np.array(" ".join(kept).split(), dtype=np.float64).reshape(-1, N_COLUMNS)
-    return _check_rows(path, rows, "line", np.asarray(numbers))
+    return _check_rows(path, rows, "line", np.asarray(numbers)), digest.hexdigest()
 
 
 def _first_bad_cell(matrix: np.ndarray) -> tuple[int, int, str] | None:
@@ -228,6 +327,7 @@ def _write(
 ) -> EpisodeStore:
     if store_path.exists():
         raise ImportFormatError(f"{store_path}: already exists; an import writes a new store")
+    _refuse_repeats(files)
     fields = _fields(units, scale)
     ordered = sorted(files, key=lambda f: f.online)  # stable: offline first, then online, command-line order
     store = EpisodeStore.create(
@@ -244,11 +344,13 @@ def _write(
             "tau_scale_note": "torque in N m = tau * tau_scale (per joint)",
             "input_units": units,
             "imported_files": [
-                {"file": f.path.name, "rows": int(f.rows.shape[0]), "online": f.online, "split": f.split}
+                {"file": f.path.name, "rows": int(f.rows.shape[0]), "online": f.online, "split": f.split,
+                 "sha256": f.sha256, "data_sha256": f.data_sha256}
                 for f in ordered
             ],
             "imported_files_note": "per-episode key 'file' = index into imported_files; split 'test' marks a "
-                                   "dataset's test file",
+                                   "dataset's test file; sha256: of the file's content (text after gunzip, "
+                                   ".mat bytes); data_sha256: of its rows as float64 (no two files share one)",
         },
     )
     store.append_episodes([_episode(f.rows) for f in ordered],
@@ -275,7 +377,8 @@ def import_kuka_ilgr(
     for f in files:
         path = Path(f)
         online = ONLINE if "online" in path.name.lower() and "offline" not in path.name.lower() else OFFLINE
-        imported.append(ImportedFile(path, read_kuka_ilgr(path), online, TEST if _is_test(path.name) else TRAIN))
+        rows, sha256 = _read_kuka_ilgr(path)
+        imported.append(ImportedFile(path, rows, online, TEST if _is_test(path.name) else TRAIN, sha256))
     return _write(Path(store_path), imported, source="import kuka-ilgr (Meier et al. 2014)", env_id="kuka-ilgr",
                   units=units, scale=scale)
 
@@ -295,7 +398,7 @@ def import_sarcos(
         path = Path(f)
         rows, name = read_sarcos(path)
         test = _is_test(name, path.name)
-        imported.append(ImportedFile(path, rows, ONLINE if test else OFFLINE, TEST if test else TRAIN))
+        imported.append(ImportedFile(path, rows, ONLINE if test else OFFLINE, TEST if test else TRAIN, _file_sha256(path)))
     return _write(Path(store_path), imported, source="import sarcos", env_id="sarcos", units=units, scale=scale)
 
 
@@ -323,6 +426,7 @@ def episode_splits(store: EpisodeStore) -> np.ndarray:
 __all__ = [
     "ImportFormatError",
     "KUKA_TAU_SCALE",
+    "MAX_LINE_BYTES",
     "TEST",
     "TRAIN",
     "UNITS",

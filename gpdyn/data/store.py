@@ -8,7 +8,10 @@ Layout (the robotics zarr convention, see docs/architecture.md "Episode store"):
 
 Root attributes hold the format name and version, source, environment id, ``dt``,
 the schema (column names, units and dtype of every field and episode key), the seed,
-package versions and the commit record ``commit = {"episodes": n, "rows": r}``.
+package versions, a random ``store_id`` drawn at creation and the commit record
+``commit = {"episodes": n, "rows": r}``. The id and the commit record together are the
+store's identity (:meth:`EpisodeStore.identity`): a run records it, and a resumed run
+refuses a store at the same path with another identity.
 
 Crash safety (docs/reliability.md "Episode store"): an append writes the rows, the
 per-episode scalars and ``episode_ends`` first and the commit record last, in one atomic
@@ -24,10 +27,12 @@ are refused on write and on read, naming the row and column.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import platform
+import uuid
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +56,9 @@ MAX_ABS = 1e100
 # Stores created by this version write every chunk, all-fill ones included (zarr skips
 # those by default), so that a missing chunk file is always damage.
 ALL_CHUNKS = "all_chunks_written"
+# A random id drawn when a store is created: two stores made apart never share it, so a
+# store replaced at the same path is told apart from the one a run read.
+STORE_ID = "store_id"
 _NUMERIC_KINDS = "biuf"  # bool, signed and unsigned int, float
 
 
@@ -226,6 +234,7 @@ class EpisodeStore:
                 "episode_keys": episode_keys,
                 "versions": package_versions(),
                 ALL_CHUNKS: True,
+                STORE_ID: uuid.uuid4().hex,
                 "commit": {"episodes": 0, "rows": 0},
             }
             attrs.update(dict(extra_attrs or {}))
@@ -344,6 +353,7 @@ class EpisodeStore:
             "env_id": self.attrs.get("env_id"),
             "dt": self.attrs.get("dt"),
             "seed": self.attrs.get("seed"),
+            "store_id": self.attrs.get(STORE_ID),
             "episodes": self.n_episodes,
             "rows": self.n_rows,
             "uncommitted_rows": max(stored_rows.values(), default=0) - self.n_rows,
@@ -355,6 +365,36 @@ class EpisodeStore:
             "fields": {f: {"width": s.width, "dtype": s.dtype, "unit": s.unit} for f, s in self.fields.items()},
             "episode_keys": self.episode_keys,
         }
+
+    def identity(self) -> dict[str, Any]:
+        """What tells this store's committed content apart from any other's: its ``store_id``
+        and commit record, ``{"store_id": ..., "episodes": n, "rows": r}``.
+
+        A store created before ids has ``{"content_sha256": ..., "episodes": n, "rows": r}``
+        instead, the hash of everything committed (:meth:`content_sha256`).
+        """
+        counts = {"episodes": self.n_episodes, "rows": self.n_rows}
+        store_id = self.attrs.get(STORE_ID)
+        if isinstance(store_id, str) and store_id:
+            return {STORE_ID: store_id, **counts}
+        return {"content_sha256": self.content_sha256(), **counts}
+
+    def content_sha256(self, block_rows: int = DEFAULT_CHUNK_ROWS) -> str:
+        """SHA-256 of the committed content: every field's rows (name, dtype and values, in
+        name order), the episode ends and every per-episode array, read ``block_rows`` at a time."""
+        digest = hashlib.sha256()
+
+        def add(name: str, block: np.ndarray) -> None:
+            digest.update(f"{name}:{block.dtype.str}:{block.shape[1:]}".encode())
+            digest.update(np.ascontiguousarray(block).tobytes())
+
+        for name in sorted(self.fields):
+            for start in range(0, self.n_rows, block_rows):
+                add(name, self.read(name, start, start + block_rows))
+        add("episode_ends", self._ends)
+        for key in sorted(self.episode_keys):
+            add(key, self.episode_values(key))
+        return digest.hexdigest()
 
     # ------------------------------------------------------------------ writing
     def append_episode(self, episode: Mapping[str, np.ndarray], /, **episode_values: Any) -> None:
@@ -748,6 +788,6 @@ def is_store(path: str | Path) -> bool:
 
 
 __all__ = [
-    "EpisodeStore", "FieldSpec", "StoreError", "FORMAT_NAME", "FORMAT_VERSION", "MAX_ABS", "is_store",
+    "EpisodeStore", "FieldSpec", "StoreError", "FORMAT_NAME", "FORMAT_VERSION", "MAX_ABS", "STORE_ID", "is_store",
     "numbered_columns", "package_versions",
 ]
