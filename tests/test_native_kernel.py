@@ -17,8 +17,8 @@ F32, F64 = torch.float32, torch.float64
 #: relative error of the kernel-times-vector against the float64 reference: float32 rounding
 #: of the features' inner products and sums, float64 rounding
 TOLERANCE = {F32: 2e-6, F64: 1e-13}
-needs_compiler = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None or not native._enabled,
-                                    reason="the native kernel needs a C++ compiler (and GPDYN_NATIVE not 0)")
+needs_compiler = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None or not native.wanted(),
+                                    reason="the native kernel needs a C++ compiler (and GPDYN_NATIVE not off)")
 
 
 def _reference(u: torch.Tensor, v: torch.Tensor, vec: torch.Tensor) -> torch.Tensor:
@@ -144,12 +144,14 @@ def test_a_compiler_that_fails_warns_once_and_predictions_run_on_the_torch_path(
 def test_a_build_goes_to_the_cache_once_under_a_key_of_source_flags_compiler_and_cpu(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     first = native._build()
-    built = list((tmp_path / "gpdyn" / "native").iterdir())
-    assert len(built) == 1 and built[0].name.startswith("exp2-") and built[0].suffix == ".so"
-    stamp = built[0].stat().st_mtime_ns
+    cache = tmp_path / "gpdyn" / "native"
+    built = sorted(p.name for p in cache.iterdir())
+    assert len(built) == 3 and built[0] == native.BUILD_LOCK and built[1].startswith("exp2-") and built[1].endswith(".so")
+    assert built[2] == built[1] + native.DIGEST_SUFFIX  # the library, its sha256 and the builders' lock, nothing else
+    stamps = {name: (cache / name).stat().st_mtime_ns for name in built}
     second = native._build()
-    assert [p.stat().st_mtime_ns for p in (tmp_path / "gpdyn" / "native").iterdir()] == [stamp]
-    assert first._name == second._name == str(built[0])
+    assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == stamps
+    assert first._name == second._name == str(cache / built[1])
 
 
 @needs_compiler

@@ -2,23 +2,76 @@
 
 Nothing is re-simulated: each frame is the stored ``qpos``/``qvel`` put back with
 ``set_state`` and drawn offscreen. Rendering is headless through EGL
-(``MUJOCO_GL=egl``, set here unless the user chose another backend).
+(``MUJOCO_GL=egl``, set here when the user left it unset or empty).
+
+MuJoCo loads the backend's library when it is first imported and fails with a bare
+``RuntimeError`` (a value it does not know) or ``AttributeError`` (``osmesa`` without
+libOSMesa); here both are an :class:`~gpdyn.errors.InputError` naming ``MUJOCO_GL``, what
+to install and which value to use, before MuJoCo is imported, and so is a backend that
+cannot make an OpenGL context (``glfw`` without a display).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 from pathlib import Path
 
 import numpy as np
 
-# Headless: read by gymnasium's offscreen renderer when it creates its GL context.
-os.environ.setdefault("MUJOCO_GL", "egl")
+from gpdyn.environment import MUJOCO_GL_DEFAULT, MUJOCO_GL_OFF, MUJOCO_GL_VARIABLE, RENDER_BACKENDS, check_mujoco_gl
+from gpdyn.errors import InputError
+
+#: the library each headless backend loads (through PyOpenGL), and what provides it
+GL_LIBRARIES = {
+    "egl": ("EGL", "libEGL (Debian/Ubuntu: apt install libegl1; with an NVIDIA GPU its driver provides it)"),
+    "osmesa": ("OSMesa", "libOSMesa (Debian/Ubuntu: apt install libosmesa6)"),
+}
+_OTHER_BACKENDS = "MUJOCO_GL=egl (headless: a GPU driver or Mesa), osmesa (headless, software) or glfw (a display)"
+
+
+def render_backend() -> str:
+    """The backend ``MUJOCO_GL`` names for rendering: egl when unset or empty, glfw for
+    MuJoCo's spellings of its default; an InputError for a value MuJoCo refuses or one
+    that turns rendering off."""
+    value = check_mujoco_gl() or "egl"
+    if value in (*MUJOCO_GL_DEFAULT, "glx"):
+        return "glfw"  # what MuJoCo itself uses for these on Linux
+    if value in MUJOCO_GL_OFF:
+        raise InputError(f"render: {MUJOCO_GL_VARIABLE}={value} turns MuJoCo's rendering off; use "
+                         f"{', '.join(RENDER_BACKENDS)}")
+    if value not in RENDER_BACKENDS:
+        raise InputError(f"render: {MUJOCO_GL_VARIABLE}={value} is not a backend gpdyn renders with; use "
+                         f"{', '.join(RENDER_BACKENDS)}")
+    return value
+
+
+def check_gl_library(backend: str) -> None:
+    """An InputError naming ``MUJOCO_GL`` when ``backend``'s library cannot be loaded, by
+    the names PyOpenGL tries (``libX.so``, then ``libX.so.9`` down to ``.0``)."""
+    if backend not in GL_LIBRARIES:
+        return
+    name, provider = GL_LIBRARIES[backend]
+    errors = []
+    for filename in [f"lib{name}.so", *(f"lib{name}.so.{i}" for i in range(9, -1, -1))]:
+        try:
+            ctypes.CDLL(filename, mode=ctypes.RTLD_GLOBAL)
+            return
+        except OSError as err:
+            errors.append(str(err))
+    raise InputError(f"render: {MUJOCO_GL_VARIABLE}={backend} needs lib{name}.so, which cannot be loaded "
+                     f"({errors[0]}); install {provider}, or choose another backend: {_OTHER_BACKENDS}")
+
+
+# Headless unless the user chose: read by MuJoCo when it is first imported (below) and by
+# gymnasium's offscreen renderer when it creates its GL context.
+if not os.environ.get(MUJOCO_GL_VARIABLE, "").strip():
+    os.environ[MUJOCO_GL_VARIABLE] = "egl"
+check_gl_library(render_backend())
 
 import mujoco  # noqa: E402
 
 from gpdyn.data.store import EpisodeStore  # noqa: E402
-from gpdyn.errors import InputError  # noqa: E402
 
 VIDEO_SUFFIXES = (".mp4", ".gif")
 
@@ -41,20 +94,31 @@ class _Offscreen:
     """
 
     def __init__(self, model: mujoco.MjModel, width: int, height: int) -> None:
-        backend = os.environ.get("MUJOCO_GL", "egl").lower()
-        if backend == "egl":
-            from mujoco.egl import GLContext
-        elif backend == "osmesa":
-            from mujoco.osmesa import GLContext
-        elif backend == "glfw":
-            from mujoco.glfw import GLContext
-        else:
-            raise InputError(f"render: MUJOCO_GL={backend!r}; use egl, osmesa or glfw")
+        backend = render_backend()
+        check_gl_library(backend)
         self.model = model
         self.viewport = mujoco.MjrRect(0, 0, width, height)
-        self.gl = GLContext(width, height)
-        self.gl.make_current()
-        self.context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150)
+        self.gl = None
+        try:
+            if backend == "egl":
+                from mujoco.egl import GLContext
+            elif backend == "osmesa":
+                from mujoco.osmesa import GLContext
+            else:
+                from mujoco.glfw import GLContext
+            self.gl = GLContext(width, height)
+            self.gl.make_current()
+            self.context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150)
+        except (ImportError, AttributeError, OSError, RuntimeError, mujoco.FatalError) as err:
+            if self.gl is not None:
+                self.gl.free()
+            hint = ("glfw opens a window: it needs a display (DISPLAY or WAYLAND_DISPLAY)" if backend == "glfw"
+                    else f"check that {GL_LIBRARIES[backend][1]} works here")
+            chosen = os.environ.get(MUJOCO_GL_VARIABLE, "").strip()
+            named = backend if chosen.lower() == backend else f"{chosen} (the {backend} backend)"
+            raise InputError(f"render: {MUJOCO_GL_VARIABLE}={named} cannot make an OpenGL context "
+                             f"({type(err).__name__}: {str(err).strip()[:300]}); {hint}, or choose another backend: "
+                             f"{_OTHER_BACKENDS}") from err
         mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self.context)
         self.scene = mujoco.MjvScene(model, maxgeom=1000)
         self.option = mujoco.MjvOption()
