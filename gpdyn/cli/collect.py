@@ -95,7 +95,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                        help="trajectory family: %(choices)s (default kuka1)")
         p.add_argument("--seed", type=SEED, default=0)
         p.add_argument("--rate", type=POSITIVE, default=100.0,
-                       help="sample rate in Hz, a whole number of the model's simulation steps")
+                       help="sample rate in Hz: a whole number of the model's simulation steps per sample, "
+                            "from 1 Hz to one sample per simulation step")
         p.add_argument("--torque-noise", type=NON_NEGATIVE, default=0.0, help="std of torque sensor noise, N m")
         p.add_argument("--position-noise", type=NON_NEGATIVE, default=0.0, help="std of position sensor noise, rad")
         p.add_argument(
@@ -168,30 +169,46 @@ def collect_walker(args: argparse.Namespace) -> int:
 
 
 def collect_arm(args: argparse.Namespace) -> int:
-    """``gpdyn collect kuka|arm``: collect, then print time and torque ranges beside the limits."""
+    """``gpdyn collect kuka|arm``: collect, then print time and torque ranges beside the limits.
+
+    Samples with a torque beyond an actuator's range are counted per joint in the summary
+    and, when there are any, in a warning on stderr.
+    """
+    import warnings
+
     from gpdyn.cli.common import run_for_args
-    from gpdyn.sim.arm import SensorConfig, collect_arm as collect, torque_ranges
+    from gpdyn.sim.arm import SensorConfig, TorqueLimitWarning, collect_arm as collect, torque_ranges
     from gpdyn.sim.stopping import CollectionStopped
 
     arm = arm_from_args(args)
+    arm.steps_per_sample(args.rate, option="--rate")  # refused here, naming the option
     sensors = SensorConfig(torque_noise=args.torque_noise, position_noise=args.position_noise,
                            derivatives=args.derivatives)
     start = time.perf_counter()
     try:
-        store = collect(args.store, offline=args.offline, online=args.online, payload=args.payload,
-                        family=args.family, seed=args.seed, arm=arm, rate_hz=args.rate, sensors=sensors)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TorqueLimitWarning)  # said below, per joint, without a source line
+            store = collect(args.store, offline=args.offline, online=args.online, payload=args.payload,
+                            family=args.family, seed=args.seed, arm=arm, rate_hz=args.rate, sensors=sensors)
     except CollectionStopped as stopped:
         return _report_stop(args, stopped)
     elapsed = time.perf_counter() - start
-    ranges = torque_ranges(store)
+    ranges, over = torque_ranges(store, arm.limits.torque)
+    samples_over = int(store.episode_values("tau_over_limits").sum())
     run_for_args(f"collect-{args.source}", args).log(
         store=str(store.path), model_file=str(arm.path), model_sha256=arm.sha256, episodes=store.n_episodes,
-        rows=store.n_rows, seconds=elapsed, tau_min=ranges[:, 0], tau_max=ranges[:, 1])
+        rows=store.n_rows, seconds=elapsed, tau_min=ranges[:, 0], tau_max=ranges[:, 1],
+        tau_over_limits=over, samples_over_limits=samples_over)
     print(f"{store.path}: {store.n_rows} samples of {arm.path.name} ({arm.n} joints) in {store.n_episodes} episodes, "
           f"{elapsed:.1f} s")
-    print("joint             tau min [N m]  tau max [N m]  limits [N m]")
-    for name, (lo, hi), (lim_lo, lim_hi) in zip(arm.joint_names, ranges, arm.limits.torque):
-        print(f"  {name:<14} {lo:12.2f}  {hi:12.2f}   {lim_lo:g} .. {lim_hi:g}")
+    print("joint             tau min [N m]  tau max [N m]  limits [N m]  samples beyond")
+    for name, (lo, hi), (lim_lo, lim_hi), count in zip(arm.joint_names, ranges, arm.limits.torque, over):
+        print(f"  {name:<14} {lo:12.2f}  {hi:12.2f}   {lim_lo:g} .. {lim_hi:g}  {count:d}")
+    if samples_over:
+        print(f"gpdyn collect {args.source}: warning: {samples_over} of {store.n_rows} samples have a joint torque "
+              f"beyond its actuator's range ({', '.join(f'{n} {c}' for n, c in zip(arm.joint_names, over) if c)}): "
+              "motions the arm's motors cannot make with this payload at these speeds",
+              file=sys.stderr)
     return 0
 
 

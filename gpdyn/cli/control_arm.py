@@ -38,7 +38,8 @@ def add_parsers(robots: argparse._SubParsersAction, add_common: Callable[[argpar
 def cli_control_arm(args: argparse.Namespace) -> int:
     """``gpdyn control kuka|arm``: the tracking run, its run folder and report.
 
-    The options and the arm's MJCF file are checked before the run folder is made or any data collected.
+    The options, the arm's MJCF file and the arm that ``--store`` or the ``--from-run`` learner records are checked
+    before the run folder is made or any data collected.
     """
     from dataclasses import asdict
 
@@ -66,6 +67,7 @@ def cli_control_arm(args: argparse.Namespace) -> int:
     cfg.validate()
     arm = cfg.arm()
     cfg.check_arm(arm)
+    cfg.check_sources(arm, args.store)  # a store or learner of another arm: refused before the run folder exists
     record = recipe.record(given) if recipe else {"recipe": None, "options_given": given}
     record["options_derived"] = derived
     run = RunDir.create(f"control-{args.robot}", {**asdict(cfg), "model_sha256": arm.sha256, **record}, out=args.out)

@@ -12,7 +12,10 @@ frozen learner; ``steps``, the learner's own optimiser steps.
 
 The learner comes from a ``gpdyn learn`` run folder on the ``arm``/``kuka`` problem
 (``from_run``), or is pretrained here on the offline part of a store (``--store``, or a
-small collection of the same arm when none is given).
+small collection of the same arm when none is given). A store that records the arm it
+was collected from (``model_sha256``, the identity of the MJCF file with its includes,
+and ``joint_names``; simulated stores do) must record this arm: a store or a learner of
+another arm is refused (:func:`check_recorded_arm`), whatever its joint count.
 
 PD gains (:func:`gpdyn.robots.arm.pd_gains`): critically damped per joint on the
 *effective* inertia, its minimum over the reference poses of the run. Gains built on the
@@ -46,7 +49,7 @@ from gpdyn.gp import make_learner
 from gpdyn.gp.residual import ResidualGP
 from gpdyn.gp.rigid_body import RigidBodyGP
 from gpdyn.gp.training import OnlineUpdater, pretrain_learner
-from gpdyn.robots.arm import ArmModel, pd_gains
+from gpdyn.robots.arm import ArmModel, pd_gains, without_contacts
 from gpdyn.robots.regressor import InertialRegressor, moving_bodies
 from gpdyn.runs import RunDir
 
@@ -156,7 +159,9 @@ class ArmRunConfig:
         return [arm.payload_body] if arm.payload_body else []
 
     def check_arm(self, arm: ArmModel) -> None:
-        """Raise InputError if the online model cannot be built for ``arm`` (checked before any data is collected)."""
+        """Raise InputError if ``arm`` cannot run at ``rate_hz`` or the online model cannot be built for it (checked
+        before any data is collected)."""
+        arm.steps_per_sample(self.rate_hz, option=f"control {self.robot}: rate_hz")
         if "online" not in self.controllers or self.adapt != "rigid-body":
             return
         where = f"control {self.robot}: --adapt rigid-body"
@@ -171,6 +176,50 @@ class ArmRunConfig:
                              f"({', '.join(sorted(str(b) for b in known))})")
 
 
+    def check_sources(self, arm: ArmModel, store: str | Path | None) -> None:
+        """Raise InputError if ``store`` or the store the ``from_run`` learner was trained on records another arm."""
+        where = f"control {self.robot}"
+        if store is not None:
+            check_recorded_arm(store, arm, where, f"--store {store}")
+        if self.from_run is not None:
+            trained_on = _recorded_store(self.from_run)
+            if trained_on is not None:
+                check_recorded_arm(trained_on, arm, where,
+                                   f"the learner of --from-run {self.from_run} was trained on {trained_on}, which")
+
+
+def _recorded_store(run_dir: str | Path) -> str | None:
+    """The store a ``gpdyn learn`` run records as its problem's source, or None where it records none."""
+    if not (Path(run_dir) / "config.json").is_file():
+        return None
+    problem = RunDir(Path(run_dir)).config().get("problem")
+    source = problem.get("source") if isinstance(problem, dict) else None
+    return source if isinstance(source, str) else None
+
+
+def check_recorded_arm(store: str | Path, arm: ArmModel, where: str, what: str) -> None:
+    """Raise InputError if ``store`` records an arm other than ``arm``: another identity hash or other joints.
+
+    The record is the store's ``model_sha256`` (:func:`gpdyn.robots.arm.mjcf_identity`) and
+    ``joint_names``, which simulated collections write; a store without them (imported
+    data, a missing store) is not checked here, only its joint count is, when loaded.
+    """
+    from gpdyn.data.store import EpisodeStore, is_store
+
+    if not is_store(store):
+        return
+    attrs = EpisodeStore.open(store).attrs
+    recorded, names = attrs.get("model_sha256"), attrs.get("joint_names")
+    if recorded is None and names is None:
+        return
+    if recorded == arm.sha256 and (names is None or list(names) == list(arm.joint_names)):
+        return
+    raise InputError(
+        f"{where}: {what} was collected from another arm: {attrs.get('model_file')} (sha256 {recorded}, joints "
+        f"{names}), not {arm.path} (sha256 {arm.sha256}, joints {list(arm.joint_names)}); its torques are not this "
+        "arm's (use a store, or a learner, of this arm's file with its included files as they are now)")
+
+
 def _problem(run: RunDir, cfg: ArmRunConfig, arm: ArmModel, store: str | Path | None):
     """The ``arm`` problem of ``store`` (collected into the run folder when None), checked against the arm."""
     from gpdyn.data.problems import load_problem
@@ -182,6 +231,8 @@ def _problem(run: RunDir, cfg: ArmRunConfig, arm: ArmModel, store: str | Path | 
                     arm=arm, rate_hz=cfg.rate_hz, progress=cfg.progress)
     elif not Path(store).exists():
         raise InputError(f"control {cfg.robot}: --store {store} does not exist")
+    else:
+        check_recorded_arm(store, arm, f"control {cfg.robot}", f"--store {store}")
     problem = load_problem(store, PROBLEM, protocol="ordered", seed=cfg.seed)
     if problem.output_dim != arm.n:
         raise InputError(f"control {cfg.robot}: {store} holds a {problem.output_dim}-joint arm, "
@@ -237,7 +288,8 @@ def _controller(name: str, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.nda
     learner = copy.deepcopy(frozen.learner)  # the frozen controller keeps the pretrained one
     if cfg.adapt == "rigid-body":
         stats = tuple(getattr(frozen.normalizer, k) for k in ("x_mean", "x_std", "y_mean", "y_std"))
-        learner = RigidBodyGP(learner, InertialRegressor(arm.torque_model()), stats, x_train,
+        # the regressor's inverse dynamics, like the data's, leaves contacts out
+        learner = RigidBodyGP(learner, InertialRegressor(without_contacts(arm.torque_model())), stats, x_train,
                               change_bodies=cfg.resolved_change_bodies(arm))
     elif cfg.adapt == "residual":
         factors = [1.0] * (2 * n) + [cfg.qdd_lengthscale] * n
@@ -256,6 +308,7 @@ def run_arm(run: RunDir, cfg: ArmRunConfig, store: str | Path | None = None) -> 
     cfg.validate()
     arm = cfg.arm()
     cfg.check_arm(arm)
+    cfg.check_sources(arm, store)
     frame_skip = arm.steps_per_sample(cfg.rate_hz)
     frozen = x_train = None
     if any(FEEDFORWARD[c] == "learned" for c in cfg.controllers):
@@ -291,4 +344,4 @@ def run_arm(run: RunDir, cfg: ArmRunConfig, store: str | Path | None = None) -> 
     return {"rmse": joint_rmse, "report": str(report)}
 
 
-__all__ = ["ARM_CONTROLLERS", "ArmRunConfig", "run_arm", "run_store"]
+__all__ = ["ARM_CONTROLLERS", "ArmRunConfig", "check_recorded_arm", "run_arm", "run_store"]

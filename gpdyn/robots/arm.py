@@ -18,6 +18,9 @@ compiled model, so that a new arm needs no code:
 - dynamics: :func:`inverse_dynamics` (``mj_inverse``), :func:`inertia_matrix`
   (``mj_fullM``), critically damped PD gains (:func:`pd_gains`) and the stability of
   the sampled PD loop (:func:`sampled_loop_radius`);
+- the arm's identity (:func:`mjcf_identity`): a sha256 over the file and every file it
+  pulls in (included MJCF files, mesh and height-field files), what stores and runs
+  record and compare, so that an edited include is a different arm;
 - a payload at a named, massless body (``payload_body``; by default the body named
   ``payload`` when the model has one), set in place on any copy of the model;
 - joint damping, armature and dry friction as options that replace the file's values.
@@ -31,12 +34,22 @@ source with the servo's force range (its stiffness, damping and target range are
 dropped): computed-torque control assumes torque-controlled joints, as a simulation
 of a servo-driven arm under torque control. Inverse-dynamics data (``mj_inverse``)
 does not depend on the actuators at all.
+
+Checks. A file is refused (:class:`ArmModelError`, naming the file and the element or
+attribute) before any collection or control when its ``<option timestep>`` is not a
+finite time > 0, a joint ``range`` is NaN, infinite or not increasing, an actuator's
+``gear`` is 0 or not finite, or it has active ``<equality>`` constraints: their
+constraint forces would be counted by ``mj_inverse`` as joint torque that no actuator
+gives. Contacts are excluded from the inverse dynamics instead (:func:`inverse_dynamics`):
+a collision of the arm with itself or the scene is not a torque its motors give.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +65,16 @@ PAYLOAD_BODY = "payload"  # the body a payload goes to unless another is named
 PAYLOAD_RADIUS = 0.05  # m: the payload is a solid sphere of this radius
 UNLIMITED_RANGE = np.pi  # rad: the motion room of a hinge without limits
 JOINT_TERMS = {"damping": "dof_damping", "armature": "dof_armature", "friction": "dof_frictionloss"}
+# the slowest sample (and control) rate: one sample a second. Slower rates only thin out
+# the data, and a control step of more simulator steps than MAX_STEPS_PER_SAMPLE is absurd
+MIN_RATE_HZ = 1.0
+MAX_STEPS_PER_SAMPLE = 100_000
+# asset elements whose files change the dynamics (mesh inertia and collision shapes);
+# textures and skins are looks only and are not part of the arm's identity
+DYNAMIC_ASSETS = ("mesh", "hfield", "model")
+COMMENT = re.compile(r"<!--.*?-->", re.S)
+TAG = re.compile(r"<([A-Za-z_][\w.-]*)(\s[^<>]*?)?/?>")
+ATTRIBUTE = re.compile(r"([A-Za-z_][\w.-]*)\s*=\s*(['\"])(.*?)\2", re.S)
 
 
 class ArmModelError(InputError):
@@ -116,6 +139,77 @@ def actuator_torque_range(model: mujoco.MjModel, actuator: int) -> np.ndarray:
     return torque
 
 
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _first_existing(candidates: Sequence[Path]) -> Path | None:
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def mjcf_identity(path: str | Path) -> tuple[str, list[dict[str, str | None]]]:
+    """The identity of an MJCF arm: ``(sha256, files)``, over the file and every file it pulls in.
+
+    ``files`` lists, in document order, each included MJCF file (recursively) and
+    each mesh, height-field or ``<model>`` file of the ``<asset>`` elements, as
+    ``{"file": path relative to the main file's folder, "sha256": ...}``. Paths are
+    resolved as MuJoCo does: an include relative to the main file's folder, else to the
+    including file's; an asset under the compiler's ``meshdir`` (or ``assetdir``). An
+    asset file that cannot be found this way has ``"sha256": None``. The identity is the
+    sha256 of the file's bytes when it pulls in no file, else the sha256 of the main
+    file's hash and the list: changing any of them changes the arm's identity.
+    """
+    main = Path(path)
+    root_dir = main.parent
+    raw = main.read_bytes()
+    seen: set[Path] = {main.resolve()}
+    files: list[dict[str, str | None]] = []
+    assets: list[tuple[Path, str]] = []  # (folder of the file naming it, file attribute)
+    dirs: dict[str, str] = {}
+
+    def name_of(file: Path) -> str:
+        try:
+            return file.resolve().relative_to(root_dir.resolve()).as_posix()
+        except ValueError:  # outside the main file's folder
+            return str(file.resolve())
+
+    def walk(data: bytes, source: Path) -> None:
+        # a scan of the tags rather than an XML parser: MuJoCo's parser takes files a strict one
+        # refuses (a "--" inside a comment, as in a comment that quotes a command line)
+        text = COMMENT.sub("", data.decode("utf-8", errors="replace"))
+        for tag, attributes in TAG.findall(text):
+            values = {k: v for k, _, v in ATTRIBUTE.findall(attributes)}
+            file = values.get("file")
+            if tag == "compiler":
+                dirs.update({k: values[k] for k in ("meshdir", "assetdir") if k in values})
+            elif tag == "include" and file:
+                found = _first_existing([root_dir / file, source.parent / file])
+                if found is None:
+                    raise ArmModelError(f"{source}: <include file=\"{file}\"> not found next to {main.name} or "
+                                        f"{source.name}")
+                if found.resolve() in seen:
+                    continue
+                seen.add(found.resolve())
+                content = found.read_bytes()
+                files.append({"file": name_of(found), "sha256": _sha256(content)})
+                walk(content, found)
+            elif tag in DYNAMIC_ASSETS and file:
+                assets.append((source.parent, file))
+
+    walk(raw, main)
+    folder = dirs.get("meshdir", dirs.get("assetdir", ""))
+    for source_dir, file in assets:
+        candidates = [Path(file)] if Path(file).is_absolute() else [
+            root_dir / folder / file, source_dir / folder / file, root_dir / file]
+        found = _first_existing(candidates)
+        entry = {"file": name_of(found) if found else file, "sha256": _sha256(found.read_bytes()) if found else None}
+        if entry not in files:
+            files.append(entry)
+    if not files:
+        return _sha256(raw), []
+    return _sha256(json.dumps({"main": _sha256(raw), "files": files}, sort_keys=True).encode()), files
+
+
 def _joint_terms(n: int, name: str, value: float | Sequence[float]) -> np.ndarray:
     values = np.atleast_1d(np.asarray(value, dtype=np.float64))
     if values.ndim != 1 or values.shape[0] not in (1, n) or not np.isfinite(values).all() or (values < 0).any():
@@ -147,17 +241,22 @@ class ArmModel:
         self.path = Path(path)
         if not self.path.is_file():
             raise ArmModelError(f"{self.path}: no such MJCF file")
-        raw = self.path.read_bytes()
-        self.sha256 = hashlib.sha256(raw).hexdigest()
         try:
             model = mujoco.MjModel.from_xml_path(str(self.path))
         except ValueError as err:  # MuJoCo's parse and compile errors
             raise ArmModelError(f"{self.path}: MuJoCo cannot load it: {str(err).strip()}") from err
+        # what stores and runs record as the arm: the file with everything it includes
+        self.sha256, self.files = mjcf_identity(self.path)
         self.env_id = env_id or f"mjcf:{self.path.name}"
         try:
             self._check_joints(model)
+            self._check_simulation(model)
             self.actuator_of_joint = self._actuators(model)
             torque = np.stack([actuator_torque_range(model, a) for a in self.actuator_of_joint])
+            for joint, a in enumerate(self.actuator_of_joint):
+                if np.isnan(torque[joint]).any():
+                    raise ArmModelError(f"actuator '{model.actuator(int(a)).name or a}': its torque range is NaN; "
+                                        "check its ctrlrange, forcerange and gain")
             for option, value in (("damping", damping), ("armature", armature), ("friction", friction)):
                 if value is not None:
                     getattr(model, JOINT_TERMS[option])[:] = _joint_terms(model.nv, option, value)
@@ -187,6 +286,33 @@ class ArmModel:
                 kind = mujoco.mjtJoint(int(model.jnt_type[j])).name.removeprefix("mjJNT_").lower()
                 raise ArmModelError(f"joint '{model.joint(j).name or j}' is a {kind} joint; a gpdyn arm has hinge "
                                     "joints only (a fixed base, no grippers on slide joints)")
+
+    @staticmethod
+    def _check_simulation(model: mujoco.MjModel) -> None:
+        """The timestep, joint ranges, gears and constraints that make the file's inverse dynamics the actuators'."""
+        step = float(model.opt.timestep)
+        if not (np.isfinite(step) and step > 0):
+            raise ArmModelError(f'<option timestep="{step:g}">: the simulation timestep must be a finite time > 0 s')
+        for j in range(model.njnt):
+            low, high = (float(v) for v in model.jnt_range[j])
+            given = model.jnt_limited[j] or (low, high) != (0.0, 0.0)  # (0, 0): no range in the file
+            if given and not (np.isfinite(low) and np.isfinite(high) and low < high):
+                raise ArmModelError(
+                    f"joint '{model.joint(j).name or j}': range=\"{low:g} {high:g}\" (as compiled, rad) must be two "
+                    "finite numbers, low < high (MuJoCo leaves a joint with an inverted or empty range unlimited)")
+        for a in range(model.nu):
+            gear = float(model.actuator_gear[a, 0])
+            if not (np.isfinite(gear) and gear != 0):
+                raise ArmModelError(f"actuator '{model.actuator(a).name or a}': gear=\"{gear:g}\" gives no joint "
+                                    "torque; give it a finite gear ratio other than 0")
+        for e in np.flatnonzero(model.eq_active0):
+            kind = mujoco.mjtEq(int(model.eq_type[e])).name.removeprefix("mjEQ_").lower()
+            name = model.equality(int(e)).name
+            element = f'<{kind} name="{name}">' if name else f"<{kind}> (#{e})"
+            raise ArmModelError(
+                f"<equality>{element}: an equality constraint's force is counted "
+                "by mj_inverse as joint torque that no actuator gives, so the recorded torques would not describe the "
+                "actuators; a gpdyn arm has no active equality constraints (remove it, or set active=\"false\")")
 
     @staticmethod
     def _actuators(model: mujoco.MjModel) -> np.ndarray:
@@ -229,17 +355,30 @@ class ArmModel:
         """The damping, armature and dry friction per joint that the models carry."""
         return {option: getattr(self.model, field).tolist() for option, field in JOINT_TERMS.items()}
 
-    def steps_per_sample(self, rate_hz: float) -> int:
-        """Simulator steps per sample at ``rate_hz``, refused unless a whole number."""
-        if not np.isfinite(rate_hz) or rate_hz <= 0:
-            raise ArmModelError(f"{self.path}: sample rate must be > 0 Hz, got {rate_hz}")
-        steps = 1.0 / (rate_hz * self.timestep)
-        if abs(steps - round(steps)) > 1e-9 or round(steps) < 1:
+    def rate_range(self) -> tuple[float, float]:
+        """The sample (and control) rates in Hz this arm takes: at least one simulator step per sample, at least
+        :data:`MIN_RATE_HZ`, at most :data:`MAX_STEPS_PER_SAMPLE` steps per sample."""
+        return max(MIN_RATE_HZ, 1.0 / (MAX_STEPS_PER_SAMPLE * self.timestep)), 1.0 / self.timestep
+
+    def steps_per_sample(self, rate_hz: float, option: str = "sample rate") -> int:
+        """Simulator steps per sample at ``rate_hz``, refused (naming ``option``) unless a whole number in range."""
+        low, high = self.rate_range()
+        try:
+            rate = float(rate_hz)
+        except (TypeError, ValueError):
+            rate = np.nan
+        # relative tolerances: 1 / (rate x timestep) is rarely an exact float
+        if not (np.isfinite(rate) and low * (1 - 1e-9) <= rate <= high * (1 + 1e-9)):
             raise ArmModelError(
-                f"{self.path}: sample rate {rate_hz} Hz is not a whole number of the model's "
-                f"{self.timestep * 1e3:g} ms simulation steps"
+                f"{self.path}: {option} must be a finite rate in [{low:g}, {high:g}] Hz (at least {MIN_RATE_HZ:g} Hz "
+                f"and at most one sample per {self.timestep * 1e3:g} ms simulation step), got {rate_hz}")
+        steps = 1.0 / (rate * self.timestep)
+        if abs(steps - round(steps)) > 1e-9 * max(1.0, steps):
+            raise ArmModelError(
+                f"{self.path}: {option} {rate_hz} Hz is not a whole number of the model's "
+                f"{self.timestep * 1e3:g} ms simulation steps ({steps:.4g} steps per sample)"
             )
-        return int(round(steps))
+        return max(1, int(round(steps)))
 
     def new_model(self, payload_kg: float = 0.0, payload_offset: Sequence[float] = DEFAULT_PAYLOAD_OFFSET) -> mujoco.MjModel:
         """A copy of the arm's model (options applied) with ``payload_kg`` at ``payload_offset``."""
@@ -300,6 +439,7 @@ class ArmModel:
         return {
             "model_file": self.path.name,
             "model_sha256": self.sha256,
+            "model_files": self.files,
             "env_id": self.env_id,
             "n_joints": self.n,
             "joint_names": list(self.joint_names),
@@ -323,15 +463,19 @@ def inverse_dynamics(
     """Joint torques [N, n] that realise (q, qd, qdd), one ``mj_inverse`` per row.
 
     ``qfrc_inverse`` is the generalised force on each joint (gear x actuator force); it
-    includes armature, damping and the soft dry-friction force. ``discrete=False`` is
+    includes armature, damping and the soft dry-friction force, and excludes contacts
+    (MuJoCo's contact flag is off for the computation): a collision's force is not a
+    torque the actuators give, and in ``mj_inverse`` a penetrating geom at a commanded
+    pose gives forces orders of magnitude past any actuator's. ``discrete=False`` is
     continuous-time inverse dynamics (what the datasets record). ``discrete=True`` sets
     MuJoCo's ``invdiscrete`` flag: the torque that makes one simulator step (Euler,
     implicit damping) produce exactly ``qdd`` as the finite-difference acceleration, i.e.
     the torque a controller at the simulator rate holds.
     """
     flag = int(mujoco.mjtEnableBit.mjENBL_INVDISCRETE)
-    saved = model.opt.enableflags
+    saved, saved_disabled = model.opt.enableflags, model.opt.disableflags
     model.opt.enableflags = (saved | flag) if discrete else (saved & ~flag)
+    model.opt.disableflags = saved_disabled | int(mujoco.mjtDisableBit.mjDSBL_CONTACT)
     try:
         tau = np.empty_like(q)
         for i in range(q.shape[0]):
@@ -341,8 +485,14 @@ def inverse_dynamics(
             mujoco.mj_inverse(model, data)
             tau[i] = data.qfrc_inverse
     finally:
-        model.opt.enableflags = saved
+        model.opt.enableflags, model.opt.disableflags = saved, saved_disabled
     return tau
+
+
+def without_contacts(model: mujoco.MjModel) -> mujoco.MjModel:
+    """``model`` with MuJoCo's contacts off, in place: for inverse dynamics computed outside :func:`inverse_dynamics`."""
+    model.opt.disableflags |= int(mujoco.mjtDisableBit.mjDSBL_CONTACT)
+    return model
 
 
 def discrete_feedforward(model: mujoco.MjModel, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -412,6 +562,8 @@ def sampled_loop_radius(model: mujoco.MjModel, poses: np.ndarray, kp: np.ndarray
 
 __all__ = [
     "DEFAULT_PAYLOAD_OFFSET",
+    "MAX_STEPS_PER_SAMPLE",
+    "MIN_RATE_HZ",
     "ArmLimits",
     "ArmModel",
     "ArmModelError",
@@ -419,6 +571,8 @@ __all__ = [
     "discrete_feedforward",
     "inertia_matrix",
     "inverse_dynamics",
+    "mjcf_identity",
     "pd_gains",
     "sampled_loop_radius",
+    "without_contacts",
 ]

@@ -26,6 +26,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.envs.mujoco.mujoco_env import MujocoEnv
 
+from gpdyn.errors import InputError
 from gpdyn.robots.arm import DEFAULT_PAYLOAD_OFFSET, ArmModel
 from gpdyn.robots.kuka import ENV_ID, kuka_arm
 from gpdyn.sim.arm import DEFAULT_RATE_HZ, get_family
@@ -53,6 +54,8 @@ class ArmEnv(MujocoEnv):
     ) -> None:
         self.arm = arm if arm is not None else kuka_arm()
         frame_skip = self.arm.steps_per_sample(DEFAULT_RATE_HZ) if frame_skip is None else int(frame_skip)
+        if frame_skip < 1:
+            raise InputError(f"{self.arm.path}: frame_skip must be >= 1 simulation step per control step, got {frame_skip}")
         self._payload = (float(payload_kg), tuple(float(v) for v in payload_offset))
         # the fps check of MujocoEnv must match this instance's control rate
         self.metadata = {**type(self).metadata, "render_fps": int(round(1.0 / (self.arm.timestep * frame_skip)))}

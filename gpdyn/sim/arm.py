@@ -9,7 +9,10 @@ is a sum of sinusoids per joint with seeded frequencies, phases and amplitudes,
 played at several speed factors and kept inside the arm's position and velocity
 limits. Torques come from ``mujoco.mj_inverse`` at each sample, i.e. the generalised
 force that realises the commanded (q, qd, qdd) including gravity, Coriolis terms,
-rotor armature, joint damping and dry friction, plus an optional payload.
+rotor armature, joint damping and dry friction, plus an optional payload; contacts are
+excluded (:func:`gpdyn.robots.arm.inverse_dynamics`). Samples whose torque is beyond an
+actuator's range (a motion faster than the arm can follow) are counted per episode
+(the per-episode key ``tau_over_limits``) and reported with a :class:`TorqueLimitWarning`.
 
 Pipeline: :class:`RhythmicPattern` (the seeded motion of a family) ->
 :class:`ArmStream` (the live process, sample by sample or in chunks, with sensor
@@ -20,6 +23,7 @@ noise and finite-difference derivatives as options) -> :func:`collect_arm`
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,8 +49,20 @@ VELOCITY_MARGIN = 0.9
 DERIVATIVES = ("exact", "fd")
 
 
+TORQUE_SOURCE = "mujoco.mj_inverse on the true state, contacts excluded"
+
+
 class ArmConfigError(InputError):
     """An impossible arm simulation setting (negative counts, unknown family, ...)."""
+
+
+class TorqueLimitWarning(UserWarning):
+    """A collection recorded torques beyond the actuators' ranges: motions the arm's motors cannot make."""
+
+
+def beyond_limits(tau: np.ndarray, torque_limits: np.ndarray) -> np.ndarray:
+    """``[N, n]`` True where a joint torque of ``tau`` ``[N, n]`` is outside its ``[n, 2]`` actuator range."""
+    return (tau < torque_limits[:, 0]) | (tau > torque_limits[:, 1])
 
 
 # ---------------------------------------------------------------------------- motion
@@ -355,8 +371,11 @@ def collect_arm(
     The offline part (``offline`` samples) comes first, then the online part, each
     split evenly into one episode per speed of the family, in time order; the
     per-episode key ``online`` marks the part and ``speed`` the speed factor. The
-    settings and the arm (file name, sha256, joints, limits, joint terms) go to the
-    store attributes, and ``planned_rows`` says how many samples the finished store holds.
+    settings and the arm (file name, identity hash with its included files, joints, limits,
+    joint terms) go to the store attributes, and ``planned_rows`` says how many samples
+    the finished store holds. The per-episode key ``tau_over_limits`` counts the samples
+    with a joint torque beyond its actuator's range; when the store holds any, a
+    :class:`TorqueLimitWarning` says how many.
 
     Each episode is committed as it is made. A store that exists is continued where it
     stopped, if it was collected with the same settings (a crash, SIGTERM or Ctrl-C): the
@@ -397,7 +416,7 @@ def collect_arm(
         "offline_samples": int(offline),
         "online_samples": int(online),
         "planned_rows": int(offline + online),
-        "torque_source": "mujoco.mj_inverse on the true state",
+        "torque_source": TORQUE_SOURCE,
         "tau_scale": [1.0] * arm.n,
     }
     store = _open_or_create(store_path, arm.n, settings)
@@ -414,10 +433,17 @@ def collect_arm(
                            f"{offline + online} samples)")
                 seg = stream.next_segment(length)
                 episode = {k: seg[k] for k in ("q", "qd", "qdd", "tau")}
-                store.append_episode(episode, online=part, speed=float(seg["speed"][0]))
+                over = int(beyond_limits(seg["tau"], arm.limits.torque).any(axis=1).sum())
+                store.append_episode(episode, online=part, speed=float(seg["speed"][0]), tau_over_limits=over)
                 bar.update(length)
+        over = int(store.episode_values("tau_over_limits").sum())
     finally:
         store.close()
+    if over:
+        warnings.warn(
+            f"{store.path}: {over} of {store.n_rows} samples have a joint torque beyond its actuator's range (the "
+            "arm's motors cannot make these motions at these speeds; see the per-episode key tau_over_limits)",
+            TorqueLimitWarning, stacklevel=2)
     return store
 
 
@@ -430,7 +456,7 @@ def _open_or_create(path: Path, n_joints: int, settings: dict[str, Any]) -> Epis
         try:
             return EpisodeStore.create(
                 path, arm_fields(n_joints), **{k: settings[k] for k in core},
-                episode_keys=arm_episode_keys(speed="float64"),
+                episode_keys=arm_episode_keys(speed="float64", tau_over_limits="int64"),
                 extra_attrs={k: v for k, v in settings.items() if k not in core},
             )
         except StoreError:
@@ -440,12 +466,30 @@ def _open_or_create(path: Path, n_joints: int, settings: dict[str, Any]) -> Epis
     store = EpisodeStore.open(path, mode="a")
     mismatched = [k for k, v in want.items() if store.attrs.get(k) != v]
     if mismatched:
+        recorded = store.attrs
         store.close()
+        arm = ""
+        if "model_sha256" in mismatched:
+            arm = (f" (the arm: the store's {recorded.get('model_file')} sha256 {recorded.get('model_sha256')}, this "
+                   f"{want['model_file']} sha256 {want['model_sha256']}{_changed_files(recorded, want)})")
         raise ArmConfigError(
-            f"{path}: exists and was collected with different {', '.join(mismatched)}; continuing it would mix "
+            f"{path}: exists and was collected with different {', '.join(mismatched)}{arm}; continuing it would mix "
             "settings (use the same options to finish it, or a new --store)"
         )
     return store
+
+
+def _changed_files(recorded: dict[str, Any], want: dict[str, Any]) -> str:
+    """``; changed: a.xml, ...``: the files an arm pulls in whose hashes differ from the store's record."""
+    old = recorded.get("model_files")
+    if not isinstance(old, list):
+        return ""
+    before = {f.get("file"): f.get("sha256") for f in old if isinstance(f, dict)}
+    after = {f["file"]: f["sha256"] for f in want["model_files"]}
+    changed = sorted(str(f) for f in before.keys() | after.keys() if before.get(f) != after.get(f))
+    if not changed and recorded.get("model_sha256") != want["model_sha256"]:
+        changed = [want["model_file"]]
+    return f"; changed: {', '.join(changed)}" if changed else ""
 
 
 def _committed_plan(store: EpisodeStore, plan: list[tuple[int, int]]) -> int:
@@ -462,25 +506,31 @@ def _committed_plan(store: EpisodeStore, plan: list[tuple[int, int]]) -> int:
     return len(lengths)
 
 
-def torque_ranges(store: EpisodeStore) -> np.ndarray:
-    """[n, 2] min and max of ``tau`` per joint over the whole store (read in chunks)."""
+def torque_ranges(store: EpisodeStore, torque_limits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[n, 2] min and max of ``tau`` per joint over the whole store (read in chunks), and [n] how many samples of
+    each joint are beyond its actuator's range (``torque_limits`` [n, 2])."""
     n = store.fields["tau"].width
     lo = np.full(n, np.inf)
     hi = np.full(n, -np.inf)
+    over = np.zeros(n, dtype=np.int64)
     for start in range(0, store.n_rows, 65536):
         tau = store.read("tau", start, start + 65536)
         lo = np.minimum(lo, tau.min(0))
         hi = np.maximum(hi, tau.max(0))
-    return np.stack([lo, hi], axis=1)
+        over += beyond_limits(tau, torque_limits).sum(0)
+    return np.stack([lo, hi], axis=1), over
 
 
 __all__ = [
     "FAMILIES",
+    "TORQUE_SOURCE",
     "ArmConfigError",
     "ArmStream",
     "RhythmicPattern",
     "SensorConfig",
+    "TorqueLimitWarning",
     "TrajectoryFamily",
+    "beyond_limits",
     "collect_arm",
     "get_family",
     "split_evenly",
