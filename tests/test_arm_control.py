@@ -31,8 +31,14 @@ def test_kuka_tracking_runs_and_reports_rmse(tmp_path: Path) -> None:
     episodes = _records(run, "episode")
     assert [e["controller"] for e in episodes] == ["pd", "true", "frozen", "online"]
     assert all(e["change"] == "+3 kg" and e["length"] == 6 for e in episodes)
+    assert all(e["cpu_ms_per_step"] > 0 and e["cpu_ms_per_step_p95"] >= 0 for e in episodes)
+    online = episodes[-1]
+    assert online["gp_updates"] > 0 and online["online_learner"]
+    assert all("online_learner" not in e for e in episodes[:-1])
     report = (run.path / "report.md").read_text()
     assert "| true | after |" in report and (run.path / "kuka_tracking.png").exists()
+    assert "## CPU time per control step (the period is 10 ms)" in report
+    assert f"| online " in report.split("## CPU time")[1]
 
 
 def test_kuka_pd_gains_keep_the_sampled_loop_stable() -> None:

@@ -249,6 +249,11 @@ def test_walker_consecutive_episodes_keep_the_online_model(walker_zarr: Path, tm
     # the residual GP of episode 1 still holds episode 0's transitions
     assert [e["residual_points"] for e in online] == [online[0]["length"], online[0]["length"] + online[1]["length"]]
     assert all("residual_points" not in e for e in episodes if e["controller"] == "frozen")
+    # an online controller names what it updates and counts the updates (over the episodes so far)
+    # (each transition is one observe plus the updater's steps)
+    assert [e["online_learner"] for e in online] == ["residual", "residual"]
+    assert online[1]["gp_updates"] > online[0]["gp_updates"] >= online[0]["residual_points"]
+    assert all("online_learner" not in e for e in episodes if e["controller"] != "online")
     steps = _records(run, "step")
     assert sorted({(s["controller"], s["episode"]) for s in steps}) == sorted((c, k) for c in ("frozen", "online", "trpo") for k in (0, 1))
     store = EpisodeStore.open(run.path / "episodes.zarr")
@@ -260,6 +265,7 @@ def test_walker_consecutive_episodes_keep_the_online_model(walker_zarr: Path, tm
     assert not np.array_equal(start[0], start[1])
     report = (run.path / "report.md").read_text()
     assert "Cells: mean over 2 consecutive episodes" in report and "after the first episode" in report
+    assert "## CPU time per control step (the period is 8 ms)" in report and "| online | " in report.split("## CPU time")[1]
     assert (run.path / "walker_episode_returns.png").stat().st_size > 0
     text = _script("summarize_control").summarize([run.path])
     returns = {(e["controller"], e["episode"]): e["return"] for e in episodes}
@@ -370,6 +376,10 @@ def test_run_episode_collects_rows_applies_the_change_and_logs_each_step() -> No
     assert all(s["controller"] == "trpo" for s in steps)
     assert logs[-1] == out.record and out.record["kind"] == "episode" and out.record["change"] == "stiffer"
     assert out.record["length"] == 5 and out.record["return"] == pytest.approx(float(out.rows["reward"].sum()))
+    # the controller's CPU time per step: every step logs it, the episode its mean and 95th percentile
+    cpu = np.array([s["cpu_ms"] for s in steps])
+    assert (cpu >= 0).all() and out.record["cpu_ms_per_step"] == pytest.approx(cpu.mean())
+    assert out.record["cpu_ms_per_step_p95"] == pytest.approx(np.percentile(cpu, 95))
     with pytest.raises(InputError, match="steps"):
         run_episode(make_env(), PolicyController(policy.act), steps=0, reset_seed=0)
 

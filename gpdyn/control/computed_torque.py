@@ -128,6 +128,7 @@ class ComputedTorqueController(Controller):
         out: dict[str, Any] = {"fallbacks": self._fallbacks}
         if self.updater is not None:
             out["updates_skipped"] = self._skipped
+            out.update(getattr(self.updater, "summary", dict)())  # online_learner, gp_updates
         if self.model is not None:
             out.update(self.model.diagnostics())
         return out

@@ -116,6 +116,7 @@ class MPCController(Controller):
                        control_spread_mean=float(np.mean([c for _, c in s["spreads"]])))
         if self.updater is not None:  # transitions the updater could not learn from (NaN/inf), run kept going
             out["updates_skipped"] = int(sum(s["skipped"]))
+            out.update(getattr(self.updater, "summary", dict)())  # online_learner, gp_updates
         if self.model is not None:  # the learner's counters, read once per episode (a device sync)
             out.update(self.model.model.diagnostics())
         return out

@@ -478,7 +478,9 @@ class HybridSamplingController(SamplingController):
         return {}
 
     def summary(self) -> dict[str, Any]:
-        return {**super().summary(), "residual_points": float(self.forward.observed), "residual_active": self.forward.active,
+        # the residual learner (a ResidualGP, registered "residual") takes one observe per transition
+        return {**super().summary(), "online_learner": "residual", "gp_updates": self.forward.observed,
+                "residual_points": float(self.forward.observed), "residual_active": self.forward.active,
                 "residual_distrusted_steps": float(self.forward.distrusted_steps)}
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
+import time
+
 import numpy as np
 from tqdm import tqdm
 
@@ -77,9 +79,17 @@ def run_episode(
       ``qpos``/``qvel``); the names in ``next_rows`` are read again after it as ``next_<name>``.
       Every episode has :data:`BASE_ROWS`; ``reward``, ``terminated``, ``truncated`` are ``[T, 1]``.
     - ``log(**fields)``: receives a ``kind="step"`` record per step (``t``, ``reward``,
-      ``changed``, the controller's act and observe records) and the ``kind="episode"``
-      record; both carry ``tags`` (robot, controller, condition, episode, ...).
+      ``changed``, ``cpu_ms``, the controller's act and observe records) and the
+      ``kind="episode"`` record; both carry ``tags`` (robot, controller, condition, episode, ...).
     The episode ends at ``steps`` or when the env terminates or truncates it.
+
+    ``cpu_ms`` is the process CPU time of the controller's ``act`` plus ``observe`` in the
+    step (planning or feed-forward, and the model update; the simulator's step is not
+    counted, nor is the env's reset); the episode record has its mean ``cpu_ms_per_step``
+    and 95th percentile ``cpu_ms_per_step_p95``, to compare with the control period. CPU
+    time, not wall time: on a shared machine the wall clock counts the neighbours' work.
+    It includes what the controller measures for its log (e.g. a model's one-step error),
+    so it is an upper bound on what control alone needs.
     """
     if steps < 1:
         raise InputError(f"run_episode: steps must be >= 1, got {steps}")
@@ -88,18 +98,23 @@ def run_episode(
     controller.reset(env)
     collected: dict[str, list[np.ndarray]] = {k: [] for k in BASE_ROWS}
     total, change, t = 0.0, "", 0
+    cpu_ms: list[float] = []
     label = "/".join(str(v) for v in tags.values()) or controller.name
     bar = tqdm(range(steps), desc=label, disable=not progress, leave=False)
     for t in bar:
         if before_step is not None:
             change = before_step(t, env) or change
         extra = dict(rows(env)) if rows is not None else {}
+        started = time.process_time()
         action, record = controller.act(obs, info)
+        acted = time.process_time()
         action = np.asarray(action, dtype=np.float64)
         for k, v in (("obs", obs), ("action", action), *extra.items()):
             collected.setdefault(k, []).append(np.array(v, dtype=np.float64))
         next_obs, reward, terminated, truncated, info = env.step(action)
+        observing = time.process_time()
         record = {**record, **controller.observe(obs, action, next_obs, info)}
+        cpu_ms.append(1e3 * (acted - started + time.process_time() - observing))
         total += float(reward)
         after = dict(rows(env)) if rows is not None and next_rows else {}
         for k in next_rows:
@@ -107,12 +122,14 @@ def run_episode(
         for k, v in (("reward", reward), ("terminated", terminated), ("truncated", truncated)):
             collected[k].append(np.array([v]))
         if log is not None:
-            log(kind="step", **tags, t=t, reward=float(reward), changed=bool(change), **record)
+            log(kind="step", **tags, t=t, reward=float(reward), changed=bool(change), cpu_ms=cpu_ms[-1], **record)
         bar.set_postfix(ret=f"{total:.0f}", refresh=False)
         obs = next_obs
         if terminated or truncated:
             break
-    summary = {"kind": "episode", **tags, "return": total, "length": t + 1, "change": change, **controller.summary()}
+    summary = {"kind": "episode", **tags, "return": total, "length": t + 1, "change": change,
+               "cpu_ms_per_step": float(np.mean(cpu_ms)), "cpu_ms_per_step_p95": float(np.percentile(cpu_ms, 95)),
+               **controller.summary()}
     if log is not None:
         log(**summary)
     arrays = {k: np.stack(v).reshape(len(v), -1) for k, v in collected.items()}

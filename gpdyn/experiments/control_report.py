@@ -116,6 +116,9 @@ def write_walker_report(run: RunDir, cfg: Any) -> Path:
         lines += ["", f"Cells: mean over {cfg.episodes} consecutive episodes, then each episode's return, with its "
                       "length where the walker fell. The online model is kept from one episode to the next."]
     lines += _online_verdict(returns)
+    from gpdyn.robots.walker import DT  # the control period; robots/walker imports MuJoCo, which reports need not
+
+    lines += compute_section([e for eps in episodes.values() for e in eps], DT)
     errs = {k: v for k, v in steps.items() if any("model_rmse" in r for r in v)}
     if errs:
         lines += ["", "## Model one-step error (velocity RMSE, mean over the steps of all episodes)", "",
@@ -232,6 +235,31 @@ def _plot_walker_error(path: Path, errs, steps: int, change_at: int, label: str)
     return _save(fig, path / "walker_model_error.png")
 
 
+def compute_section(episodes: list[dict[str, Any]], period_s: float) -> list[str]:
+    """Per controller: its CPU time per control step (act plus observe: planning or feed-forward and the model
+    update), mean and 95th percentile over its episodes' steps, against the control period; and for an online
+    controller the learner it updates and the updates applied to it."""
+    by_ctrl: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for e in episodes:
+        if "cpu_ms_per_step" in e:
+            by_ctrl[e["controller"]].append(e)
+    if not by_ctrl:
+        return []
+    lines = ["", f"## CPU time per control step (the period is {1e3 * period_s:g} ms)", "",
+             "| controller | mean [ms] | 95th percentile [ms] | within the period | online learner | updates |",
+             "|---|---|---|---|---|---|"]
+    for ctrl, eps in by_ctrl.items():
+        mean = float(np.mean([e["cpu_ms_per_step"] for e in eps]))
+        p95 = float(np.max([e["cpu_ms_per_step_p95"] for e in eps]))  # the worst episode's
+        learner = eps[-1].get("online_learner", "-")
+        updates = eps[-1].get("gp_updates", "-")
+        lines.append(f"| {ctrl} | {mean:.2f} | {p95:.2f} | {'yes' if p95 <= 1e3 * period_s else 'no'} | {learner} | {updates} |")
+    lines.append("")
+    lines.append("CPU time of the process (one thread); the 95th percentile is the worst episode's. Updates: "
+                 "observes plus optimiser steps applied to the online learner over the run's episodes so far.")
+    return lines
+
+
 def write_arm_report(run: RunDir, cfg: Any, arm: Any, joint_rmse: dict[str, dict[str, list[float]]]) -> Path:
     """Tracking RMSE per joint before/after the payload change, and the error over time (any arm)."""
     records = run.metrics()
@@ -271,6 +299,7 @@ def write_arm_report(run: RunDir, cfg: Any, arm: Any, joint_rmse: dict[str, dict
                 e = np.array([r["ff_error"] for r in ff if r["controller"] == ctrl and keep(r["t"])])
                 if len(e):
                     lines.append(f"| {ctrl} | {phase} | " + " | ".join(f"{v:.2f}" for v in np.sqrt((e**2).mean(0))) + " |")
+    lines += compute_section([r for r in records if r.get("kind") == "episode" and r.get("robot") == cfg.robot], cfg.dt)
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 3.8))
     by_ctrl: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -295,4 +324,4 @@ def write_arm_report(run: RunDir, cfg: Any, arm: Any, joint_rmse: dict[str, dict
     return path
 
 
-__all__ = ["mean_se", "write_arm_report", "write_walker_report"]
+__all__ = ["compute_section", "mean_se", "write_arm_report", "write_walker_report"]

@@ -23,6 +23,7 @@ Fast adaptation (a frozen model plus a GP on its residuals) is :mod:`gpdyn.gp.re
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -78,7 +79,13 @@ def pretrain_learner(
 
 
 class OnlineUpdater:
-    """Observe each new transition and take ``updates`` steps on the recent ones."""
+    """Observe each new transition and take ``updates`` steps on the recent ones.
+
+    :meth:`summary` names the learner it updates (``online_learner``: the learner's
+    ``online_name``, e.g. the GP inside a composite model) and counts the updates applied
+    to it so far (``gp_updates``: observe calls that took, plus optimiser steps; over every
+    episode the updater served, since the learner keeps learning across them).
+    """
 
     def __init__(self, learner: Learner, *, batch: int = 64, updates: int = 1) -> None:
         if batch < 1 or updates < 0:
@@ -88,6 +95,7 @@ class OnlineUpdater:
         self.recent_y: deque[Tensor] = deque(maxlen=self.batch)
         self.skipped = 0  # transitions not observed because the learner is full
         self.nonfinite = 0  # transitions not learnt from: NaN or inf in them or in what the learner derives from them
+        self.applied = 0  # observes and steps that changed the learner
 
     def __call__(self, x: Tensor, y: Tensor) -> dict[str, float]:
         """One transition (or a few) ``x [n, D]``, ``y [n, P]``, normalised.
@@ -108,6 +116,7 @@ class OnlineUpdater:
                 self.learner.observe(x, y)
             except (NonFiniteError, torch.linalg.LinAlgError):
                 return self._skip(x)
+            self.applied += 1
         self.recent_x.extend(x)
         self.recent_y.extend(y)
         metrics: dict[str, float] = {}
@@ -117,7 +126,13 @@ class OnlineUpdater:
             else:
                 out = self.learner.step(torch.stack(tuple(self.recent_x)), torch.stack(tuple(self.recent_y)))
             metrics = {k: float(v) for k, v in out.items()}
+            self.applied += 1
         return {**metrics, "skipped": 0.0}
+
+    def summary(self) -> dict[str, Any]:
+        """What an online controller's episode record says of its learning (see the class notes)."""
+        name = getattr(self.learner, "online_name", self.learner.name)
+        return {"online_learner": name, "gp_updates": self.applied}
 
     def _skip(self, x: Tensor) -> dict[str, float]:
         self.nonfinite += x.shape[0]
