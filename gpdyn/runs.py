@@ -5,16 +5,25 @@ One process writes a run folder at a time: a :class:`RunDir` takes the folder's
 resumed or first written to. Reading (``config``, ``metrics``, ``summary``) needs no lock.
 ``metrics.jsonl`` is appended one line per record; a run killed mid-write leaves a torn
 last line, which readers skip with a warning and the next writer removes.
+
+Completion: the jobs that resume (``learn``, ``replay``; :mod:`gpdyn.experiments.resume`)
+name ``finished.json`` under ``completion_marker`` in their config and write it, whole, as
+their last act (:meth:`RunDir.finish`). A folder without it is unfinished: a stopped run,
+or one still running. :meth:`RunDir.status` says which and how far it got, so that
+``gpdyn inspect`` and ``gpdyn report`` never show a stopped run's numbers as final.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import time
 import warnings
 import weakref
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +34,11 @@ from gpdyn.lock import WriterLock
 
 LOCK_FILE = ".gpdyn-writer.lock"
 METRICS_FILE = "metrics.jsonl"
+FINISHED_FILE = "finished.json"
+#: the config key of a run that writes FINISHED_FILE when it is done (its value: that file's name)
+COMPLETION_KEY = "completion_marker"
+#: the jobs whose folders say how far they got (RunDir.status)
+RESUMABLE_JOBS = ("learn", "replay")
 
 
 def _jsonable(value: Any) -> Any:
@@ -200,16 +214,125 @@ class RunDir:
             raise InputError(f"{file}: expected a JSON object, found {type(config).__name__}")
         return config
 
+    def finish(self, **info: Any) -> Path:
+        """Mark the run finished: ``finished.json`` (``info`` and the time), written whole as the run's last act."""
+        return self.write_json(FINISHED_FILE, {"finished": time.strftime("%Y-%m-%d %H:%M:%S"), **info})
+
+    def finished(self) -> dict[str, Any] | None:
+        """The contents of ``finished.json``, or None while the run is not finished."""
+        file = self.path / FINISHED_FILE
+        if not file.exists():
+            return None
+        marker = read_json(file)
+        if not isinstance(marker, dict):
+            raise InputError(f"{file}: expected a JSON object, found {type(marker).__name__}")
+        return marker
+
+    def status(self) -> RunStatus | None:
+        """How far a ``learn`` or ``replay`` run got (None for the folders of other jobs)."""
+        config = self.config()
+        if config.get("job") not in RESUMABLE_JOBS:
+            return None
+        stream = config.get("protocol") == "stream"
+        learners = config.get("learners") if config.get("job") == "replay" else [config.get("learner")]
+        if not (isinstance(learners, list) and learners and all(isinstance(n, str) for n in learners)):
+            raise InputError(f"{self.path / 'config.json'}: names no learner ('learner' or 'learners')")
+        if stream:
+            summary = config.get("problem_summary") or config.get("problem")
+            planned = summary.get("train") if isinstance(summary, dict) else None
+        else:
+            planned = config.get("planned_iterations", config.get("iterations"))
+        if isinstance(planned, bool) or not isinstance(planned, int):
+            planned = None
+        done = {name: 0 for name in learners}
+        streamed: set[str] = set()
+        for _, r in self.numbered_metrics():
+            name = r.get("learner", learners[0] if len(learners) == 1 else None)
+            if name not in done:
+                continue
+            if stream and r.get("kind") == "stream" and isinstance(r.get("rows"), int):
+                done[name] = max(done[name], r["rows"])
+                if r.get("final") is True:
+                    streamed.add(name)
+            elif not stream and r.get("kind", "eval") == "eval" and isinstance(r.get("iteration"), int):
+                done[name] = max(done[name], r["iteration"])
+        if config.get(COMPLETION_KEY):
+            finished = self.finished() is not None
+        elif stream:  # a run made before the marker: done when every stream finished
+            finished = streamed == set(learners)
+        else:
+            finished = planned is not None and all(d >= planned for d in done.values())
+        return RunStatus(self.path, finished, not finished and _writer_alive(self.path / LOCK_FILE),
+                         "row" if stream else "iteration", planned, done)
+
     def summary(self) -> dict[str, Any]:
-        """What ``gpdyn inspect`` shows: the config, the number of metric records, the last one, the files."""
+        """What ``gpdyn inspect`` shows: the config, the status of a learn or replay run, the number
+        of metric records, the last one (partial when the run is unfinished), the files."""
         metrics = self.metrics()
+        status = self.status()
+        head: dict[str, Any] = {"run": str(self.path)}
+        if status is not None:
+            head["status"] = status.describe()
+        last = "last_metrics" if status is None or status.finished else "last_metrics (partial, not final)"
         return {
-            "run": str(self.path),
+            **head,
             "config": self.config(),
             "metric_records": len(metrics),
-            "last_metrics": metrics[-1] if metrics else None,
+            last: metrics[-1] if metrics else None,
             "files": sorted(p.name for p in self.path.iterdir() if p.name != LOCK_FILE),
         }
+
+
+@dataclass
+class RunStatus:
+    """How far a run got: ``done`` maps each learner to its last recorded iteration (or streamed
+    row, ``unit == "row"``) of ``planned`` (None where the config does not say)."""
+
+    path: Path
+    finished: bool
+    running: bool
+    unit: str
+    planned: int | None
+    done: dict[str, int] = field(default_factory=dict)
+
+    def _of(self, n: int) -> str:
+        return f"{self.unit} {n}" + (f" of {self.planned}" if self.planned is not None else "")
+
+    def describe(self) -> str:
+        """One line: ``finished: 400 iterations``, ``stopped at iteration 40 of 400; rerun the same
+        command to continue (with --out PATH)``, or per learner where a run has several."""
+        several = len(self.done) > 1
+        if self.finished:
+            total = self.planned if self.planned is not None else max(self.done.values(), default=0)
+            return f"finished: {total} {self.unit}s" + (" per learner" if several else "")
+        if several:
+            where = ", ".join(f"{name} at {self._of(n)}" if n else f"{name} not started" for name, n in self.done.items())
+            where = f": {where}"
+        else:
+            where = f" at {self._of(next(iter(self.done.values())))}"
+        if self.running:
+            return f"running{where} so far (another process is writing this folder)"
+        restart = " (an unfinished stream starts again from its first row)" if self.unit == "row" else ""
+        return f"stopped{where}; rerun the same command to continue (with --out {self.path}){restart}"
+
+
+def _writer_alive(lock_file: Path) -> bool:
+    """Whether a live process holds the folder's writer lock (a killed writer's lock is free:
+    the kernel drops it). Probed with a shared lock taken and dropped at once; only a writer
+    starting at that very instant would find it taken and be refused."""
+    try:
+        fd = os.open(lock_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as err:
+        return err.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 def _check_empty(path: Path) -> None:

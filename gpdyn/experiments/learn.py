@@ -1,9 +1,12 @@
 """``gpdyn learn``: the online protocol of one learner on one problem, with a run folder.
 
-Writes ``config.json`` (with the learner's resolved options, ``learner_config``),
-``metrics.jsonl`` (one record per evaluation: the held-out scores of
-:func:`gpdyn.gp.online.evaluate` per output), ``checkpoint.pt`` (restored by
-:func:`load`) and ``report.md`` (the final table).
+Writes ``config.json`` (with the learner's resolved options, ``learner_config``, and the
+command's ``settings``), ``metrics.jsonl`` (one record per evaluation: the held-out scores
+of :func:`gpdyn.gp.online.evaluate` per output), ``checkpoint.pt`` (saved after every
+evaluation; restored by :func:`load` once the run is finished), ``report.md`` (the final
+table) and, last, ``finished.json``. A stopped run continues where its checkpoint left
+it when the same command runs again with the same ``--out``
+(:mod:`gpdyn.experiments.resume`, the mechanism of ``gpdyn replay``).
 
 Defaults that finish on the machine at hand: without a preset the learner runs at
 :func:`default_preset` of the device ("cpu" sizes on the CPU, "paper" on CUDA), and its
@@ -13,23 +16,26 @@ bases are capped at the training-set size.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from gpdyn.data.problems import PROTOCOLS, Normalizer, Problem, load_problem
 from gpdyn.data.streams import IIDStream
 from gpdyn.device import dtype_name, resolve_device, resolve_dtype
 from gpdyn.errors import InputError
 from gpdyn.gp import Learner, learner_class, learner_options, make_learner
-from gpdyn.gp.online import load_learner, run_online, save_learner
+from gpdyn.gp.online import load_learner
 from gpdyn.experiments.prior_mean import load_prior_mean, split_tensors
-from gpdyn.experiments.stream import stream_learner
+from gpdyn.experiments.resume import Phase, open_run, segments, train
+from gpdyn.experiments.stream import finished_streams, stream_learner
 from gpdyn.gp.prequential import StreamProtocol
-from gpdyn.runs import RunDir
+from gpdyn.runs import RunDir, is_run_dir
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -86,8 +92,19 @@ def protocol_options(learner: str, n_delta: int | None, n_data: int) -> dict[str
     return {k: v for k, v in {"n_delta": n_delta, "n_data": n_data}.items() if k in takes and v is not None}
 
 
-def learn(cfg: LearnConfig, out: str | Path | None = None, *, progress: bool = True) -> tuple[RunDir, dict[str, Any]]:
-    """Run SVDGP Algorithm 1 for one learner, write the run folder; return it and the last evaluation."""
+def learn(
+    cfg: LearnConfig,
+    out: str | Path | None = None,
+    *,
+    progress: bool = True,
+    on_checkpoint: Callable[[str, int], None] | None = None,
+) -> tuple[RunDir, dict[str, Any]]:
+    """Run SVDGP Algorithm 1 for one learner, write the run folder; return it and the last evaluation.
+
+    With ``out`` naming the folder of a stopped run of the same settings and store, the run
+    continues from its last checkpoint (:mod:`gpdyn.experiments.resume`, as ``gpdyn replay``);
+    ``on_checkpoint(learner, iteration)`` is called after each saved checkpoint.
+    """
     cfg.validate()  # before the run folder exists, so bad input leaves none
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -97,13 +114,19 @@ def learn(cfg: LearnConfig, out: str | Path | None = None, *, progress: bool = T
     x_train, y_train, prior_train = split_tensors(problem, "train", device, dtype, prior)
     x_test, y_test, prior_test = split_tensors(problem, "test", device, dtype, prior)
     options = {**protocol_options(cfg.learner, cfg.n_delta, len(x_train)), **cfg.sizes}
-    try:
-        learner = make_learner(
-            cfg.learner, problem.input_dim, problem.output_dim, device=device, dtype=dtype, seed=cfg.seed,
-            preset=cfg.preset, rows=len(x_train), **options,
-        )
-    except TypeError as err:  # an option the learner does not take
-        raise InputError(f"--size for learner '{cfg.learner}': {err}") from err
+
+    def make() -> Learner:
+        try:
+            return make_learner(
+                cfg.learner, problem.input_dim, problem.output_dim, device=device, dtype=dtype, seed=cfg.seed,
+                preset=cfg.preset, rows=len(x_train), **options,
+            )
+        except TypeError as err:  # an option the learner does not take
+            raise InputError(f"--size for learner '{cfg.learner}': {err}") from err
+
+    learner = make()  # before the run folder: bad sizes leave none
+    # the settings that decide the numbers, the dtype resolved: a resumed run must use the same
+    settings = {**asdict(cfg), "dtype": dtype_name(dtype)}
     config = {
         "learner": cfg.learner,
         "problem": problem.describe(),
@@ -118,36 +141,43 @@ def learn(cfg: LearnConfig, out: str | Path | None = None, *, progress: bool = T
         "dtype": dtype_name(dtype),
         "learner_config": learner.config,
         "prior_mean": cfg.prior_mean,
+        "settings": settings,
     }
     if cfg.protocol == "stream":
         config["stream"] = cfg.stream.as_dict()
-    run = RunDir.create("learn", config, out)
+    run = open_run("learn", out, settings, lambda: config, store=cfg.store,
+                   saved_settings=lambda saved: saved.get("settings"))
     print(f"run folder: {run.path}")
+    checkpoint = run.path / CHECKPOINT
+    done = run.finished()
+    if done is not None and isinstance(done.get("record"), dict):  # the same command again: nothing left to do
+        return run, done["record"]
     if cfg.protocol == "stream":  # one pass, each chunk predicted before it is learned
         from gpdyn.experiments.report import write_report
 
-        final = stream_learner(learner, problem, cfg.stream, run, run.path / CHECKPOINT, prior=prior,
-                               progress=progress)
+        # a stream stopped part way starts again (as a replay's, gpdyn.experiments.stream)
+        final = finished_streams(run).get(cfg.learner) or stream_learner(
+            learner, problem, cfg.stream, run, checkpoint, prior=prior, progress=progress)
+        run.finish(rows=final["rows"], record=final)
         write_report(run.path)
         return run, final
     if prior_train is not None:  # the learner learns the residual of the prior mean
         y_train = y_train - prior_train
-    stream = IIDStream(x_train, y_train, cfg.batch_size, seed=cfg.seed, device=device, dtype=dtype)
-    records = run_online(
-        learner,
-        stream,
-        x_test,
-        y_test,
-        iterations=cfg.iterations,
-        eval_every=cfg.eval_every,
-        callback=lambda r: run.log(**r),
-        progress=progress,
-        prior_test=prior_test,
-    )
-    save_learner(learner, run.path / CHECKPOINT, normalizer=problem.normalizer.to_json(), problem=problem.describe(),
-                 prior_mean=cfg.prior_mean)
-    final = records[-1]
+    phase = Phase("train", cfg.iterations,
+                  lambda: IIDStream(x_train, y_train, cfg.batch_size, seed=cfg.seed, device=device, dtype=dtype))
+    bar = tqdm(total=cfg.iterations, desc=f"learn {cfg.learner}", unit="it", disable=not progress)
+    try:
+        # the checkpoint the run continues from is the one load() reads once the run is finished
+        learner, final = train(cfg.learner, lambda: learner, segments([phase], cfg.eval_every), checkpoint, run,
+                               x_test, y_test, device=device, dtype=dtype, bar=bar, prior_test=prior_test,
+                               extra={"normalizer": problem.normalizer.to_json(), "problem": problem.describe(),
+                                      "prior_mean": cfg.prior_mean},
+                               on_checkpoint=on_checkpoint)
+    finally:
+        bar.close()
+    assert final is not None  # iterations >= 1
     (run.path / "report.md").write_text(_report(cfg.learner, problem, final))
+    run.finish(iterations=final["iteration"], record=final)
     return run, final
 
 
@@ -155,6 +185,10 @@ def load(run_dir: str | Path, device: str | torch.device | None = None) -> tuple
     """The learner of a ``gpdyn learn`` run folder, exactly as saved, and its normaliser
     (InputError naming the file and the statistic when it is damaged)."""
     path = Path(run_dir) / CHECKPOINT
+    if is_run_dir(run_dir):  # the checkpoint of a stopped run holds a learner part way through
+        status = RunDir(run_dir).status()
+        if status is not None and not status.finished:
+            raise InputError(f"{run_dir}: an unfinished learn run ({status.describe()}); its learner is not final")
     learner, extra = load_learner(path, device=device, extra_keys={"normalizer": dict})
     if extra.get("prior_mean"):
         # its mean alone would be silently wrong: the targets are the prior plus it

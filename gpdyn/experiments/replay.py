@@ -31,16 +31,18 @@ Sizes: every learner runs at ``preset`` (default :func:`~gpdyn.experiments.learn
 ``sizes`` over them; ``config.json`` records each learner's resolved options
 (``learner_config``) before any training.
 
-Resumable: after each evaluation the learner and its stream position are saved under
-``checkpoints/``; running the same command with ``--out`` on the interrupted run
-folder continues from there, with no repeated work and the same final numbers.
+Resumable (:mod:`gpdyn.experiments.resume`): after each evaluation the learner and its
+stream position are saved under ``checkpoints/``; running the same command with ``--out``
+on the stopped run folder continues from there, with no repeated work and the same final
+numbers, provided the store at ``--store`` is the one the run read. A finished run writes
+``finished.json``.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,10 +58,11 @@ from gpdyn.experiments.learn import default_preset, protocol_options
 from gpdyn.experiments.report import STEP_SIZE_FILE
 from gpdyn.gp import LEARNERS, Learner, LearnerError, learner_class, learner_options, make_learner, preset_options
 from gpdyn.experiments.prior_mean import PriorMean, load_prior_mean, split_tensors
+from gpdyn.experiments import resume
+from gpdyn.experiments.resume import Phase, segments, train
 from gpdyn.experiments.stream import finished_streams, stream_learner
-from gpdyn.gp.online import load_learner, run_online, save_learner
 from gpdyn.gp.prequential import StreamProtocol
-from gpdyn.runs import RunDir, is_run_dir
+from gpdyn.runs import RunDir
 
 CHECKPOINTS = "checkpoints"
 
@@ -132,14 +135,7 @@ class ReplayConfig:
         self.stream.validate()
 
 
-class _Phase:
-    """One stretch of iterations fed by one stream (init, or the main phase)."""
-
-    def __init__(self, name: str, iterations: int, make_stream: Callable[[], IIDStream | OrderedStream]):
-        self.name, self.iterations, self.make_stream = name, iterations, make_stream
-
-
-def _phases(cfg: ReplayConfig, problem: Problem, dtype: torch.dtype, prior: PriorMean | None) -> list[_Phase]:
+def _phases(cfg: ReplayConfig, problem: Problem, dtype: torch.dtype, prior: PriorMean | None) -> list[Phase]:
     """The streams of the run, of the targets a learner learns (their residual, with a prior mean)."""
 
     def learned(split: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,47 +143,27 @@ def _phases(cfg: ReplayConfig, problem: Problem, dtype: torch.dtype, prior: Prio
         return x, y if at_x is None else y - at_x
 
     x_train, y_train = learned("train")
+    lengths = dict(phase_lengths(cfg, problem))
     if cfg.protocol != "ordered":
-        return [_Phase("train", cfg.iterations, lambda: IIDStream(x_train, y_train, cfg.batch_size, cfg.seed, cfg.device, dtype))]
+        return [Phase("train", lengths["train"], lambda: IIDStream(x_train, y_train, cfg.batch_size, cfg.seed, cfg.device, dtype))]
     phases = []
-    if len(problem.x_init) and cfg.init_iterations:
+    if "init" in lengths:
         x_init, y_init = learned("init")
         phases.append(
-            _Phase("init", cfg.init_iterations, lambda: IIDStream(x_init, y_init, cfg.batch_size, cfg.seed, cfg.device, dtype))
+            Phase("init", lengths["init"], lambda: IIDStream(x_init, y_init, cfg.batch_size, cfg.seed, cfg.device, dtype))
         )
-    chunks = -(-len(x_train) // cfg.batch_size)
     phases.append(
-        _Phase("stream", min(cfg.iterations, chunks), lambda: OrderedStream(x_train, y_train, cfg.batch_size, cfg.device, dtype))
+        Phase("stream", lengths["stream"], lambda: OrderedStream(x_train, y_train, cfg.batch_size, cfg.device, dtype))
     )
     return phases
 
 
-#: the extras of a replay checkpoint that resuming reads (gpdyn.gp.online.load_learner checks them)
-RESUME_KEYS = {"segments": int, "iteration": int, "seconds": (int, float), "record": dict}
-
-
-def _stream_state(stream: IIDStream | OrderedStream) -> dict[str, Any]:
-    return stream.state_dict() if isinstance(stream, IIDStream) else {"position": stream.position}
-
-
-def _load_stream_state(stream: IIDStream | OrderedStream, state: dict[str, Any], checkpoint: Path) -> None:
-    try:
-        if isinstance(stream, IIDStream):
-            stream.load_state_dict(state)
-        else:
-            stream.position = int(state["position"])
-    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as err:  # a damaged checkpoint: say where
-        raise InputError(f"{checkpoint}: extra 'stream' is damaged ({type(err).__name__}: {err})") from err
-
-
-def _segments(phases: list[_Phase], eval_every: int) -> Iterator[tuple[int, _Phase, int]]:
-    """(phase index, phase, iterations) per segment; an evaluation closes every segment."""
-    for i, phase in enumerate(phases):
-        done = 0
-        while done < phase.iterations:
-            n = min(eval_every, phase.iterations - done)
-            yield i, phase, n
-            done += n
+def phase_lengths(cfg: ReplayConfig, problem: Problem) -> list[tuple[str, int]]:
+    """(name, iterations) of every phase of the run (for a learner; the stream protocol has none)."""
+    if cfg.protocol != "ordered":
+        return [("train", cfg.iterations)]
+    init = [("init", cfg.init_iterations)] if len(problem.x_init) and cfg.init_iterations else []
+    return init + [("stream", min(cfg.iterations, -(-len(problem.x_train) // cfg.batch_size)))]
 
 
 def replay(
@@ -220,55 +196,30 @@ def replay(
         keep = keep.sort().values.to(x_test.device)
         x_test, y_test = x_test[keep], y_test[keep]
         prior_test = None if prior_test is None else prior_test[keep]
-    phases = _phases(cfg, problem, dtype, prior)
-    segments = list(_segments(phases, cfg.eval_every))
-    total = sum(n for _, _, n in segments)
+    plan = segments(_phases(cfg, problem, dtype, prior), cfg.eval_every)
+    total = sum(n for _, _, n in plan)
     (run.path / CHECKPOINTS).mkdir(exist_ok=True)
     finals: dict[str, dict[str, Any]] = {}
     bar = tqdm(total=total * len(cfg.learners), desc="replay", unit="it", disable=not progress)
     _record_learner_configs(cfg, run, problem, dtype)
+
+    def make(name: str) -> Learner:
+        options = dict(cfg.sizes.get(name, {}))
+        if cfg.select_lr is not None and "lr" in learner_options(learner_class(name)):
+            bar.set_description(f"replay {name} (step size)")
+            options["lr"] = select_step_size(name, cfg, problem, dtype, plan[0][1], run, progress=progress)
+        learner = _make(name, cfg, problem, dtype, options)
+        if "lr" in options:  # the step size chosen above
+            _record_learner_config(run, name, learner)
+        return learner
+
     for name in cfg.learners:
-        ckpt = run.path / CHECKPOINTS / f"{name}.pt"
-        if ckpt.exists():
-            learner, extra = load_learner(ckpt, device=cfg.device, dtype=dtype, extra_keys=RESUME_KEYS)
-            done_segments, iteration, seconds = extra["segments"], extra["iteration"], extra["seconds"]
-            finals[name] = extra["record"]
-        else:
-            options = dict(cfg.sizes.get(name, {}))
-            if cfg.select_lr is not None and "lr" in learner_options(learner_class(name)):
-                bar.set_description(f"replay {name} (step size)")
-                options["lr"] = select_step_size(name, cfg, problem, dtype, phases[0], run, progress=progress)
-            learner = _make(name, cfg, problem, dtype, options)
-            if "lr" in options:  # the step size chosen above
-                _record_learner_config(run, name, learner)
-            done_segments, iteration, seconds, extra = 0, 0, 0.0, {}
-        bar.update(iteration)
-        stream, stream_phase = None, -1
-        for k, (phase_index, phase, n) in enumerate(segments):
-            if k < done_segments:
-                continue
-            if phase_index != stream_phase:
-                stream, stream_phase = phase.make_stream(), phase_index
-                if extra.get("phase") == phase_index:
-                    _load_stream_state(stream, extra.get("stream"), ckpt)
-            bar.set_description(f"replay {name} ({phase.name})")
-            # N_Delta and N are the learner's own, from _make or its checkpoint's config
-            record = run_online(learner, stream, x_test, y_test, iterations=n, eval_every=n, bar=bar,
-                                prior_test=prior_test)[-1]
-            iteration += n
-            seconds += record["elapsed_s"]  # training time only: taken before the evaluation
-            record = {**record, "kind": "eval", "learner": name, "phase": phase.name, "iteration": iteration,
-                      "seconds": seconds}
-            # logged before the checkpoint: a crash in between repeats this segment on resume,
-            # and the report keeps the last record per (learner, iteration)
-            run.log(**record)
-            extra = {"segments": k + 1, "iteration": iteration, "seconds": seconds, "phase": phase_index,
-                     "stream": _stream_state(stream), "record": record}
-            save_learner(learner, ckpt, **extra)
-            finals[name] = record
-            if on_checkpoint is not None:
-                on_checkpoint(name, iteration)
+        _, final = train(name, lambda: make(name), plan, run.path / CHECKPOINTS / f"{name}.pt", run, x_test, y_test,
+                         device=cfg.device, dtype=dtype, bar=bar, prior_test=prior_test, on_checkpoint=on_checkpoint)
+        assert final is not None  # every protocol has at least one segment
+        finals[name] = final
     bar.close()
+    run.finish(iterations=total, learners={name: r["iteration"] for name, r in finals.items()})
     return finals
 
 
@@ -285,6 +236,7 @@ def _replay_stream(cfg: ReplayConfig, run: RunDir, problem: Problem, dtype: torc
         learner = _make(name, cfg, problem, dtype, dict(cfg.sizes.get(name, {})))
         finals[name] = stream_learner(learner, problem, cfg.stream, run, run.path / CHECKPOINTS / f"{name}.pt",
                                       prior=prior, progress=progress)
+    run.finish(rows={name: finals[name]["rows"] for name in cfg.learners})
     return {name: finals[name] for name in cfg.learners}
 
 
@@ -319,7 +271,7 @@ def _make(name: str, cfg: ReplayConfig, problem: Problem, dtype: torch.dtype, op
 
 
 def select_step_size(
-    name: str, cfg: ReplayConfig, problem: Problem, dtype: torch.dtype, phase: _Phase, run: RunDir,
+    name: str, cfg: ReplayConfig, problem: Problem, dtype: torch.dtype, phase: Phase, run: RunDir,
     progress: bool = True,
 ) -> float:
     """gamma_0 for ``name``: the candidate of ``cfg.select_lr`` with the best objective after
@@ -367,28 +319,24 @@ def select_step_size(
 
 
 def open_run(cfg: ReplayConfig, out: Path | None, problem: Problem | None = None) -> RunDir:
-    """A new run folder, or the interrupted one at ``out`` when its config matches.
+    """A new run folder, or the stopped one at ``out`` when its settings and store match
+    (:func:`gpdyn.experiments.resume.open_run`).
 
     ``problem`` (loaded from ``cfg`` if not given) names the outputs in the config.
     """
-    if out is not None and is_run_dir(out):
-        run = RunDir.resume(out)  # its writer lock: a second replay on one --out is refused here
-        mine = json.loads(json.dumps(asdict(cfg)))
-        defaults = json.loads(json.dumps(asdict(ReplayConfig(store="", problem="", learners=[]))))
-        # a setting added after the run was made reads as its default
-        saved = {k: run.config().get(k, defaults[k]) for k in mine}
-        # every learner has its own stream from the same seed: their order decides no number
-        saved["learners"], mine["learners"] = sorted(saved.get("learners", [])), sorted(mine["learners"])
-        if saved != mine:
-            diff = sorted(k for k in mine if saved.get(k) != mine[k])
-            raise InputError(f"{out}: holds a replay with other settings ({', '.join(diff)}); use another --out")
-        print(f"gpdyn replay: resuming {out}")
-        return run
-    if problem is None:
-        problem = load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed,
-                               init_rows=cfg.stream.init_rows)
-    return RunDir.create("replay", {**asdict(cfg), "outputs": list(problem.output_names), "problem_summary": problem.describe()},
-                         out)
+    mine = asdict(cfg)
+    defaults = asdict(ReplayConfig(store="", problem="", learners=[]))
+
+    def new_config() -> dict[str, Any]:
+        loaded = problem or load_problem(cfg.store, cfg.problem, protocol=cfg.protocol, seed=cfg.seed,
+                                         init_rows=cfg.stream.init_rows)
+        planned = {} if cfg.protocol == "stream" else {
+            "planned_iterations": sum(n for _, n in phase_lengths(cfg, loaded))}
+        return {**mine, "outputs": list(loaded.output_names), "problem_summary": loaded.describe(), **planned}
+
+    # a setting added after a run was made reads as its default
+    return resume.open_run("replay", out, mine, new_config, store=cfg.store, unordered=("learners",),
+                           saved_settings=lambda config: {k: config.get(k, defaults[k]) for k in mine})
 
 
 def print_table(finals: dict[str, dict[str, Any]]) -> None:

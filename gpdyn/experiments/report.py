@@ -1,5 +1,7 @@
 """Reports of replay runs: SVDGP Table 2 and Appendix C tables, CSV curves, Fig. 2-style plots
-(a stream-protocol run's report is :mod:`gpdyn.experiments.stream_report`'s).
+(a stream-protocol run's report is :mod:`gpdyn.experiments.stream_report`'s; a learn run's is
+the one it wrote when it finished). The report of an unfinished run says how far it got and
+how to continue it, above numbers marked as not final.
 
 Input: the evaluation records a replay writes to ``metrics.jsonl``, one per learner
 and evaluation point::
@@ -102,6 +104,8 @@ def write_report(run_dir: str | Path) -> Path:
         raise InputError(f"{run_dir}: not a run folder (no config.json)")
     run = RunDir(run_dir)
     config = run.config()
+    if config.get("job") == "learn" and config.get("protocol") != "stream":
+        return _learn_report(run)
     records = run.numbered_metrics()
     curves = eval_curves(records, run_dir / "metrics.jsonl")
     if not curves:
@@ -116,6 +120,8 @@ def write_report(run_dir: str | Path) -> Path:
     if not (isinstance(outputs, list) and len(outputs) == width and all(isinstance(o, str) for o in outputs)):
         raise InputError(f"{run_dir / 'config.json'}: 'outputs' must list {width} output names, is {outputs!r:.80}")
     step_sizes = _step_size_section(run_dir)  # every input is read and checked before any output is written
+    status = run.status()
+    final_yet = status is None or status.finished
 
     _write_curves_csv(run_dir / "curves.csv", curves, outputs)
     final = {name: rows[-1] for name, rows in curves.items()}
@@ -126,12 +132,14 @@ def write_report(run_dir: str | Path) -> Path:
         f"# Replay: {config.get('problem', '?')} ({config.get('protocol', '?')} protocol)",
         "",
         f"Store `{config.get('store', '?')}`, seed {config.get('seed', '?')}, "
-        f"{config.get('iterations', '?')} iterations, minibatch {config.get('batch_size', '?')}, "
+        f"{config.get('iterations', '?')} iterations{'' if final_yet else ' planned'}, "
+        f"minibatch {config.get('batch_size', '?')}, "
         f"device {config.get('device', '?')}. Every learner saw the same minibatches in the same order"
         + (f"; scored on a seeded subset of {config['eval_rows']} held-out rows." if config.get("eval_rows") else "."),
         *_split_line(config),
         "",
-        "## Table 2 layout: mean ± std over outputs, at the last evaluation",
+        "## Table 2 layout: mean ± std over outputs, at the last evaluation"
+        + ("" if final_yet else " so far (the run is unfinished: not final numbers)"),
         "",
         "| learner | iterations | " + " | ".join(COLUMNS.values()) + " | train time (s) | s / iteration |",
         "| --- | ---: |" + " ---: |" * (len(COLUMNS) + 2),
@@ -154,11 +162,31 @@ def write_report(run_dir: str | Path) -> Path:
 
 def finish_report(run_dir: Path, lines: list[str], config: dict[str, Any], plots: list[Path], rows: str) -> Path:
     """Append the learners' sizes, the plots and where every number is (``rows``: what the table
-    rows are) to ``lines``; write them as ``report.md`` and return its path."""
+    rows are) to ``lines``; write them as ``report.md`` and return its path.
+
+    The report of an unfinished run says so under its title: how far it got and how to
+    continue it (:meth:`gpdyn.runs.RunDir.status`).
+    """
+    status = RunDir(run_dir).status()
+    if status is not None and not status.finished:
+        lines = lines[:1] + ["", f"**Unfinished run: {status.describe()}.** The numbers below are those of the "
+                                 "last evaluation so far, not final ones."] + lines[1:]
     lines = lines + sizes_section(config) + ["", "## Curves", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     lines += ["", f"Every curve point is in `curves.csv`; the table rows are {rows} (`final.csv`).", ""]
     report = run_dir / "report.md"
     report.write_text("\n".join(lines))
+    return report
+
+
+def _learn_report(run: RunDir) -> Path:
+    """The report of a ``gpdyn learn`` run: the one it wrote when it finished (its final
+    table); an unfinished run has none yet and says how to continue it."""
+    status = run.status()
+    report = run.path / "report.md"
+    if status is not None and not status.finished:
+        raise InputError(f"{run.path}: an unfinished learn run, no report yet: {status.describe()}")
+    if not report.is_file():
+        raise InputError(f"{report}: no such file (a learn run writes it when it finishes)")
     return report
 
 
