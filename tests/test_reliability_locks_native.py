@@ -499,17 +499,19 @@ def test_the_mujoco_gl_values_mujoco_accepts_pass(monkeypatch, value, read):
     environment.check()
 
 
-@pytest.mark.parametrize("value, backend", [("", "egl"), ("EGL", "egl"), ("on", "glfw"), ("glx", "glfw"),
-                                            ("off", None), ("disabled", None)])
-def test_render_picks_the_backend_mujoco_gl_names_or_says_rendering_is_off(monkeypatch, value, backend):
+@pytest.mark.parametrize("value, backend", [("", "egl"), ("EGL", "egl"), (" glfw", "glfw"),
+                                            ("off", "turns MuJoCo's rendering off"), ("disabled", "turns MuJoCo's rendering off"),
+                                            ("glx", "is not a backend gpdyn renders with"),
+                                            ("on", "is not a backend gpdyn renders with")])
+def test_render_picks_the_backend_mujoco_gl_names_or_refuses_what_it_cannot_draw_with(monkeypatch, value, backend):
     from gpdyn.sim import render
 
     monkeypatch.setenv("MUJOCO_GL", value)
-    if backend is None:
-        with pytest.raises(InputError, match=rf"MUJOCO_GL={value} turns MuJoCo's rendering off; use egl, osmesa, glfw"):
-            render.render_backend()
-    else:
+    if backend in render.RENDER_BACKENDS:
         assert render.render_backend() == backend
+    else:
+        with pytest.raises(InputError, match=rf"render: MUJOCO_GL={value} {backend}; use egl, osmesa, glfw"):
+            render.render_backend()
 
 
 def _loadable(name: str) -> bool:

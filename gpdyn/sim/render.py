@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpdyn.environment import MUJOCO_GL_DEFAULT, MUJOCO_GL_OFF, MUJOCO_GL_VARIABLE, RENDER_BACKENDS, check_mujoco_gl
+from gpdyn.environment import MUJOCO_GL_OFF, MUJOCO_GL_VARIABLE, RENDER_BACKENDS, check_mujoco_gl
 from gpdyn.errors import InputError
 
 #: the library each headless backend loads (through PyOpenGL), and what provides it
@@ -31,12 +31,10 @@ _OTHER_BACKENDS = "MUJOCO_GL=egl (headless: a GPU driver or Mesa), osmesa (headl
 
 
 def render_backend() -> str:
-    """The backend ``MUJOCO_GL`` names for rendering: egl when unset or empty, glfw for
-    MuJoCo's spellings of its default; an InputError for a value MuJoCo refuses or one
-    that turns rendering off."""
+    """The backend ``MUJOCO_GL`` names for rendering (egl when unset or empty); an
+    InputError for a value MuJoCo refuses, one that turns rendering off, and MuJoCo's
+    other spellings (glx, enable, ...), which gpdyn does not draw with."""
     value = check_mujoco_gl() or "egl"
-    if value in (*MUJOCO_GL_DEFAULT, "glx"):
-        return "glfw"  # what MuJoCo itself uses for these on Linux
     if value in MUJOCO_GL_OFF:
         raise InputError(f"render: {MUJOCO_GL_VARIABLE}={value} turns MuJoCo's rendering off; use "
                          f"{', '.join(RENDER_BACKENDS)}")
@@ -114,9 +112,7 @@ class _Offscreen:
                 self.gl.free()
             hint = ("glfw opens a window: it needs a display (DISPLAY or WAYLAND_DISPLAY)" if backend == "glfw"
                     else f"check that {GL_LIBRARIES[backend][1]} works here")
-            chosen = os.environ.get(MUJOCO_GL_VARIABLE, "").strip()
-            named = backend if chosen.lower() == backend else f"{chosen} (the {backend} backend)"
-            raise InputError(f"render: {MUJOCO_GL_VARIABLE}={named} cannot make an OpenGL context "
+            raise InputError(f"render: {MUJOCO_GL_VARIABLE}={backend} cannot make an OpenGL context "
                              f"({type(err).__name__}: {str(err).strip()[:300]}); {hint}, or choose another backend: "
                              f"{_OTHER_BACKENDS}") from err
         mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self.context)
