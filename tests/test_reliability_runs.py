@@ -566,3 +566,13 @@ def test_warnings_do_not_hide_a_clean_resume(kuka_store, tmp_path):
         warnings.simplefilter("error")
         _, finals = _replay(cfg, tmp_path / "run")
     assert finals["svi"]["iteration"] == 4
+
+
+def test_the_store_a_learn_run_names_is_checked_before_it_is_reused(straight_learn, kuka_store):
+    from gpdyn.experiments.control_arm import run_store
+
+    assert run_store(straight_learn) == str(kuka_store.path)  # control --from-run reads the learner's store
+    kuka_store.close()
+    _replace(Path(kuka_store.path), lambda p: _kuka(p, seed=5))
+    with pytest.raises(InputError, match="not the store the run in .* read .* Give the store it was trained on"):
+        run_store(straight_learn)

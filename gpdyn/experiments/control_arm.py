@@ -272,9 +272,14 @@ def run_store(run_dir: str | Path) -> str:
     """The store a ``gpdyn learn`` run trained on, from its config."""
     config = RunDir(Path(run_dir)).config()
     try:
-        return str(config["problem"]["source"])
+        store = str(config["problem"]["source"])
     except (KeyError, TypeError):
         raise InputError(f"{run_dir}: its config names no store (problem.source); give --store") from None
+    if Path(store).exists():  # the store at that path now must be the one the learner read
+        from gpdyn.experiments.resume import check_recorded_store
+
+        check_recorded_store(run_dir, store, "Give the store it was trained on with --store, or learn again")
+    return store
 
 
 def _controller(name: str, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.ndarray, np.ndarray],

@@ -74,18 +74,27 @@ def check_store(run: RunDir, store: str | Path) -> None:
     about, and the identity found now is recorded for the next time.
     """
     config = run.config()
-    found = store_identity(store)
-    recorded = config.get(STORE_IDENTITY)
-    if recorded is None:
+    if config.get(STORE_IDENTITY) is None:
+        found = store_identity(store)
         warnings.warn(f"{run.path}: made before runs recorded their store's identity; cannot check that {store} "
                       f"is the store it read (recording {found} now)", stacklevel=3)
         run.write_json("config.json", {**config, STORE_IDENTITY: found})
         return
+    check_recorded_store(run.path, store, "Continue that run with the original store, or start a new run with "
+                                          "another --out")
+
+
+def check_recorded_store(run_dir: str | Path, store: str | Path, advice: str) -> None:
+    """Refuse ``store`` when the run in ``run_dir`` read a store of another identity from it
+    (``advice`` says what to do instead); a run that recorded none is not checked."""
+    recorded = RunDir(run_dir).config().get(STORE_IDENTITY)
+    if recorded is None:
+        return
+    found = store_identity(store)
     if _plain(recorded) != _plain(found):
         raise InputError(
-            f"{store}: not the store the run in {run.path} read (recorded identity {recorded}, found {found}): "
-            f"the store at this path was replaced or changed since. Continue that run with the original store, "
-            f"or start a new run with another --out"
+            f"{store}: not the store the run in {run_dir} read (recorded identity {recorded}, found {found}): "
+            f"the store at this path was replaced or changed since. {advice}"
         )
 
 
@@ -211,4 +220,4 @@ def train(
     return learner, final
 
 
-__all__ = ["Phase", "RESUME_KEYS", "STORE_IDENTITY", "check_store", "open_run", "segments", "store_identity", "train"]
+__all__ = ["Phase", "RESUME_KEYS", "STORE_IDENTITY", "check_recorded_store", "check_store", "open_run", "segments", "store_identity", "train"]
