@@ -229,14 +229,19 @@ class RunDir:
         return marker
 
     def status(self) -> RunStatus | None:
-        """How far a ``learn`` or ``replay`` run got (None for the folders of other jobs)."""
+        """How far a ``learn`` or ``replay`` run got (None for the folders of other jobs, and for
+        a folder made before the completion marker whose config says nothing of its plan)."""
         config = self.config()
         if config.get("job") not in RESUMABLE_JOBS:
             return None
         stream = config.get("protocol") == "stream"
+        records = self.numbered_metrics()
         learners = config.get("learners") if config.get("job") == "replay" else [config.get("learner")]
         if not (isinstance(learners, list) and learners and all(isinstance(n, str) for n in learners)):
-            raise InputError(f"{self.path / 'config.json'}: names no learner ('learner' or 'learners')")
+            # a config that does not say: the learners of the records, in their order
+            learners = list(dict.fromkeys(r["learner"] for _, r in records if isinstance(r.get("learner"), str)))
+            if not learners:
+                return None
         if stream:
             summary = config.get("problem_summary") or config.get("problem")
             planned = summary.get("train") if isinstance(summary, dict) else None
@@ -246,7 +251,7 @@ class RunDir:
             planned = None
         done = {name: 0 for name in learners}
         streamed: set[str] = set()
-        for _, r in self.numbered_metrics():
+        for _, r in records:
             name = r.get("learner", learners[0] if len(learners) == 1 else None)
             if name not in done:
                 continue
@@ -258,6 +263,8 @@ class RunDir:
                 done[name] = max(done[name], r["iteration"])
         if config.get(COMPLETION_KEY):
             finished = self.finished() is not None
+        elif planned is None and not stream:  # a run made before the marker that says nothing of its plan
+            return None
         elif stream:  # a run made before the marker: done when every stream finished
             finished = streamed == set(learners)
         else:

@@ -132,7 +132,7 @@ def test_writer_in_another_process_is_refused_by_name_and_pid(tmp_path, holder, 
     shutil.rmtree(target)  # the lock beside it is still held
     rows = np.random.default_rng(0).normal(size=(20, 28))
     np.savetxt(tmp_path / "on.txt", rows)
-    np.savetxt(tmp_path / "off.txt", rows)
+    np.savetxt(tmp_path / "off.txt", rows + 1)  # other samples: the same ones twice are refused before the lock
     code, err = _cli(["import", "kuka-ilgr", str(tmp_path / "on.txt"), str(tmp_path / "off.txt"), "--store", str(target)],
                      capsys)
     assert code == 2 and f"pid {creator.pid}" in err and str(target) in err
