@@ -576,3 +576,30 @@ def test_the_store_a_learn_run_names_is_checked_before_it_is_reused(straight_lea
     _replace(Path(kuka_store.path), lambda p: _kuka(p, seed=5))
     with pytest.raises(InputError, match="not the store the run in .* read .* Give the store it was trained on"):
         run_store(straight_learn)
+
+
+def test_a_stopped_stream_learn_says_so_in_rows_and_streams_again(tmp_path, monkeypatch, capsys):
+    from gpdyn.experiments import stream
+    from gpdyn.gp.prequential import StreamProtocol
+
+    store = tmp_path / "k.zarr"
+    make_kuka_store(store, offline=[], online=[150, 130]).close()
+    cfg = _learn_cfg(store, protocol="stream", stream=StreamProtocol(init_rows=64, chunk=32, warm_rows=96))
+    real_save = stream.save_learner
+
+    def die(*args, **kw):
+        raise Stop  # every record but the final one is logged, the pass's checkpoint never written
+
+    monkeypatch.setattr(stream, "save_learner", die)
+    with pytest.raises(Stop):
+        learn(cfg, tmp_path / "run", progress=False)
+    status = RunDir(tmp_path / "run").status()
+    rows = RunDir(tmp_path / "run").config()["problem"]["train"]
+    assert not status.finished and 0 < status.done["svi"] < rows
+    assert status.describe().startswith(f"stopped at row {status.done['svi']} of {rows}; rerun the same command")
+    assert status.describe().endswith("(an unfinished stream starts again from its first row)")
+    monkeypatch.setattr(stream, "save_learner", real_save)
+    _, final = learn(cfg, tmp_path / "run", progress=False)
+    assert final["rows"] == rows and final["final"] is True
+    assert RunDir(tmp_path / "run").status().describe() == f"finished: {rows} rows"
+    assert main(["report", str(tmp_path / "run")]) == 0 and "Unfinished" not in capsys.readouterr().out

@@ -163,6 +163,11 @@ def _print_tree(d: dict, indent: int = 0) -> None:
 # --- learn, replay -----------------------------------------------------------------
 
 
+RESUME_NOTE = ("A stopped run continues from its last checkpoint when the same command runs again with the same "
+               "--out, on the store it read (another store at that path is refused); `gpdyn inspect` of its folder "
+               "says how far it got.")
+
+
 def _add_data(p: argparse.ArgumentParser) -> None:
     """The store and the regression problem built from it (learn and replay)."""
     p.add_argument("--store", type=Path, required=True, help="episode store (zarr) the problem is built from")
@@ -170,7 +175,8 @@ def _add_data(p: argparse.ArgumentParser) -> None:
 
 
 def add_learn(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("learn", help="the online learning protocol of one learner on a problem (SVDGP Algorithm 1)")
+    p = sub.add_parser("learn", help="the online learning protocol of one learner on a problem (SVDGP Algorithm 1)",
+                       epilog=RESUME_NOTE)
     _add_data(p)
     add_learner(p)
     add_protocol(p, "iid holds out a seeded 10%% of the rows, block a seeded contiguous block of each episode, split "
@@ -215,7 +221,8 @@ def run_learn(args: argparse.Namespace) -> int:
 
 
 def add_replay(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("replay", help="several learners on one dataset, side by side (SVDGP Table 2)")
+    p = sub.add_parser("replay", help="several learners on one dataset, side by side (SVDGP Table 2)",
+                       epilog=RESUME_NOTE)
     _add_data(p)
     add_learners(p)
     add_protocol(p, "iid minibatches with a seeded 10%% held out (SVDGP); ordered: init on the offline part, then "
