@@ -16,12 +16,20 @@ Three things every learner declares on its class, so that no caller has to probe
   checkpoint loads with ``torch.load(..., weights_only=True)``.
 - ``presets``: its sizes at each named scale of :data:`PRESETS`, the one size table of
   the learner (``gpdyn.gp.make_learner(name, ..., preset="cpu")``).
+
+Input checks are the base class's, not a convention each learner keeps: every entry point
+of :data:`ENTRY_POINTS` a class defines (``observe``, ``step``, ``predict``, ...) is
+wrapped when the class is created, so that its inputs are checked before its body runs
+(:meth:`Learner.check_inputs`: tensors on the learner's device and dtype, their ranks and
+widths, matching rows, values finite and within :data:`MAX_ABS`) and an empty batch gets
+the one answer of the contract. A learner's body sees checked input only.
 """
 
 from __future__ import annotations
 
 import abc
 import copy
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -78,8 +86,11 @@ class LearnerError(InputError):
     """Bad input to a learner (wrong shape, NaN, wrong device); the message says where."""
 
 
-class NonFiniteError(LearnerError):
-    """NaN or inf in a learner's data, raised before the learner changes any state."""
+class NonFiniteError(LearnerError, FloatingPointError):
+    """A value in a learner's input that is not a finite number within :data:`MAX_ABS` (NaN,
+    inf, 1e200), raised before the learner changes any state. A ``FloatingPointError`` too:
+    a planner whose rollout feeds a diverged state to the model falls back
+    (:meth:`gpdyn.control.mpc.Planner.plan`) instead of stopping the run."""
 
 
 # -- checkpoint data ------------------------------------------------------------------
@@ -283,6 +294,103 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
 #: papers' sizes (SVDGP Section 4 and Appendix B)
 PRESETS = ("small", "cpu", "paper")
 
+# -- input checks ------------------------------------------------------------------------
+#: the largest magnitude of a learner input, the episode store's limit
+#: (:data:`gpdyn.data.store.MAX_ABS`): inputs and targets of the robots here, raw or
+#: normalised, stay far below it, and beyond it squared distances and sums of squares
+#: overflow (a target of 1e200 makes the caches of a linear-in-y learner infinite)
+MAX_ABS = 1e100
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """How the base class checks one public method of a learner (see :data:`ENTRY_POINTS`).
+
+    ``takes_y``: the method takes ``(x [N, D], y [N, P])``, both 2-D with the same rows;
+    otherwise ``x [..., D]`` with any leading shape. ``empty``: what a call without rows
+    gets, without the learner's body running: ``"skip"`` (nothing to learn: None),
+    ``"refuse"`` (a LearnerError: a loss or bound of no rows is undefined), ``"mean"`` or
+    ``"moments"`` (empty predictions, ``[..., P]``: one tensor or a pair). ``on_device``:
+    the values are checked on a GPU too, a host sync (:meth:`Learner.checks_values_on_device`).
+    """
+
+    takes_y: bool
+    empty: str
+    on_device: bool
+
+
+#: the checked entry points. Values are checked on the CPU at every call (reading a result
+#: back costs nothing there); on a GPU only where the learner keeps the data, observe and
+#: pretrain, because a check there is a host sync and predict, predict_mean and step
+#: promise none (tests/test_cuda_sync.py): on a GPU a NaN input gives NaN outputs.
+ENTRY_POINTS: dict[str, EntryPoint] = {
+    "observe": EntryPoint(takes_y=True, empty="skip", on_device=True),
+    "pretrain": EntryPoint(takes_y=True, empty="refuse", on_device=True),
+    "step": EntryPoint(takes_y=True, empty="refuse", on_device=False),
+    "vlb": EntryPoint(takes_y=True, empty="refuse", on_device=False),
+    "predict": EntryPoint(takes_y=False, empty="moments", on_device=False),
+    "predict_mean": EntryPoint(takes_y=False, empty="mean", on_device=False),
+    "predict_y": EntryPoint(takes_y=False, empty="moments", on_device=False),
+}
+
+
+def _checked(method: str, body: Callable[..., Any]) -> Callable[..., Any]:
+    """``body`` (a learner's ``method``) behind the base class's input checks.
+
+    A learner calling its own entry points (``super().observe``, ``pretrain`` ending in
+    ``observe``, WISKI's calibration predicting the batch it observes) is not checked
+    again: only the outermost call is, once, so that a checked call costs one check (and
+    on a GPU at most one host sync) however the learner is built.
+    """
+    if getattr(body, "__learner_entry__", None) == method:
+        return body
+    entry = ENTRY_POINTS[method]
+
+    @functools.wraps(body)
+    def checked(self: Learner, *args: Any, **kwargs: Any) -> Any:
+        if self._inside_entry:
+            return body(self, *args, **kwargs)
+        x = args[0] if args else kwargs.get("x")
+        y = (args[1] if len(args) > 1 else kwargs.get("y")) if entry.takes_y else None
+        if not self.check_inputs(method, x, y):
+            if entry.empty == "skip":
+                return None
+            if entry.empty == "refuse":
+                raise LearnerError(f"{type(self).__name__}.{method}: x has no rows (shape {tuple(x.shape)}); "
+                                   f"{method} needs at least one")
+            zeros = x.new_zeros(*x.shape[:-1], self.output_dim)
+            return zeros if entry.empty == "mean" else (zeros, zeros.clone())
+        self._inside_entry = True
+        try:
+            return body(self, *args, **kwargs)
+        finally:
+            self._inside_entry = False
+
+    checked.__learner_entry__ = method  # type: ignore[attr-defined]
+    return checked
+
+
+def _where(index: tuple[int, ...]) -> str:
+    """An entry's place in words: ``row 3, column 1`` of a matrix, ``column 1`` of a vector."""
+    if len(index) == 2:
+        return f"row {index[0]}, column {index[1]}"
+    if len(index) == 1:
+        return f"column {index[0]}"
+    return f"entry {list(index)}"
+
+
+def _within_limit(t: Tensor) -> bool:
+    """Every entry of ``t`` a finite number within ``±MAX_ABS``: one reduction, two numbers read
+    back (NaN propagates through aminmax and fails every comparison)."""
+    lo, hi = torch.aminmax(t)
+    return -MAX_ABS <= lo.item() and hi.item() <= MAX_ABS
+
+
+def _first_bad(t: Tensor, bad: Tensor) -> tuple[str, float, int]:
+    """Where the first True of ``bad`` lies in ``t``, its value and how many there are."""
+    index = tuple(bad.nonzero()[0].tolist())
+    return _where(index), t[index].item(), int(bad.sum())
+
 
 class Learner(Stateful, abc.ABC):
     """Online GP regression for ``output_dim`` independent outputs.
@@ -304,9 +412,14 @@ class Learner(Stateful, abc.ABC):
     basis_options: ClassVar[tuple[str, ...]] = ()
     #: True once the learner has data to predict from
     initialized: bool = False
+    #: True while a checked entry point runs (see :func:`_checked`)
+    _inside_entry: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        for method in ENTRY_POINTS:  # the input checks, whatever the class's own code does
+            if method in vars(cls):
+                setattr(cls, method, _checked(method, vars(cls)[method]))
         unknown = set(cls.capabilities) - set(CAPABILITIES)
         if unknown:
             raise TypeError(f"{cls.__name__}: unknown capabilities {sorted(unknown)}; known: {sorted(CAPABILITIES)}")
@@ -386,6 +499,7 @@ class Learner(Stateful, abc.ABC):
         """The observation noise variance sigma^2 of each output, ``[P]``, detached: the model is
         ``y = f(x) + eps`` with ``eps ~ N(0, sigma^2)``, and :meth:`predict` gives ``f``."""
 
+    @functools.partial(_checked, "predict_mean")
     def predict_mean(self, x: Tensor) -> Tensor:
         """Predictive mean of the latent function only, ``[..., P]`` for ``x [..., D]``.
 
@@ -403,6 +517,7 @@ class Learner(Stateful, abc.ABC):
         options asked for (WISKI's ``compiled_mean``)."""
         return None
 
+    @functools.partial(_checked, "predict_y")
     def predict_y(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Predictive mean and variance of an observation ``y`` at ``x [..., D]``, ``[..., P]`` each:
         :meth:`predict`'s latent variance plus :meth:`noise_variance` (what held-out targets are
@@ -451,24 +566,98 @@ class Learner(Stateful, abc.ABC):
         """``"point_limit"``: how many more points :meth:`observe` accepts (None: no limit)."""
         return None
 
-    # -- helpers shared by the learners -------------------------------------------
+    # -- input checks ----------------------------------------------------------------
+    def checks_values_on_device(self, method: str) -> bool:
+        """Whether ``method`` checks its inputs' values on a GPU, one host sync per call (on the
+        CPU they are always checked): the methods whose data the learner keeps, observe and
+        pretrain (:data:`ENTRY_POINTS`). A learner that promises a sync-free ``observe``
+        (WISKI's ``validate=False``) says no here."""
+        return ENTRY_POINTS[method].on_device
+
+    def check_inputs(self, method: str, x: Any, y: Any = None) -> bool:
+        """Raise LearnerError unless ``x`` (and ``y``, where ``method`` takes it) are fit for
+        ``method`` of :data:`ENTRY_POINTS`; return whether they hold any rows.
+
+        The checks: tensors on the learner's device and of its dtype (no silent cast: a
+        float32 batch to a float64 learner is a mistake upstream); ``x [N, D]`` and
+        ``y [N, P]`` with the same ``N``, or ``x [..., D]`` for the predictions; then, on the
+        CPU, or on a GPU where :meth:`checks_values_on_device` says so, every value a
+        finite number within ``±MAX_ABS`` (:class:`NonFiniteError`). The values cost one
+        fused reduction per tensor (its min and max at once; NaN propagates and fails every
+        comparison) and, on a GPU, one read-back for all. Only a failure pays for the
+        message, which names the learner, the method, the argument and the first bad entry.
+        """
+        takes_y = ENTRY_POINTS[method].takes_y
+        d, p = self.input_dim, self.output_dim
+        fit = (isinstance(x, Tensor) and x.dtype == self.dtype and x.device == self.device
+               and (x.ndim == 2 if takes_y else x.ndim >= 1) and x.shape[-1] == d)
+        if takes_y:
+            fit = fit and (isinstance(y, Tensor) and y.dtype == self.dtype and y.device == self.device
+                           and y.ndim == 2 and y.shape[0] == x.shape[0] and y.shape[1] == p)
+        else:
+            y = None
+        if not fit:
+            self._refuse(f"{type(self).__name__}.{method}", x, y, takes_y)
+        if x.numel() == 0:
+            return False
+        if self.device.type == "cpu":  # each tensor's two numbers read back (no stack to pay for)
+            ok = _within_limit(x) and (y is None or _within_limit(y))
+        elif self.checks_values_on_device(method):  # one read-back for all: one host sync
+            extremes = torch.stack([*torch.aminmax(x), *(torch.aminmax(y) if y is not None else ())]).tolist()
+            ok = all(-MAX_ABS <= e <= MAX_ABS for e in extremes)
+        else:
+            ok = True
+        if not ok:
+            self._refuse_values(f"{type(self).__name__}.{method}", {"x": x} if y is None else {"x": x, "y": y})
+        return True
+
+    def _refuse(self, label: str, x: Any, y: Any, takes_y: bool) -> None:
+        """Raise the LearnerError that says why ``x`` / ``y`` are not fit (see :meth:`check_inputs`)."""
+        d, p = self.input_dim, self.output_dim
+        for arg, t in (("x", x), ("y", y)) if takes_y else (("x", x),):
+            if not isinstance(t, Tensor):
+                raise LearnerError(f"{label}: {arg} must be a torch.Tensor, got {type(t).__name__}")
+            if t.device != self.device or t.dtype != self.dtype:
+                raise LearnerError(f"{label}: {arg} is {t.dtype} on {t.device}, the learner is {self.dtype} on "
+                                   f"{self.device}")
+        if takes_y and x.ndim != 2:
+            raise LearnerError(f"{label}: x has shape {tuple(x.shape)}, expected (rows, {d}): a 2-D batch")
+        if x.ndim == 0:
+            raise LearnerError(f"{label}: x is a 0-d tensor, expected (..., {d})")
+        if x.shape[-1] != d:
+            raise LearnerError(f"{label}: x has {x.shape[-1]} columns, expected {d} (shape {tuple(x.shape)})")
+        if takes_y and (y.ndim != 2 or y.shape[1] != p or y.shape[0] != x.shape[0]):
+            raise LearnerError(f"{label}: y has shape {tuple(y.shape)}, expected ({x.shape[0]}, {p}) to match x")
+        raise AssertionError(f"{label}: inputs refused for no reason found")  # unreachable: check_inputs's test
+
+    @staticmethod
+    def _refuse_values(label: str, tensors: Mapping[str, Tensor]) -> None:
+        """Raise the NonFiniteError naming the first entry of ``tensors`` beyond ``±MAX_ABS`` or NaN."""
+        for arg, t in tensors.items():
+            bad = ~(t.abs() <= MAX_ABS)
+            if bool(bad.any()):
+                where, value, count = _first_bad(t, bad)
+                raise NonFiniteError(f"{label}: {arg} {where} is {value!r}; a learner takes finite numbers (no NaN "
+                                     f"or inf) within ±{MAX_ABS:g} ({count} such value(s) in {arg})")
+        raise AssertionError(f"{label}: values refused for no reason found")
+
     def check_xy(self, x: Tensor, y: Tensor | None = None, where: str = "") -> None:
-        """Raise LearnerError for a wrong shape, device, dtype or a non-finite value."""
-        label = f"{type(self).__name__}.{where}" if where else type(self).__name__
-        if x.shape[-1] != self.input_dim:
-            raise LearnerError(f"{label}: x has {x.shape[-1]} columns, expected {self.input_dim} (shape {tuple(x.shape)})")
-        if x.device != self.device or x.dtype != self.dtype:
-            raise LearnerError(f"{label}: x is {x.dtype} on {x.device}, the learner is {self.dtype} on {self.device}")
-        if y is not None:
-            if y.ndim != 2 or y.shape[1] != self.output_dim or y.shape[0] != x.shape[0]:
-                raise LearnerError(
-                    f"{label}: y has shape {tuple(y.shape)}, expected ({x.shape[0]}, {self.output_dim}) to match x"
-                )
-            if y.device != self.device or y.dtype != self.dtype:
-                raise LearnerError(f"{label}: y is {y.dtype} on {y.device}, the learner is {self.dtype} on {self.device}")
+        """Raise LearnerError for a wrong type, device, dtype or shape (no value is read): for a
+        method of a learner that is not an entry point (ORTH's ``natural_step``)."""
+        takes_y = y is not None
+        fit = (isinstance(x, Tensor) and x.dtype == self.dtype and x.device == self.device
+               and (x.ndim == 2 if takes_y else x.ndim >= 1) and x.shape[-1] == self.input_dim)
+        if takes_y:
+            fit = fit and (isinstance(y, Tensor) and y.dtype == self.dtype and y.device == self.device
+                           and y.ndim == 2 and y.shape[0] == x.shape[0] and y.shape[1] == self.output_dim)
+        if not fit:
+            self._refuse(f"{type(self).__name__}.{where}" if where else type(self).__name__, x, y, takes_y)
 
     def check_finite(self, where: str, **tensors: Tensor) -> None:
-        """Raise on NaN/inf. This syncs with the device: call it on inputs, not in predict."""
+        """Raise NonFiniteError on NaN/inf in tensors the learner derives from its input (a
+        residual, a design matrix). This syncs with the device: not for the hot path."""
         for name, t in tensors.items():
             if not bool(torch.isfinite(t).all()):
-                raise NonFiniteError(f"{type(self).__name__}.{where}: {name} contains NaN or inf")
+                place, value, count = _first_bad(t, ~torch.isfinite(t))
+                raise NonFiniteError(f"{type(self).__name__}.{where}: {name} contains NaN or inf ({place} is {value!r}; "
+                                     f"{count} such value(s))")

@@ -119,25 +119,22 @@ class LinearKernelGP(Stateful):
 
 class ZeroMean(Learner):
     """The zero function as a prior: ``ResidualGP`` without a prior learner. It has nothing
-    to learn (``observe`` and ``step`` only check their input) and no likelihood of its own."""
+    to learn (the base class checks what ``observe`` and ``step`` get) and no likelihood of its own."""
 
     name = "zero"
     initialized = True
 
     def observe(self, x: Tensor, y: Tensor) -> None:
-        self.check_xy(x, y, "observe")
+        """Nothing to learn."""
 
     def step(self, x: Tensor, y: Tensor) -> dict[str, float]:
-        self.check_xy(x, y, "step")
         return {}
 
     def predict(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        self.check_xy(x, where="predict")
         zeros = x.new_zeros(*x.shape[:-1], self.output_dim)
         return zeros, zeros.clone()
 
     def predict_mean(self, x: Tensor) -> Tensor:
-        self.check_xy(x, where="predict_mean")
         return x.new_zeros(*x.shape[:-1], self.output_dim)
 
     def vlb(self, x: Tensor, y: Tensor) -> Tensor:
@@ -329,8 +326,6 @@ class ResidualGP(Learner):
 
     def observe(self, x: Tensor, y: Tensor) -> None:
         """Condition the residual GP on ``y - prior(x)`` (the SE kernel's GP is rebuilt from its newest half when full)."""
-        self.check_xy(x, y, "observe")
-        self.check_finite("observe", x=x, y=y)
         r = y - self._prior_mean(x)
         self.check_finite("observe", residual=r)  # a diverged prior: refused before the gate or the GP change
         if self.config["gated"]:
@@ -354,7 +349,6 @@ class ResidualGP(Learner):
 
     def step(self, x: Tensor, y: Tensor) -> dict[str, float]:
         """Count a step; the residual GP refits its hyperparameters every ``refit_every`` steps."""
-        self.check_xy(x, y, "step")
         if self.residual.n == 0:
             return {"refit": 0.0}
         return self.residual.step(x, y - self._prior_mean(x))
@@ -377,7 +371,6 @@ class ResidualGP(Learner):
 
     def vlb(self, x: Tensor, y: Tensor) -> Tensor:
         """Held-out log likelihood per point of the residual GP on ``y - prior(x)``."""
-        self.check_xy(x, y, "vlb")
         return self.residual.vlb(x, y - self._prior_mean(x))
 
     def noise_variance(self) -> Tensor:

@@ -33,6 +33,16 @@ parameters and nothing else). Re-opening them widely lets two or three samples i
 load; re-opening all parameters as widely would leave 7 equations per sample against
 ~100 unknowns, and the estimate would follow the data of the last few samples instead.
 
+With ``learn_prior`` the prior learner keeps learning too: after each Kalman update it
+observes the part of the torque the rigid-body term leaves, ``(tau - Y pi) / beta`` (WISKI:
+its exact cache update; SVDGP: its bases), and takes ``prior_steps`` of its own optimiser steps
+(on the rows just observed if it learns from those, else on its last ``prior_batch`` rows) at
+every :meth:`step`. The Kalman filter carries what the rigid-body
+class can say (a payload: a few samples identify it), the GP (WISKI's exact cache update,
+SVDGP's steps) what it cannot. Both see the same torques one after the other, as in
+backfitting: the filter explains the torque given the GP's current mean, the GP the rest
+given the filter's. :attr:`online_name` is then the prior's name: the GP is the online learner.
+
 Units: like every learner it speaks normalised inputs and outputs (the problem's
 :class:`~gpdyn.data.problems.Normalizer`); the regressor needs physical ones, so it is
 given the normaliser's statistics. The regressor runs MuJoCo on the CPU: on a GPU every
@@ -72,7 +82,8 @@ class RigidBodyGP(Learner):
     # step() has nothing to optimise: the updater need not gather recent samples for it
     capabilities = frozenset({"step_on_observed"})
     # the prior and the column scales give theta its meaning: they are state too
-    state_fields = ("prior", "column_scale", "theta", "covariance", "observed", "resets")
+    state_fields = ("prior", "column_scale", "theta", "covariance", "observed", "resets", "recent_x", "recent_y",
+                    "recent_rows", "last_rows", "prior_updates")
 
     def __init__(
         self,
@@ -89,12 +100,17 @@ class RigidBodyGP(Learner):
         change_bodies: Sequence[str] = (),
         change_std: float = 100.0,
         reference_rows: int = 256,
+        learn_prior: bool = False,
+        prior_steps: int = 0,
+        prior_batch: int = 64,
     ) -> None:
         super().__init__(prior.input_dim, prior.output_dim, device=prior.device, dtype=prior.dtype, seed=prior.seed)
         n = regressor.n
         if (prior.input_dim, prior.output_dim) != (3 * n, n):
             raise LearnerError(f"RigidBodyGP: a {n}-joint arm maps [q, qd, qdd] ({3 * n}) -> tau ({n}), "
                                f"the prior maps {prior.input_dim} -> {prior.output_dim}")
+        if prior_steps < 0 or prior_batch < 1:
+            raise LearnerError(f"RigidBodyGP: need prior_steps >= 0 and prior_batch >= 1, got {prior_steps}, {prior_batch}")
         for name, value in (("noise_std", noise_std), ("param_std", param_std), ("prior_gain_std", prior_gain_std),
                             ("change_threshold", change_threshold), ("reset_std", reset_std), ("change_std", change_std)):
             if not (np.isfinite(value) and value > 0):
@@ -124,10 +140,21 @@ class RigidBodyGP(Learner):
         self.covariance = torch.diag(torch.cat([torch.full((p,), float(param_std) ** 2, **kw),
                                                 torch.full((n,), float(prior_gain_std) ** 2, **kw)]))
         self.observed, self.resets = 0, 0
+        # the prior's last prior_batch rows and residual targets (a ring; the first recent_rows are filled)
+        self.learn_prior, self.prior_steps = bool(learn_prior), int(prior_steps) if learn_prior else 0
+        self.recent_x = torch.zeros(prior_batch, 3 * n, **kw)
+        self.recent_y = torch.zeros(prior_batch, n, **kw)
+        self.recent_rows, self.last_rows, self.prior_updates = 0, 0, 0
         self.config.update(prior={"learner": prior.name, "config": prior.config}, noise_std=float(noise_std),
                            param_std=float(param_std), prior_gain_std=float(prior_gain_std),
                            change_threshold=float(change_threshold), reset_std=float(reset_std),
-                           change_bodies=list(change_bodies), change_std=float(change_std))
+                           change_bodies=list(change_bodies), change_std=float(change_std),
+                           learn_prior=bool(learn_prior), prior_steps=int(prior_steps), prior_batch=int(prior_batch))
+
+    @property
+    def online_name(self) -> str:
+        """The learner updated online: the prior GP when it learns (``learn_prior``), else the rigid-body filter."""
+        return self.prior.name if self.learn_prior else self.name
 
     def _regressor(self, x_normalised: Tensor) -> Tensor:
         """``Y [N, n, p]`` at normalised inputs (the regressor works in physical units, on the CPU)."""
@@ -146,8 +173,6 @@ class RigidBodyGP(Learner):
         """The posterior of ``theta`` given the batch: a Kalman measurement update per chunk of at most
         :data:`UPDATE_ROWS` rows (the chunk's torques as one measurement), each after a covariance reset
         if one of its rows fails the change test. Nothing changes unless every chunk succeeds."""
-        self.check_xy(x, y, "observe")
-        self.check_finite("observe", x=x, y=y)
         design = self._design(x)  # [q, n, p + n]
         self.check_finite("observe", design=design)
         torque = y * self.y_std + self.y_mean
@@ -170,11 +195,40 @@ class RigidBodyGP(Learner):
         self.theta, self.covariance = theta, covariance
         self.resets += resets
         self.observed += x.shape[0]
+        if self.learn_prior:
+            self._observe_prior(x, design, torque)
+
+    def _observe_prior(self, x: Tensor, design: Tensor, torque: Tensor) -> None:
+        """The prior observes what the updated rigid-body term leaves of ``torque``, in its own units."""
+        p = self.regressor.p
+        # beta near 0 would blow the target up; the prior N(1, 0.3^2) keeps it near 1 in practice
+        beta = self.theta[p:].clamp_min(0.1)
+        rest = (torque - design[..., :p] @ self.theta[:p]) / beta
+        target = (rest - self.y_mean) / self.y_std
+        self.prior.observe(x, target)
+        self.prior_updates += 1
+        size = self.recent_x.shape[0]
+        for row in range(x.shape[0]):  # a chunk of rows at a time; usually one per control step
+            slot = (self.recent_rows + row) % size
+            self.recent_x[slot], self.recent_y[slot] = x[row], target[row]
+        self.recent_rows += x.shape[0]
+        self.last_rows = x.shape[0]
 
     def step(self, x: Tensor, y: Tensor) -> dict[str, float]:
-        """Nothing to optimise: every observation already updated the posterior exactly."""
-        self.check_xy(x, y, "step")
-        return {}
+        """The prior's ``prior_steps`` steps when it learns (see the module notes); the rigid-body posterior
+        has nothing to optimise: every observation already updated it exactly."""
+        if not self.prior_steps or self.recent_rows == 0:
+            return {}
+        size = self.recent_x.shape[0]
+        # the rows just observed (WISKI's eq. (18) step), else the whole ring
+        count = min(self.last_rows if self.prior.can("step_on_observed") else self.recent_rows, size)
+        slots = [(self.recent_rows - 1 - k) % size for k in range(count)]
+        rows = (self.recent_x[slots], self.recent_y[slots])
+        metrics: dict[str, float] = {}
+        for _ in range(self.prior_steps):
+            metrics = dict(self.prior.step(*rows))
+            self.prior_updates += 1
+        return metrics
 
     def _moments(self, x: Tensor, variance: bool) -> tuple[Tensor, Tensor | None]:
         lead = x.shape[:-1]
@@ -188,20 +242,17 @@ class RigidBodyGP(Learner):
     @torch.no_grad()
     def predict(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Latent mean and variance ``[..., P]`` (normalised): ``h theta`` and ``h Sigma h^T``."""
-        self.check_xy(x, None, "predict")
         mean, var = self._moments(x, variance=True)
         assert var is not None
         return mean, var
 
     @torch.no_grad()
     def predict_mean(self, x: Tensor) -> Tensor:
-        self.check_xy(x, None, "predict_mean")
         return self._moments(x, variance=False)[0]
 
     @torch.no_grad()
     def vlb(self, x: Tensor, y: Tensor) -> Tensor:
         """Held-out log predictive density per point and output, ``[P]`` (normalised units)."""
-        self.check_xy(x, y, "vlb")
         mean, var = self._moments(x, variance=True)
         assert var is not None
         var = var + self.noise_var / self.y_std**2
@@ -212,7 +263,8 @@ class RigidBodyGP(Learner):
 
     def diagnostics(self) -> dict[str, float]:
         """The prior's counters, the samples learnt from and the covariance resets (detected changes)."""
-        return {**self.prior.diagnostics(), "observed": float(self.observed), "covariance_resets": float(self.resets)}
+        return {**self.prior.diagnostics(), "observed": float(self.observed), "covariance_resets": float(self.resets),
+                "prior_updates": float(self.prior_updates)}
 
     def _state_header(self) -> dict[str, Any]:
         return {"regressor_columns": self.regressor.names}

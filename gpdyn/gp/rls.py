@@ -177,10 +177,6 @@ class RecursiveBLR(Learner):
     def observe(self, x: Tensor, y: Tensor) -> None:
         """Condition on ``x [k, D]``, ``y [k, P]`` exactly: ``O(k M^2)`` (module docs). The first
         call starts the hyperparameters from its rows. Bad input raises before any change."""
-        self.check_xy(x, y, "observe")
-        self.check_finite("observe", x=x, y=y)
-        if x.shape[0] == 0:
-            return
         start = self._start(x, y) if not self.initialized else {}
         new = self._absorb(self._features_with(x, start), y, start)
         for key, value in new.items():
@@ -203,7 +199,6 @@ class RecursiveBLR(Learner):
         """Latent mean ``phi^T A^{-1} B`` and variance ``s_p phi^T A^{-1} phi``, ``[..., P]`` each
         (``O(N M^2)``)."""
         self._need_data("predict")
-        self.check_xy(x, None, "predict")
         lead = x.shape[:-1]
         phi = self.features(x.reshape(-1, self.input_dim))
         mean = phi @ self._posterior_weights()
@@ -215,7 +210,6 @@ class RecursiveBLR(Learner):
     def predict_mean(self, x: Tensor) -> Tensor:
         """Latent mean only, ``O(N M P)``: none of the variance's ``O(N M^2)``."""
         self._need_data("predict_mean")
-        self.check_xy(x, None, "predict_mean")
         lead = x.shape[:-1]
         mean = self.features(x.reshape(-1, self.input_dim)) @ self._posterior_weights()
         return mean.reshape(*lead, self.output_dim)
@@ -237,7 +231,6 @@ class RecursiveBLR(Learner):
         """Nothing to optimise between observations (a one-pass learner): returns ``loss``, minus the
         log evidence of everything observed per row, the mean over outputs (a 0-d tensor, no host
         sync). The minibatch is not learned from."""
-        self.check_xy(x, y, "step")
         if not self.initialized:
             return {"loss": self.noise.new_full((), math.nan)}
         return {"loss": -(self.log_evidence() / max(self.n, 1e-300)).mean()}
@@ -254,10 +247,7 @@ class RecursiveBLR(Learner):
         (Phi_*^T r)^T A_*^{-1} (Phi_*^T r)``; ``O(N M^2 + M^3)``.
         """
         self._need_data("vlb")
-        self.check_xy(x, y, "vlb")
         n = x.shape[0]
-        if n == 0:
-            return torch.zeros(self.output_dim, device=self.device, dtype=self.dtype)
         phi = self.features(x)
         r = y - phi @ self._posterior_weights()
         eye = torch.eye(self.feature_dim, device=self.device, dtype=self.dtype)

@@ -350,9 +350,7 @@ class VariationalLearner(Learner):
 
     # -- the contract ---------------------------------------------------------------
     def _begin_observe(self, x: Tensor, y: Tensor) -> bool:
-        """Validate new data, start the hyperparameters on the first data; False when empty."""
-        self.check_xy(x, y, "observe")
-        self.check_finite("observe", x=x, y=y)
+        """Start the hyperparameters on the first data; False when empty (input checked by the base class)."""
         if x.shape[0] == 0:
             return False
         if not self.initialized:
@@ -415,9 +413,6 @@ class VariationalLearner(Learner):
 
     def step(self, x: Tensor, y: Tensor) -> dict[str, Tensor]:
         """One update on a minibatch; returns the loss as a 0-d tensor (``float()`` it when needed)."""
-        self.check_xy(x, y, "step")
-        if self.device.type == "cpu":  # free on the CPU; on a GPU it would be a host sync
-            self.check_finite("step", x=x, y=y)
         if not self.initialized:
             raise LearnerError(f"{type(self).__name__}.step: call observe() first (it starts the hyperparameters)")
         assert self.optimizer is not None
@@ -444,8 +439,7 @@ class VariationalLearner(Learner):
         """Hook after the Adam step (closed-form posteriors of the batch baselines)."""
 
     def _prediction_cache(self, x: Tensor, where: str) -> dict[str, Tensor]:
-        """Check ``x`` and return :meth:`prepare`'s tensors (rebuilt after each update)."""
-        self.check_xy(x, where=where)
+        """:meth:`prepare`'s tensors (rebuilt after each update)."""
         if not self.initialized:
             raise LearnerError(f"{type(self).__name__}.{where}: the learner has seen no data")
         if self._cache is None:
@@ -470,7 +464,6 @@ class VariationalLearner(Learner):
     @torch.no_grad()
     def vlb(self, x: Tensor, y: Tensor) -> Tensor:
         """The bound on ``(x, y)`` per output and data point: ``(sum E_q[log p] - KL) / N``, exact KL."""
-        self.check_xy(x, y, "vlb")
         if not self.initialized:
             raise LearnerError(f"{type(self).__name__}.vlb: the learner has seen no data")
         terms = self.shared_terms()
