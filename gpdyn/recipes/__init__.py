@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
+import re
 import tomllib
 import types
 import typing
@@ -64,6 +65,14 @@ DEFAULT_RECIPES = {"walker": "walker-weak-motor", "kuka": "kuka-payload"}
 # (robot) and learner option overrides (extra, a free-form dict)
 NOT_IN_RECIPES = frozenset({"device", "progress", "robot"})
 METADATA = ("name", "robot", "title", "description", "use", "result")
+#: arrays and inline tables nested deeper than this are refused before parsing: a recipe's
+#: values are at most lists of numbers, and tomllib parses nesting by recursion, so a file
+#: of thousands of ``[`` would end in a RecursionError instead of a message
+MAX_NESTING = 32
+# what the nesting count skips (strings, comments) and what it counts: TOML's brackets
+_TOML_TOKENS = re.compile(
+    r'''"{3}(?:[^\\]|\\.)*?"{3,5}|'{3}.*?'{3,5}|"(?:[^"\\\n]|\\.)*"|'[^'\n]*'|\#[^\n]*|[\[\]{}]''',
+    re.DOTALL)
 
 
 @dataclass
@@ -143,8 +152,9 @@ def load_recipe(name: str, robot: str | None = None) -> Recipe:
     """Read and validate recipe ``name`` (shipped name or file path); ``robot``: the kind it must be."""
     path = recipe_path(name)
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
+        text = path.read_bytes().decode("utf-8")
+        _check_nesting(path, text)
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise InputError(f"recipe {path}: not valid TOML: {err}") from None
     except (OSError, UnicodeDecodeError) as err:
@@ -175,6 +185,22 @@ def load_recipe(name: str, robot: str | None = None) -> Recipe:
             raise InputError(f"recipe {path}: '{section}' must be a table ([{section}]), got {table!r}")
         values[section] = _check_section(path, kind, section, table)
     return Recipe(path=path, values=values, **meta)
+
+
+def _check_nesting(path: Path, text: str) -> None:
+    """InputError naming the file and the line where arrays or inline tables nest deeper than
+    :data:`MAX_NESTING` (brackets in strings and comments do not count)."""
+    depth = 0
+    for token in _TOML_TOKENS.finditer(text):
+        bracket = token.group()
+        if bracket in "[{":
+            depth += 1
+            if depth > MAX_NESTING:
+                line = text.count("\n", 0, token.start()) + 1
+                raise InputError(f"recipe {path}: line {line}: arrays or tables nested more than {MAX_NESTING} deep "
+                                 f"(the nesting limit of a recipe)")
+        elif bracket in "]}":
+            depth = max(0, depth - 1)
 
 
 def _check_section(path: Path, robot: str, section: str, table: dict[str, Any]) -> dict[str, Any]:
@@ -286,5 +312,5 @@ def describe(recipe: Recipe, width: int = 100) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["DEFAULT_RECIPES", "KINDS", "NOT_IN_RECIPES", "RECIPE_DIR", "Recipe", "WalkRun", "all_recipes",
+__all__ = ["DEFAULT_RECIPES", "KINDS", "MAX_NESTING", "NOT_IN_RECIPES", "RECIPE_DIR", "Recipe", "WalkRun", "all_recipes",
            "default_recipe", "describe", "load_recipe", "recipe_names", "recipe_path"]
