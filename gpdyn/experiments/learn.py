@@ -32,6 +32,7 @@ from gpdyn.errors import InputError
 from gpdyn.gp import Learner, learner_class, learner_options, make_learner
 from gpdyn.gp.online import load_learner
 from gpdyn.experiments.prior_mean import load_prior_mean, split_tensors
+from gpdyn.experiments.report import write_report
 from gpdyn.experiments.resume import Phase, open_run, segments, train
 from gpdyn.experiments.stream import finished_streams, stream_learner
 from gpdyn.gp.prequential import StreamProtocol
@@ -151,14 +152,14 @@ def learn(
     checkpoint = run.path / CHECKPOINT
     done = run.finished()
     if done is not None and isinstance(done.get("record"), dict):  # the same command again: nothing left to do
+        if cfg.protocol == "stream" and not (run.path / "report.md").exists():  # stopped right after finishing
+            write_report(run.path)
         return run, done["record"]
     if cfg.protocol == "stream":  # one pass, each chunk predicted before it is learned
-        from gpdyn.experiments.report import write_report
-
         # a stream stopped part way starts again (as a replay's, gpdyn.experiments.stream)
         final = finished_streams(run).get(cfg.learner) or stream_learner(
             learner, problem, cfg.stream, run, checkpoint, prior=prior, progress=progress)
-        run.finish(rows=final["rows"], record=final)
+        run.finish(rows=final["rows"], record=final)  # first: the report of a finished run has no notice
         write_report(run.path)
         return run, final
     if prior_train is not None:  # the learner learns the residual of the prior mean
