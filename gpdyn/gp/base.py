@@ -637,8 +637,9 @@ class Learner(Stateful, abc.ABC):
             bad = ~(t.abs() <= MAX_ABS)
             if bool(bad.any()):
                 where, value, count = _first_bad(t, bad)
-                raise NonFiniteError(f"{label}: {arg} {where} is {value!r}; a learner takes finite numbers (no NaN "
-                                     f"or inf) within ±{MAX_ABS:g} ({count} such value(s) in {arg})")
+                kind = "NaN or inf" if not math.isfinite(value) else f"values beyond ±{MAX_ABS:g}"
+                raise NonFiniteError(f"{label}: {arg} contains {kind}: {where} is {value!r} ({count} value(s) in {arg} "
+                                     f"are not finite numbers within ±{MAX_ABS:g}, what a learner takes)")
         raise AssertionError(f"{label}: values refused for no reason found")
 
     def check_xy(self, x: Tensor, y: Tensor | None = None, where: str = "") -> None:
@@ -659,5 +660,5 @@ class Learner(Stateful, abc.ABC):
         for name, t in tensors.items():
             if not bool(torch.isfinite(t).all()):
                 place, value, count = _first_bad(t, ~torch.isfinite(t))
-                raise NonFiniteError(f"{type(self).__name__}.{where}: {name} contains NaN or inf ({place} is {value!r}; "
-                                     f"{count} such value(s))")
+                raise NonFiniteError(f"{type(self).__name__}.{where}: {name} contains NaN or inf: {place} is {value!r} "
+                                     f"({count} such value(s))")
