@@ -38,7 +38,7 @@ from torch import Tensor
 from gpdyn.compiled import SignatureCompiled, compile_errors
 from gpdyn.data.problems import Normalizer
 from gpdyn.errors import InputError
-from gpdyn.gp.base import Learner, LearnerError, MeanProgram
+from gpdyn.gp.base import Learner, LearnerError, MeanProgram, NonFiniteError
 from gpdyn.sim.rollout_states import RolloutStates
 
 # What a forward model's learner predicts: "change" = qvel[t+1] - qvel[t] (delta target),
@@ -117,11 +117,12 @@ class LearnedModel:
         """Mean and variance of ``y`` in physical units, ``[..., P]`` each, from raw inputs ``[..., D]``.
 
         A learner whose Cholesky factor fails predicts NaN here on every device, which the
-        controllers' checks turn into a fallback, never into an action."""
+        controllers' checks turn into a fallback, never into an action; so does an input the
+        learner refuses (NaN, inf: a diverged rollout state), as a GPU gives NaN for it."""
         x, flat = self._normalized(x_raw)
         try:
             mean, var = self.learner.predict(flat)
-        except torch.linalg.LinAlgError:  # raised on the CPU where a GPU gives NaN (gpdyn.gp.base.cholesky)
+        except (torch.linalg.LinAlgError, NonFiniteError):  # the CPU raises where a GPU gives NaN (gpdyn.gp.base)
             mean = var = flat.new_full((flat.shape[0], self.output_dim), math.nan)
         var = (var * self._y_std**2).reshape(*x.shape[:-1], self.output_dim)
         return self._physical_mean(mean, x), var
@@ -134,7 +135,7 @@ class LearnedModel:
         x, flat = self._normalized(x_raw)
         try:
             mean = self.learner.predict_mean(flat)
-        except torch.linalg.LinAlgError:
+        except (torch.linalg.LinAlgError, NonFiniteError):
             mean = flat.new_full((flat.shape[0], self.output_dim), math.nan)
         return self._physical_mean(mean, x)
 
