@@ -11,10 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpdyn.cli.collect import FAMILY_NAMES, add_arm_options
-from gpdyn.cli.common import NON_NEGATIVE, POSITIVE
+from gpdyn.cli.common import NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE
 
 # the options copied onto ArmRunConfig when given
-ARM_OPTIONS = ("learner", "seed", "steps", "change_at", "payload", "controllers", "scale", "adapt", "dtype", "pretrain_iterations",
+ARM_OPTIONS = ("learner", "seed", "steps", "change_at", "change", "payload", "joint_friction", "motor_gain", "gp_online",
+               "gp_steps", "controllers", "scale", "adapt", "dtype", "pretrain_iterations",
                "family", "speed", "from_run", "velocity_limits", "payload_body", "damping", "armature", "friction")
 
 
@@ -26,6 +27,20 @@ def add_parsers(robots: argparse._SubParsersAction, add_common: Callable[[argpar
         add_arm_options(p, robot)
         p.add_argument("--payload", type=NON_NEGATIVE, default=None,
                        help="payload in kg added at --change-at (default: 3 for kuka, none for arm)")
+        # checked by ArmRunConfig.validate against control_arm.CHANGES (imported there with torch and MuJoCo)
+        p.add_argument("--change", default=None, metavar="NAME",
+                       help="the plant change at --change-at: payload, joint-friction or motor-gain (default payload)")
+        p.add_argument("--joint-friction", type=NON_NEGATIVE, default=None, metavar="FRACTION",
+                       help="--change joint-friction: dry friction of this fraction of each joint's torque limit and "
+                            "viscous friction of the same fraction per rad/s (default 0.05)")
+        p.add_argument("--motor-gain", type=POSITIVE, default=None, metavar="FACTOR",
+                       help="--change motor-gain: the actuators' strength factor (default 0.7)")
+        p.add_argument("--gp-online", choices=("on", "off"), default=None,
+                       help="--adapt rigid-body: the learner keeps learning what the rigid-body term leaves, one "
+                            "observe per control step (on, default), or stays frozen (off)")
+        p.add_argument("--gp-steps", type=NON_NEGATIVE_INT, default=None, metavar="N",
+                       help="--adapt rigid-body with --gp-online on: the learner's optimiser steps per control step "
+                            "(default 0: observes only; an SVDGP step takes ~40 ms of CPU, over the 10 ms period)")
         p.add_argument("--from-run", type=Path, default=None,
                        help="a `gpdyn learn` run folder on this arm's store (problem arm or kuka): its learner is "
                             "the model instead of one pretrained here; its store is the default --store")
@@ -55,6 +70,8 @@ def cli_control_arm(args: argparse.Namespace) -> int:
         cfg.model = str(args.model)
         if recipe is None:
             cfg.payload = 0.0
+    if args.gp_online is not None:
+        args.gp_online = args.gp_online == "on"
     given = copy_options(cfg, args, ARM_OPTIONS)
     if cfg.from_run is not None:
         cfg.from_run = str(cfg.from_run)

@@ -23,9 +23,16 @@ diagonal of M made the sampled 100 Hz loop of the iiwa unstable (spectral radius
 1.78, :func:`gpdyn.robots.arm.sampled_loop_radius`): it chattered at the Nyquist rate
 against the torque limits, which was a 0.04-0.05 rad "true model" error on joints 2 and 4.
 
-A payload is added at the arm's payload body at step ``change_at`` (none when
-``payload`` is 0). Tracking RMSE per joint is reported before and after the change for
-each controller.
+The plant changes at step ``change_at`` (:data:`CHANGES`, :func:`apply_change`): a payload at
+the arm's payload body (none when ``payload`` is 0), dry and viscous friction added to every
+joint, or the motors' strength scaled. Tracking RMSE per joint is reported before and after
+the change for each controller.
+
+The recommended online model (``adapt="rigid-body"``, ``gp_online``): the rigid-body filter
+above, with the learner (WISKI, SVDGP, ...) as its prior basis function learning online what
+the rigid-body term leaves, one observe per control step (:class:`~gpdyn.gp.rigid_body.RigidBodyGP`'s
+``learn_prior``); a WISKI learner then keeps its posterior current by rank-one updates
+(``incremental_rows``) instead of a full solve per step.
 """
 
 from __future__ import annotations
@@ -54,11 +61,15 @@ from gpdyn.robots.regressor import InertialRegressor, moving_bodies
 from gpdyn.runs import RunDir
 
 ARM_CONTROLLERS = ("pd", "true", "frozen", "online")
+# plant changes at change_at: a load at the payload body, added joint friction, weaker (or stronger) motors
+CHANGES = ("payload", "joint-friction", "motor-gain")
 FEEDFORWARD = {"pd": "none", "true": "true", "frozen": "learned", "online": "learned"}
 # online model: "rigid-body" (RigidBodyGP: rigid-body features and the frozen model as a basis function,
 # Kalman updates), "residual" (ResidualGP, an exact GP on the frozen model's residuals) or "steps"
 # (the learner's own optimiser steps)
 ADAPT = ("rigid-body", "residual", "steps")
+# rows a WISKI learner updated online takes by the Woodbury identity between full refreshes of its posterior
+INCREMENTAL_ROWS = 1000
 PROBLEM = "arm"  # the inverse-dynamics problem of any arm store, [q, qd, qdd] -> tau
 # memory per control step: the episode's rows (a few small arrays per step, with Python's
 # overhead) and the reference poses; generous for arms of up to ~30 joints
@@ -86,7 +97,12 @@ class ArmRunConfig:
     scale: str = "small"
     steps: int = 400  # control steps
     change_at: int = 200
-    payload: float = 3.0  # kg at the payload body from step change_at
+    change: str = "payload"  # the plant change at change_at, one of CHANGES
+    payload: float = 3.0  # change "payload": kg at the payload body (0: no change)
+    # change "joint-friction": dry friction of this fraction of each joint's torque limit, and viscous friction of
+    # the same fraction per rad/s
+    joint_friction: float = 0.05
+    motor_gain: float = 0.7  # change "motor-gain": the actuators' strength factor
     family: str = "kuka1"
     speed: float = 1.0
     rate_hz: float = 100.0  # control rate; a whole number of the model's simulation steps
@@ -96,6 +112,10 @@ class ArmRunConfig:
     online_batch: int = 64
     updates: int = 1
     adapt: str = "rigid-body"  # online model, one of ADAPT
+    # rigid-body: the learner keeps learning what the rigid-body term leaves (observes every control step), with
+    # gp_steps optimiser steps per control step; False: it stays frozen
+    gp_online: bool = True
+    gp_steps: int = 0
     # rigid-body: the bodies whose parameters a detected change re-opens widely (None: the arm's payload body)
     change_bodies: tuple[str, ...] | None = None
     window: int = 400  # ResidualGP: most recent samples it conditions on
@@ -125,6 +145,12 @@ class ArmRunConfig:
         where = f"control {self.robot}"
         if self.steps < 2 or not 0 <= self.change_at < self.steps:
             raise InputError(f"{where}: need --steps >= 2 and 0 <= --change-at < --steps, got {self.steps}, {self.change_at}")
+        if self.change not in CHANGES:
+            raise InputError(f"{where}: --change must be one of {', '.join(CHANGES)}, got '{self.change}'")
+        if not (np.isfinite(self.joint_friction) and self.joint_friction >= 0):
+            raise InputError(f"{where}: --joint-friction must be a finite fraction >= 0, got {self.joint_friction}")
+        if not (np.isfinite(self.motor_gain) and self.motor_gain > 0):
+            raise InputError(f"{where}: --motor-gain must be a finite factor > 0, got {self.motor_gain}")
         if not np.isfinite(self.payload) or self.payload < 0:
             raise InputError(f"{where}: --payload must be a finite mass >= 0 kg, got {self.payload}")
         for name in ("speed", "rate_hz"):
@@ -144,6 +170,8 @@ class ArmRunConfig:
             raise InputError(f"{where}: controllers {bad or '(none)'} not in {', '.join(ARM_CONTROLLERS)}")
         if self.adapt not in ADAPT:
             raise InputError(f"{where}: adapt must be one of {', '.join(ADAPT)}, got '{self.adapt}'")
+        if self.gp_steps < 0:
+            raise InputError(f"{where}: --gp-steps must be >= 0, got {self.gp_steps}")
         if self.window < 4 or self.updates < 0 or not self.qdd_lengthscale > 0:
             raise InputError(f"{where}: need window >= 4, updates >= 0 and qdd_lengthscale > 0, got "
                              f"{self.window}, {self.updates}, {self.qdd_lengthscale}")
@@ -291,11 +319,15 @@ def _controller(name: str, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.nda
     if name == "frozen":
         return ComputedTorqueController(name, "learned", gains, cfg.dt, model=frozen)
     learner = copy.deepcopy(frozen.learner)  # the frozen controller keeps the pretrained one
+    if cfg.adapt == "rigid-body" and cfg.gp_online and learner.config.get("incremental_rows") == 0:
+        # WISKI predicts after every transition here: its posterior follows by rank-one updates, not full solves
+        learner.incremental_rows = learner.config["incremental_rows"] = INCREMENTAL_ROWS
     if cfg.adapt == "rigid-body":
         stats = tuple(getattr(frozen.normalizer, k) for k in ("x_mean", "x_std", "y_mean", "y_std"))
         # the regressor's inverse dynamics, like the data's, leaves contacts out
         learner = RigidBodyGP(learner, InertialRegressor(without_contacts(arm.torque_model())), stats, x_train,
-                              change_bodies=cfg.resolved_change_bodies(arm))
+                              change_bodies=cfg.resolved_change_bodies(arm), learn_prior=cfg.gp_online,
+                              prior_steps=cfg.gp_steps, prior_batch=cfg.online_batch)
     elif cfg.adapt == "residual":
         factors = [1.0] * (2 * n) + [cfg.qdd_lengthscale] * n
         learner = ResidualGP(learner, x_train, window=cfg.window, amplitude=1.0, lengthscale_factor=factors)
@@ -304,8 +336,34 @@ def _controller(name: str, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.nda
                                     updater=updater)
 
 
+def apply_change(cfg: ArmRunConfig, env: Any) -> str | None:
+    """Apply ``cfg.change`` to the plant of ``env`` (an :class:`~gpdyn.robots.arm_env.ArmEnv`); its description,
+    or None where the change is nothing (no payload)."""
+    if cfg.change == "payload":
+        if cfg.payload == 0:
+            return None
+        env.set_payload(cfg.payload)
+        return f"+{cfg.payload:g} kg"
+    if cfg.change == "joint-friction":
+        limit = np.abs(env.arm.limits.torque).max(axis=1)  # [n] N m
+        env.add_joint_friction(cfg.joint_friction * limit, cfg.joint_friction * limit)
+        return f"joint friction +{cfg.joint_friction:g} of the torque limits"
+    env.scale_motor_gain(cfg.motor_gain)
+    return f"motor gain x{cfg.motor_gain:g}"
+
+
+def change_text(cfg: ArmRunConfig) -> str:
+    """The plant change of a run, as reports name it."""
+    if cfg.change == "payload":
+        return f"payload {cfg.payload:g} kg added at step {cfg.change_at}" if cfg.payload else "no plant change"
+    if cfg.change == "joint-friction":
+        return (f"joint friction added at step {cfg.change_at}: dry {cfg.joint_friction:g} of each joint's torque "
+                f"limit, viscous {cfg.joint_friction:g} of it per rad/s")
+    return f"motor gain x{cfg.motor_gain:g} from step {cfg.change_at}"
+
+
 def run_arm(run: RunDir, cfg: ArmRunConfig, store: str | Path | None = None) -> dict[str, Any]:
-    """Get the model, track with every controller (payload added mid-run), write the report."""
+    """Get the model, track with every controller (the plant changed mid-run), write the report."""
     from gpdyn.experiments.control_report import write_arm_report
     from gpdyn.robots.arm_env import ArmEnv
     from gpdyn.sim.arm import get_family
@@ -322,11 +380,10 @@ def run_arm(run: RunDir, cfg: ArmRunConfig, store: str | Path | None = None) -> 
     poses = pattern.evaluate(np.arange(0.0, cfg.steps * cfg.dt, 0.05), cfg.speed)[0]
     gains = pd_gains(arm.torque_model(), poses, cfg.omega)
 
-    def add_payload(t: int, env: Any) -> str | None:
-        if t != cfg.change_at or cfg.payload == 0:
+    def change_plant(t: int, env: Any) -> str | None:
+        if t != cfg.change_at:
             return None
-        env.unwrapped.set_payload(cfg.payload)
-        return f"+{cfg.payload:g} kg"
+        return apply_change(cfg, env.unwrapped)
 
     def position_error(env: Any) -> dict[str, np.ndarray]:
         sim = env.unwrapped
@@ -336,7 +393,7 @@ def run_arm(run: RunDir, cfg: ArmRunConfig, store: str | Path | None = None) -> 
     for name in cfg.controllers:
         controller = _controller(name, cfg, arm, gains, frozen, x_train)
         env = ArmEnv(arm, frame_skip=frame_skip, family=cfg.family, speed=cfg.speed, pattern_seed=cfg.seed)
-        episode = run_episode(env, controller, steps=cfg.steps, reset_seed=cfg.seed, before_step=add_payload,
+        episode = run_episode(env, controller, steps=cfg.steps, reset_seed=cfg.seed, before_step=change_plant,
                               rows=position_error, next_rows=("q_error",), log=run.log,
                               tags={"robot": cfg.robot, "controller": name}, progress=cfg.progress)
         env.close()

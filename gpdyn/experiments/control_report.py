@@ -265,7 +265,9 @@ def write_arm_report(run: RunDir, cfg: Any, arm: Any, joint_rmse: dict[str, dict
     records = run.metrics()
     steps = [r for r in records if r.get("kind") == "step" and r.get("robot") == cfg.robot]
     n = arm.n
-    change = f"payload {cfg.payload} kg added at step {cfg.change_at}" if cfg.payload else "no plant change"
+    from gpdyn.experiments.control_arm import change_text
+
+    change = change_text(cfg)
     lines = [
         f"# {arm.path.name} computed-torque tracking ({n} joints)",
         "",
@@ -315,8 +317,8 @@ def write_arm_report(run: RunDir, cfg: Any, arm: Any, joint_rmse: dict[str, dict
     ax.set_ylabel("joint-position error norm [rad]")
     ax.legend(fontsize=8)
     ax.autoscale()
-    if cfg.payload:
-        _mark_change(ax, cfg.change_at, f"+{cfg.payload} kg")
+    if cfg.change != "payload" or cfg.payload:
+        _mark_change(ax, cfg.change_at, "change")
     plot = _save(fig, run.path / f"{cfg.robot}_tracking.png")
     lines += ["", "## Plot", "", f"![{plot.stem}]({plot.name})"]
     path = run.path / "report.md"

@@ -92,6 +92,27 @@ class ArmEnv(MujocoEnv):
         """Change the payload; effective from the next step (a plant change)."""
         self.arm.set_payload(self.model, payload_kg, payload_offset)
 
+    def add_joint_friction(self, coulomb: Sequence[float], viscous: Sequence[float]) -> None:
+        """Add dry (Coulomb, N m) and viscous (N m s/rad) friction to each arm joint; effective from the next
+        step (a plant change: worn gears, a cold joint). MuJoCo's ``frictionloss`` and ``damping`` of the dofs."""
+        coulomb, viscous = (np.asarray(a, dtype=np.float64) for a in (coulomb, viscous))
+        n = self.arm.n
+        if coulomb.shape != (n,) or viscous.shape != (n,) or not (np.isfinite(coulomb).all() and np.isfinite(viscous).all()):
+            raise InputError(f"{self.arm.path.name}: joint friction needs two finite [{n}] vectors, "
+                             f"got {coulomb.shape}, {viscous.shape}")
+        if (coulomb < 0).any() or (viscous < 0).any():
+            raise InputError(f"{self.arm.path.name}: added joint friction must be >= 0, got {coulomb}, {viscous}")
+        dofs = self.model.jnt_dofadr[: n]  # the arm's joints are the model's first n (ArmModel)
+        self.model.dof_frictionloss[dofs] += coulomb
+        self.model.dof_damping[dofs] += viscous
+
+    def scale_motor_gain(self, gain: float) -> None:
+        """Scale the strength of every arm actuator (its gear: force = gain x command); effective from the next
+        step (a plant change: a weaker motor or amplifier)."""
+        if not (np.isfinite(gain) and gain > 0):
+            raise InputError(f"{self.arm.path.name}: the motor gain factor must be finite and > 0, got {gain}")
+        self.model.actuator_gear[self.arm.actuator_of_joint, 0] *= gain
+
     def reference(self, t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Reference q, qd, qdd [n] at time ``t`` (s)."""
         q, qd, qdd = self.pattern.evaluate(np.array([t]), self.speed)
