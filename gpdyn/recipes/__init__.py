@@ -19,7 +19,8 @@ A recipe is data, never code: a TOML file (read with :mod:`tomllib`) with
 
 Loading is strict: an unknown key, a value of the wrong type, a non-finite number or a
 value the config's own ``validate`` refuses raises :class:`~gpdyn.errors.InputError`
-naming the file, the section and the key. Keys a recipe may not set (:data:`NOT_IN_RECIPES`)
+naming the file, the section and the key; arrays or inline tables nested more than
+:data:`MAX_NESTING` deep are refused before parsing, naming the file and the line. Keys a recipe may not set (:data:`NOT_IN_RECIPES`)
 belong to the machine or the process, not to the setting.
 
 ``gpdyn control recipes`` lists them; ``gpdyn control walker|kuka --recipe NAME|FILE.toml``
