@@ -588,15 +588,9 @@ class Learner(Stateful, abc.ABC):
         message, which names the learner, the method, the argument and the first bad entry.
         """
         takes_y = ENTRY_POINTS[method].takes_y
-        d, p = self.input_dim, self.output_dim
-        fit = (isinstance(x, Tensor) and x.dtype == self.dtype and x.device == self.device
-               and (x.ndim == 2 if takes_y else x.ndim >= 1) and x.shape[-1] == d)
-        if takes_y:
-            fit = fit and (isinstance(y, Tensor) and y.dtype == self.dtype and y.device == self.device
-                           and y.ndim == 2 and y.shape[0] == x.shape[0] and y.shape[1] == p)
-        else:
+        if not takes_y:
             y = None
-        if not fit:
+        if not self._fits(x, y, takes_y):
             self._refuse(f"{type(self).__name__}.{method}", x, y, takes_y)
         if x.numel() == 0:
             return False
@@ -611,8 +605,17 @@ class Learner(Stateful, abc.ABC):
             self._refuse_values(f"{type(self).__name__}.{method}", {"x": x} if y is None else {"x": x, "y": y})
         return True
 
+    def _fits(self, x: Any, y: Any, takes_y: bool) -> bool:
+        """Types, dtypes, devices and shapes as :meth:`check_inputs` wants them: host metadata only."""
+        fit = (isinstance(x, Tensor) and x.dtype == self.dtype and x.device == self.device
+               and (x.ndim == 2 if takes_y else x.ndim >= 1) and x.shape[-1] == self.input_dim)
+        if takes_y:
+            fit = fit and (isinstance(y, Tensor) and y.dtype == self.dtype and y.device == self.device
+                           and y.ndim == 2 and y.shape[0] == x.shape[0] and y.shape[1] == self.output_dim)
+        return fit
+
     def _refuse(self, label: str, x: Any, y: Any, takes_y: bool) -> None:
-        """Raise the LearnerError that says why ``x`` / ``y`` are not fit (see :meth:`check_inputs`)."""
+        """Raise the LearnerError that says why ``x`` / ``y`` do not fit (:meth:`_fits` said so)."""
         d, p = self.input_dim, self.output_dim
         for arg, t in (("x", x), ("y", y)) if takes_y else (("x", x),):
             if not isinstance(t, Tensor):
@@ -628,7 +631,7 @@ class Learner(Stateful, abc.ABC):
             raise LearnerError(f"{label}: x has {x.shape[-1]} columns, expected {d} (shape {tuple(x.shape)})")
         if takes_y and (y.ndim != 2 or y.shape[1] != p or y.shape[0] != x.shape[0]):
             raise LearnerError(f"{label}: y has shape {tuple(y.shape)}, expected ({x.shape[0]}, {p}) to match x")
-        raise AssertionError(f"{label}: inputs refused for no reason found")  # unreachable: check_inputs's test
+        raise AssertionError(f"{label}: _fits refused inputs that _refuse finds no fault with")
 
     @staticmethod
     def _refuse_values(label: str, tensors: Mapping[str, Tensor]) -> None:
@@ -640,18 +643,13 @@ class Learner(Stateful, abc.ABC):
                 kind = "NaN or inf" if not math.isfinite(value) else f"values beyond ±{MAX_ABS:g}"
                 raise NonFiniteError(f"{label}: {arg} contains {kind}: {where} is {value!r} ({count} value(s) in {arg} "
                                      f"are not finite numbers within ±{MAX_ABS:g}, what a learner takes)")
-        raise AssertionError(f"{label}: values refused for no reason found")
+        raise AssertionError(f"{label}: values refused that _refuse_values finds no fault with")
 
     def check_xy(self, x: Tensor, y: Tensor | None = None, where: str = "") -> None:
         """Raise LearnerError for a wrong type, device, dtype or shape (no value is read): for a
         method of a learner that is not an entry point (ORTH's ``natural_step``)."""
         takes_y = y is not None
-        fit = (isinstance(x, Tensor) and x.dtype == self.dtype and x.device == self.device
-               and (x.ndim == 2 if takes_y else x.ndim >= 1) and x.shape[-1] == self.input_dim)
-        if takes_y:
-            fit = fit and (isinstance(y, Tensor) and y.dtype == self.dtype and y.device == self.device
-                           and y.ndim == 2 and y.shape[0] == x.shape[0] and y.shape[1] == self.output_dim)
-        if not fit:
+        if not self._fits(x, y, takes_y):
             self._refuse(f"{type(self).__name__}.{where}" if where else type(self).__name__, x, y, takes_y)
 
     def check_finite(self, where: str, **tensors: Tensor) -> None:
