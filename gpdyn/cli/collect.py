@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpdyn.cli.common import (COUNT, NON_NEGATIVE, NON_NEGATIVE_INT, NON_NEGATIVE_LIST, POSITIVE, POSITIVE_LIST, SEED, Number,
-                              RegistryNames, add_out)
+                              RegistryNames, add_out, comma_list)
 
 if TYPE_CHECKING:
     from gpdyn.sim.stopping import CollectionStopped
@@ -32,6 +32,10 @@ def add_arm_options(p: argparse.ArgumentParser, robot: str) -> None:
     if robot == "arm":
         p.add_argument("--model", type=Path, required=True, help="MJCF file of the arm (hinge joints, one motor or "
                                                                   "position actuator per joint)")
+        p.add_argument("--joints", type=comma_list, default=None, metavar="NAME[,NAME...]",
+                       help="the arm's joints, in the file's order, where the file holds more (targets, objects on "
+                            "slide or free joints): every other joint is removed and its body fixed where the file "
+                            "puts it (default: every joint of the file)")
         p.add_argument("--velocity-limits", type=POSITIVE_LIST, default=None, metavar="V[,V...]",
                        help="joint velocity limits in rad/s that trajectories keep inside (MJCF has none; default: "
                             "positions bound the motion alone)")
@@ -54,7 +58,8 @@ def arm_from_args(args: argparse.Namespace) -> Any:
         return kuka_arm(**terms)
     from gpdyn.robots.arm import ArmModel
 
-    return ArmModel(args.model, velocity_limits=args.velocity_limits, payload_body=args.payload_body, **terms)
+    return ArmModel(args.model, joints=args.joints, velocity_limits=args.velocity_limits, payload_body=args.payload_body,
+                    **terms)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -201,9 +206,10 @@ def collect_arm(args: argparse.Namespace) -> int:
         tau_over_limits=over, samples_over_limits=samples_over)
     print(f"{store.path}: {store.n_rows} samples of {arm.path.name} ({arm.n} joints) in {store.n_episodes} episodes, "
           f"{elapsed:.1f} s")
-    print("joint             tau min [N m]  tau max [N m]  limits [N m]  samples beyond")
+    width = max(14, *(len(name) for name in arm.joint_names))  # the columns stay aligned under long joint names
+    print(f"{'joint':<{width + 3}} tau min [N m]  tau max [N m]  limits [N m]  samples beyond")
     for name, (lo, hi), (lim_lo, lim_hi), count in zip(arm.joint_names, ranges, arm.limits.torque, over):
-        print(f"  {name:<14} {lo:12.2f}  {hi:12.2f}   {lim_lo:g} .. {lim_hi:g}  {count:d}")
+        print(f"  {name:<{width}} {lo:12.2f}  {hi:12.2f}   {lim_lo:g} .. {lim_hi:g}  {count:d}")
     if samples_over:
         print(f"gpdyn collect {args.source}: warning: {samples_over} of {store.n_rows} samples have a joint torque "
               f"beyond its actuator's range ({', '.join(f'{n} {c}' for n, c in zip(arm.joint_names, over) if c)}): "

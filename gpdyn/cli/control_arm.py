@@ -16,7 +16,7 @@ from gpdyn.cli.common import NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE
 # the options copied onto ArmRunConfig when given
 ARM_OPTIONS = ("learner", "seed", "steps", "change_at", "change", "payload", "joint_friction", "motor_gain", "gp_online",
                "gp_steps", "controllers", "scale", "adapt", "dtype", "pretrain_iterations",
-               "family", "speed", "from_run", "velocity_limits", "payload_body", "damping", "armature", "friction")
+               "family", "speed", "from_run", "joints", "velocity_limits", "payload_body", "damping", "armature", "friction")
 
 
 def add_parsers(robots: argparse._SubParsersAction, add_common: Callable[[argparse.ArgumentParser], None]) -> None:

@@ -81,12 +81,14 @@ class ArmRunConfig:
     """Settings of an arm tracking run; defaults (the iiwa) run in about a minute on 2 cores.
 
     The arm: ``model`` (an MJCF file; None: the shipped iiwa 14) with the
-    :class:`~gpdyn.robots.arm.ArmModel` options ``velocity_limits``, ``payload_body`` and
-    the joint terms ``damping``, ``armature``, ``friction`` (None: the file's values).
+    :class:`~gpdyn.robots.arm.ArmModel` options ``joints`` (the arm's joints where the file
+    holds more; None: all), ``velocity_limits``, ``payload_body`` and the joint terms
+    ``damping``, ``armature``, ``friction`` (None: the file's values).
     """
 
     robot: str = "kuka"  # the name runs and logs carry: "kuka" or "arm"
     model: str | None = None
+    joints: tuple[str, ...] | None = None
     velocity_limits: tuple[float, ...] | None = None
     payload_body: str | None = None
     damping: tuple[float, ...] | None = None
@@ -138,7 +140,8 @@ class ArmRunConfig:
             from gpdyn.robots.kuka import kuka_arm
 
             return kuka_arm(**terms)
-        return ArmModel(self.model, velocity_limits=self.velocity_limits, payload_body=self.payload_body, **terms)
+        return ArmModel(self.model, joints=self.joints, velocity_limits=self.velocity_limits,
+                        payload_body=self.payload_body, **terms)
 
     def validate(self) -> None:
         """Raise InputError naming the first bad option."""
@@ -190,6 +193,8 @@ class ArmRunConfig:
         """Raise InputError if ``arm`` cannot run at ``rate_hz`` or the online model cannot be built for it (checked
         before any data is collected)."""
         arm.steps_per_sample(self.rate_hz, option=f"control {self.robot}: rate_hz")
+        if self.change == "payload" and self.payload > 0:  # the load goes on at change_at, after pretraining
+            arm.set_payload(arm.new_model(), self.payload)  # no payload body: refused naming --payload-body
         if "online" not in self.controllers or self.adapt != "rigid-body":
             return
         where = f"control {self.robot}: --adapt rigid-body"

@@ -75,14 +75,15 @@ def split_tensors(problem: Problem, split: str, device: str | torch.device, dtyp
     return x, y, torch.as_tensor(prior.normalized(problem, split), device=device, dtype=dtype)
 
 
-def rigid_body_prior(model_file: str | Path, joints: int) -> PriorMean:
+def rigid_body_prior(model_file: str | Path, joints: int, joint_names: list[str] | None = None) -> PriorMean:
     """The rigid-body inverse dynamics of an arm's MJCF file (damping and dry friction off) on
-    inputs ``[q, qd, qdd]`` of ``joints`` joints."""
+    inputs ``[q, qd, qdd]`` of ``joints`` joints (``joint_names``: the arm's joints where they are a
+    selection of the file's, as a store collected with ``--joints`` records them)."""
     from gpdyn.robots.arm import ArmModel, inverse_dynamics
 
     import mujoco
 
-    arm = ArmModel(model_file, damping=0.0, friction=0.0)
+    arm = ArmModel(model_file, joints=joint_names, damping=0.0, friction=0.0)
     if arm.n != joints:
         raise InputError(f"--prior-mean rigid-body: {model_file} has {arm.n} joints, the problem {joints}")
     model = arm.model
@@ -135,7 +136,9 @@ def parse_prior_mean(spec: str, problem: Problem, store_attrs: dict) -> PriorMea
             arg = str(model_path())
         if not Path(arg).is_file():
             raise InputError(f"--prior-mean {spec}: no such MJCF file {arg}")
-        return rigid_body_prior(arg, problem.output_dim)
+        # a store of joints picked out of a larger file records them (and the joints removed)
+        chosen = store_attrs.get("joint_names") if store_attrs.get("removed_joints") else None
+        return rigid_body_prior(arg, problem.output_dim, chosen)
     if kind == "learner":
         if not arg:
             raise InputError("--prior-mean learner:RUN_DIR: name the run folder of a gpdyn learn run")

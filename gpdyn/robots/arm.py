@@ -4,7 +4,11 @@
 compiled model, so that a new arm needs no code:
 
 - the joints: every joint must be a hinge (a fixed-base serial or branched chain);
-  ``n`` joints give ``q, qd, qdd, tau`` of ``n`` columns each;
+  ``n`` joints give ``q, qd, qdd, tau`` of ``n`` columns each. ``joints`` picks the arm
+  out of a larger scene (:func:`select_joints`): every other joint is removed from the
+  model, so its body is welded at its pose in the file (a target or object on slide or
+  free joints becomes part of the fixed scene), and the actuators and sensors of removed
+  joints go with them;
 - position limits: ``jnt_range`` where the joint is limited (``jnt_limited``); an
   unlimited hinge moves within +-pi (:data:`UNLIMITED_RANGE`), the room the
   trajectory generator may use;
@@ -19,8 +23,9 @@ compiled model, so that a new arm needs no code:
   (``mj_fullM``), critically damped PD gains (:func:`pd_gains`) and the stability of
   the sampled PD loop (:func:`sampled_loop_radius`);
 - the arm's identity (:func:`mjcf_identity`): a sha256 over the file and every file it
-  pulls in (included MJCF files, mesh and height-field files), what stores and runs
-  record and compare, so that an edited include is a different arm;
+  pulls in (included MJCF files, mesh and height-field files) and, when ``joints``
+  removes any joint, over the chosen joints: what stores and runs record and compare, so
+  that an edited include, or another choice of joints in the same file, is a different arm;
 - a payload at a named, massless body (``payload_body``; by default the body named
   ``payload`` when the model has one), set in place on any copy of the model;
 - joint damping, armature and dry friction as options that replace the file's values.
@@ -147,7 +152,7 @@ def _first_existing(candidates: Sequence[Path]) -> Path | None:
     return next((c for c in candidates if c.is_file()), None)
 
 
-def mjcf_identity(path: str | Path) -> tuple[str, list[dict[str, str | None]]]:
+def mjcf_identity(path: str | Path, joints: Sequence[str] | None = None) -> tuple[str, list[dict[str, str | None]]]:
     """The identity of an MJCF arm: ``(sha256, files)``, over the file and every file it pulls in.
 
     ``files`` lists, in document order, each included MJCF file (recursively) and
@@ -158,6 +163,11 @@ def mjcf_identity(path: str | Path) -> tuple[str, list[dict[str, str | None]]]:
     asset file that cannot be found this way has ``"sha256": None``. The identity is the
     sha256 of the file's bytes when it pulls in no file, else the sha256 of the main
     file's hash and the list: changing any of them changes the arm's identity.
+
+    ``joints``: the arm's joints where they are a selection of the file's (the others
+    removed, :func:`select_joints`); the identity is then the sha256 of the file's identity
+    and the joint names, so that two arms picked out of one file are two arms. None (every
+    joint of the file is the arm's) leaves the file's identity as it is.
     """
     main = Path(path)
     root_dir = main.parent
@@ -205,9 +215,78 @@ def mjcf_identity(path: str | Path) -> tuple[str, list[dict[str, str | None]]]:
         entry = {"file": name_of(found) if found else file, "sha256": _sha256(found.read_bytes()) if found else None}
         if entry not in files:
             files.append(entry)
-    if not files:
-        return _sha256(raw), []
-    return _sha256(json.dumps({"main": _sha256(raw), "files": files}, sort_keys=True).encode()), files
+    identity = _sha256(json.dumps({"main": _sha256(raw), "files": files}, sort_keys=True).encode()) if files else _sha256(raw)
+    if joints is not None:
+        identity = _sha256(json.dumps({"mjcf": identity, "joints": list(joints)}).encode())
+    return identity, files
+
+
+def _joint_kind(model_or_type: Any) -> str:
+    """``hinge``, ``slide``, ``ball`` or ``free`` of a joint type."""
+    return mujoco.mjtJoint(int(model_or_type)).name.removeprefix("mjJNT_").lower()
+
+
+def _listed_joints(names: Sequence[str], kinds: Sequence[str]) -> str:
+    """``a (hinge), b (slide), #3 (free, unnamed)``: the joints of a file, for messages."""
+    return ", ".join(f"{name} ({kind})" if name else f"#{j} ({kind}, unnamed)"
+                     for j, (name, kind) in enumerate(zip(names, kinds)))
+
+
+def select_joints(path: Path, joints: Sequence[str]) -> tuple[mujoco.MjModel, tuple[str, ...]]:
+    """The model of ``path`` with the joints ``joints`` only, and the names of the joints removed.
+
+    Every other joint is deleted from the MJCF spec (``mujoco.MjSpec``) before it is
+    compiled: its body is welded to its parent at the pose the file gives it (where a
+    joint's ``ref`` puts it), so a target or object on slide or free joints becomes part of
+    the fixed scene and an arm joint left out is held at its reference angle. Actuators
+    that drove a removed joint, sensors that read one, and the keyframes (sized for the
+    full model) are deleted with them. Removed, not held by a constraint: an equality's or
+    a locked joint's constraint force is counted by ``mj_inverse`` as joint torque, and the
+    held joints would still be columns of ``q`` and ``tau``; without them the inverse
+    dynamics is the chosen joints' alone, with the welded bodies' mass where they sit.
+
+    ``joints`` are named in the file's order (the order of the arm's columns and of the
+    per-joint options); an unknown, repeated or out-of-order name is refused.
+    """
+    where = f"--joints {','.join(joints)}"
+    spec = mujoco.MjSpec.from_file(str(path))
+    names = [j.name for j in spec.joints]
+    kinds = [_joint_kind(j.type) for j in spec.joints]
+    found = _listed_joints(names, kinds)
+    if not joints or any(not isinstance(j, str) or not j for j in joints):
+        raise ArmModelError(f"{where}: give the arm's joint names, comma-separated (the file's joints: {found})")
+    repeated = sorted({j for j in joints if list(joints).count(j) > 1})
+    if repeated:
+        raise ArmModelError(f"{where}: {', '.join(repeated)} named more than once")
+    unknown = [j for j in joints if j not in names]
+    if unknown:
+        raise ArmModelError(f"{where}: no joint {', '.join(repr(j) for j in unknown)} in the file (its joints: {found})")
+    in_file_order = [n for n in names if n in joints]
+    if list(joints) != in_file_order:
+        raise ArmModelError(f"{where}: name the joints in the file's order, {','.join(in_file_order)} (the order of "
+                            "the arm's columns and of per-joint options such as --velocity-limits)")
+    keep = set(joints)
+    removed = [j for j in spec.joints if j.name not in keep]
+    if not removed:  # the whole file is the arm: the model as the file gives it
+        return mujoco.MjModel.from_xml_path(str(path)), ()
+    removed_names = {j.name for j in removed if j.name}
+    for joint in removed:
+        spec.delete(joint)
+    joint_targets = (mujoco.mjtTrn.mjTRN_JOINT, mujoco.mjtTrn.mjTRN_JOINTINPARENT)
+    for actuator in list(spec.actuators):
+        if actuator.trntype in joint_targets and actuator.target in removed_names:
+            spec.delete(actuator)
+    for sensor in list(spec.sensors):
+        if sensor.objtype == mujoco.mjtObj.mjOBJ_JOINT and sensor.objname in removed_names:
+            spec.delete(sensor)
+    for key in list(spec.keys):
+        spec.delete(key)
+    try:
+        model = spec.compile()
+    except ValueError as err:  # a tendon, equality or other element that names a removed joint
+        raise ArmModelError(f"{where}: MuJoCo cannot compile the file without the joints "
+                            f"{', '.join(sorted(removed_names)) or '(unnamed)'}: {str(err).strip()}") from err
+    return model, tuple(names[i] or f"#{i}" for i in range(len(names)) if names[i] not in keep)
 
 
 def _joint_terms(n: int, name: str, value: float | Sequence[float]) -> np.ndarray:
@@ -220,6 +299,9 @@ def _joint_terms(n: int, name: str, value: float | Sequence[float]) -> np.ndarra
 class ArmModel:
     """An n-DOF arm from an MJCF file: joints, limits, and fresh or torque-controlled copies of its model.
 
+    ``joints``: the names of the arm's joints, in the file's order, where the file holds
+    more (targets, objects, other robots): the others are removed (:func:`select_joints`)
+    and the identity covers the choice; None: every joint of the file.
     ``velocity_limits``: rad/s per joint (MJCF has none); ``payload_body``: a massless body
     that carries the payload (default: ``payload`` if the model has it); ``damping``,
     ``armature``, ``friction``: one value or one per joint, replacing the file's
@@ -231,6 +313,7 @@ class ArmModel:
         self,
         path: str | Path,
         *,
+        joints: Sequence[str] | None = None,
         velocity_limits: Sequence[float] | None = None,
         payload_body: str | None = None,
         damping: float | Sequence[float] | None = None,
@@ -245,11 +328,15 @@ class ArmModel:
             model = mujoco.MjModel.from_xml_path(str(self.path))
         except ValueError as err:  # MuJoCo's parse and compile errors
             raise ArmModelError(f"{self.path}: MuJoCo cannot load it: {str(err).strip()}") from err
-        # what stores and runs record as the arm: the file with everything it includes
-        self.sha256, self.files = mjcf_identity(self.path)
+        self.removed_joints: tuple[str, ...] = ()
+        if joints is not None:
+            try:
+                model, self.removed_joints = select_joints(self.path, tuple(joints))
+            except ArmModelError as err:
+                raise ArmModelError(f"{self.path}: {err}") from None
         self.env_id = env_id or f"mjcf:{self.path.name}"
         try:
-            self._check_joints(model)
+            self._check_joints(model, chosen=joints is not None)
             self._check_simulation(model)
             self.actuator_of_joint = self._actuators(model)
             torque = np.stack([actuator_torque_range(model, a) for a in self.actuator_of_joint])
@@ -266,6 +353,8 @@ class ArmModel:
         self.model = model
         self.n = model.njnt
         self.joint_names = tuple(model.joint(j).name or f"joint{j}" for j in range(self.n))
+        # what stores and runs record as the arm: the file with everything it includes, and the joints chosen in it
+        self.sha256, self.files = mjcf_identity(self.path, self.joint_names if self.removed_joints else None)
         position = np.where(model.jnt_limited[:, None], model.jnt_range, [-UNLIMITED_RANGE, UNLIMITED_RANGE])
         velocity = None
         if velocity_limits is not None:
@@ -277,15 +366,26 @@ class ArmModel:
 
     # ------------------------------------------------------------------ checks
     @staticmethod
-    def _check_joints(model: mujoco.MjModel) -> None:
+    def _check_joints(model: mujoco.MjModel, chosen: bool = False) -> None:
+        """Hinge joints only; a file with other joints is told to name the arm's with ``--joints`` (``chosen``: it
+        did)."""
         hinge = int(mujoco.mjtJoint.mjJNT_HINGE)
+        names = [model.joint(j).name for j in range(model.njnt)]
+        kinds = [_joint_kind(t) for t in model.jnt_type]
+        driven = {int(model.actuator_trnid[a, 0]) for a in range(model.nu)
+                  if model.actuator_trntype[a] == mujoco.mjtTrn.mjTRN_JOINT}
+        arm_like = [names[j] for j in range(model.njnt) if model.jnt_type[j] == hinge and j in driven and names[j]]
+        pick = ("choose hinge joints with --joints" if chosen else
+                f"name the arm's joints with --joints NAME,NAME,... (the file's joints: {_listed_joints(names, kinds)}"
+                + (f"; its hinge joints with an actuator: --joints {','.join(arm_like)}" if arm_like else "") + "); "
+                "the others are removed, their bodies fixed where the file puts them")
         if not (model.jnt_type == hinge).any():
-            raise ArmModelError("the model has no hinge joints; a gpdyn arm is a fixed-base chain of hinge joints")
+            raise ArmModelError(f"the model has no hinge joints; a gpdyn arm is a fixed-base chain of hinge joints: "
+                                f"{pick}")
         for j in range(model.njnt):
             if model.jnt_type[j] != hinge:
-                kind = mujoco.mjtJoint(int(model.jnt_type[j])).name.removeprefix("mjJNT_").lower()
-                raise ArmModelError(f"joint '{model.joint(j).name or j}' is a {kind} joint; a gpdyn arm has hinge "
-                                    "joints only (a fixed base, no grippers on slide joints)")
+                raise ArmModelError(f"joint '{names[j] or j}' is a {kinds[j]} joint; a gpdyn arm has hinge joints only "
+                                    f"(a fixed base, no grippers on slide joints): {pick}")
 
     @staticmethod
     def _check_simulation(model: mujoco.MjModel) -> None:
@@ -331,7 +431,7 @@ class ArmModel:
         missing = [model.joint(j).name or str(j) for j in np.flatnonzero(owner < 0)]
         if missing:
             raise ArmModelError(f"joint(s) {', '.join(missing)} have no actuator; add a <motor> or <position> "
-                                "actuator for every joint")
+                                "actuator for every joint, or leave them out of the arm with --joints")
         return owner
 
     @staticmethod
@@ -340,7 +440,7 @@ class ArmModel:
             return PAYLOAD_BODY if mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, PAYLOAD_BODY) >= 0 else None
         body = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, name)
         if body < 0:
-            raise ArmModelError(f"no body '{name}' to carry the payload")
+            raise ArmModelError(f"--payload-body {name}: no body '{name}' to carry the payload ({_massless(model)})")
         if model.body_mass[body] > 0:
             raise ArmModelError(f"payload body '{name}' has {model.body_mass[body]:g} kg in the file; the payload "
                                 "replaces a body's mass, so name a massless body fixed to the end effector")
@@ -424,8 +524,10 @@ class ArmModel:
         if self.payload_body is None:
             if payload_kg == 0:
                 return
-            raise ArmModelError(f"{self.path}: the model has no body '{PAYLOAD_BODY}' for a payload; add a massless "
-                                f"<body name=\"{PAYLOAD_BODY}\"> at the end effector or name another massless body")
+            raise ArmModelError(
+                f"{self.path}: a payload of {payload_kg:g} kg needs a body to carry it and the model has no body "
+                f"'{PAYLOAD_BODY}': name a massless body fixed to the end effector with --payload-body NAME "
+                f"({_massless(self.model)}), or add a massless <body name=\"{PAYLOAD_BODY}\"> there")
         body = model.body(self.payload_body).id
         model.body_mass[body] = payload_kg
         model.body_ipos[body] = offset
@@ -435,7 +537,8 @@ class ArmModel:
         model.body_inertia[body] = 0.4 * payload_kg * PAYLOAD_RADIUS**2
 
     def describe(self) -> dict[str, Any]:
-        """What stores and runs record about the arm: file, hash, joints, limits, joint terms, payload body."""
+        """What stores and runs record about the arm: file, hash, joints (and those removed), limits, joint terms,
+        payload body."""
         return {
             "model_file": self.path.name,
             "model_sha256": self.sha256,
@@ -443,11 +546,20 @@ class ArmModel:
             "env_id": self.env_id,
             "n_joints": self.n,
             "joint_names": list(self.joint_names),
+            # only where --joints removed any: the record of arms that are their whole file stays as it was
+            **({"removed_joints": list(self.removed_joints)} if self.removed_joints else {}),
             "sim_timestep": self.timestep,
             "limits": self.limits.to_json(),
             "joint_terms": self.joint_terms(),
             "payload_body": self.payload_body,
         }
+
+
+def _massless(model: mujoco.MjModel) -> str:
+    """``massless bodies on the arm: a, b`` (the bodies a payload can go to), or that there are none, for messages."""
+    bodies = [model.body(b).name for b in range(1, model.nbody)
+              if model.body_mass[b] == 0 and model.body_weldid[b] != 0 and model.body(b).name]  # moving, not the scene
+    return f"massless bodies on the arm: {', '.join(bodies)}" if bodies else "the arm has no named massless body"
 
 
 # ---------------------------------------------------------------------------- dynamics
@@ -574,5 +686,6 @@ __all__ = [
     "mjcf_identity",
     "pd_gains",
     "sampled_loop_radius",
+    "select_joints",
     "without_contacts",
 ]
