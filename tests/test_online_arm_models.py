@@ -145,7 +145,7 @@ def test_bad_change_settings_are_refused_by_name(field: str, value) -> None:
 
 def test_the_online_gp_is_the_recorded_online_learner_and_counts_its_updates(tmp_path: Path) -> None:
     store = make_kuka_store(tmp_path / "kuka.zarr", offline=[60], online=[40, 40]).path
-    cfg = ArmRunConfig(learner="wiski", steps=8, change_at=4, change="motor-gain", controllers=("frozen", "online"),
+    cfg = ArmRunConfig(learner="wiski", steps=8, change_at=4, change="motor-gain", controllers=("frozen", "online"), gp_online=True,
                        pretrain_iterations=2, pretrain_batch=32, progress=False)
     run = RunDir.create("t", {}, out=tmp_path / "run")
     run_arm(run, cfg, store)
@@ -154,3 +154,5 @@ def test_the_online_gp_is_the_recorded_online_learner_and_counts_its_updates(tmp
     assert online["online_learner"] == "wiski" and online["gp_updates"] == 2 * 8  # an observe and a step per step
     assert online["prior_updates"] == 8 and online["change"] == "motor gain x0.7"
     assert "motor gain x0.7 from step 4" in (run.path / "report.md").read_text()
+    # the default: the filter alone learns online, the GP stays frozen
+    assert ArmRunConfig().gp_online is False

@@ -37,7 +37,8 @@ def add_parsers(robots: argparse._SubParsersAction, add_common: Callable[[argpar
                        help="--change motor-gain: the actuators' strength factor (default 0.7)")
         p.add_argument("--gp-online", choices=("on", "off"), default=None,
                        help="--adapt rigid-body: the learner keeps learning what the rigid-body term leaves, one "
-                            "observe per control step (on, default), or stays frozen (off)")
+                            "observe per control step (on), or stays frozen and the rigid-body filter alone learns "
+                            "(off, default)")
         p.add_argument("--gp-steps", type=NON_NEGATIVE_INT, default=None, metavar="N",
                        help="--adapt rigid-body with --gp-online on: the learner's optimiser steps per control step "
                             "(default 0: observes only; an SVDGP step takes ~40 ms of CPU, over the 10 ms period)")
