@@ -215,7 +215,9 @@ def mjcf_identity(path: str | Path, joints: Sequence[str] | None = None) -> tupl
         entry = {"file": name_of(found) if found else file, "sha256": _sha256(found.read_bytes()) if found else None}
         if entry not in files:
             files.append(entry)
-    identity = _sha256(json.dumps({"main": _sha256(raw), "files": files}, sort_keys=True).encode()) if files else _sha256(raw)
+    identity = _sha256(raw)
+    if files:
+        identity = _sha256(json.dumps({"main": identity, "files": files}, sort_keys=True).encode())
     if joints is not None:
         identity = _sha256(json.dumps({"mjcf": identity, "joints": list(joints)}).encode())
     return identity, files
@@ -260,7 +262,8 @@ def select_joints(path: Path, joints: Sequence[str]) -> tuple[mujoco.MjModel, tu
         raise ArmModelError(f"{where}: {', '.join(repeated)} named more than once")
     unknown = [j for j in joints if j not in names]
     if unknown:
-        raise ArmModelError(f"{where}: no joint {', '.join(repr(j) for j in unknown)} in the file (its joints: {found})")
+        raise ArmModelError(f"{where}: no joint {', '.join(repr(j) for j in unknown)} in the file "
+                            f"(its joints: {found})")
     in_file_order = [n for n in names if n in joints]
     if list(joints) != in_file_order:
         raise ArmModelError(f"{where}: name the joints in the file's order, {','.join(in_file_order)} (the order of "
