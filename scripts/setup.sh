@@ -94,7 +94,7 @@ main() {
     if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || ! "$venv/bin/python" -c 'import gpdyn' 2>/dev/null; then
         echo "setup: installing gpdyn and its requirements"
         torch_before=$(torch_version_of "$venv/bin/python")
-        "${pip[@]}" install -e ".[test]"
+        "${pip[@]}" install -e ".[test,video,sarcos]"  # every extra the test suite uses
         torch_after=$(torch_version_of "$venv/bin/python")
         if [ "$torch_before" != "$torch_after" ]; then
             echo "setup: a requirement replaced torch $torch_before with $torch_after; pin it back" >&2

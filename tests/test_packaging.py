@@ -176,6 +176,20 @@ def test_wheel_pins_the_torch_range_that_setup_and_the_loader_check_enforce(whee
     assert verdicts == {v: "in" if Version(v) in torch.specifier else "out" for v in [pinned, *TORCH_RELEASES]}
 
 
+def test_wheel_keeps_single_feature_dependencies_in_extras_that_setup_installs(wheel):
+    """scipy (SARCOS .mat files) and imageio-ffmpeg (MP4) are extras, out of the default
+    install; scripts/setup.sh installs every extra, since the test suite uses them all."""
+    metadata = _metadata(wheel)
+    requirements = [Requirement(r) for r in metadata.get_all("Requires-Dist")]
+    base = {r.name for r in requirements if r.marker is None}
+    extras = {e: {r.name for r in requirements if r.marker is not None and r.marker.evaluate({"extra": e})}
+              for e in metadata.get_all("Provides-Extra")}
+    assert extras["video"] == {"imageio-ffmpeg"} and extras["sarcos"] == {"scipy"}
+    assert not base & {"imageio-ffmpeg", "scipy"}
+    (installed,) = re.findall(r'install -e "\.\[([\w,]+)\]"', SETUP_SH.read_text())
+    assert set(installed.split(",")) == set(extras)
+
+
 def test_the_version_lives_in_one_place():
     import gpdyn
 

@@ -244,7 +244,10 @@ def _first_bad_cell(matrix: np.ndarray) -> tuple[int, int, str] | None:
 
 def read_sarcos(path: str | Path) -> tuple[np.ndarray, str]:
     """The [N, 28] floating-point matrix of one SARCOS .mat file and its variable name."""
-    from scipy.io import loadmat
+    try:
+        from scipy.io import loadmat
+    except ImportError as err:  # scipy is the optional extra 'sarcos'
+        raise InputError(f"{path}: reading MATLAB .mat files needs scipy: pip install 'gpdyn[sarcos]'") from err
 
     path = Path(path)
     if not path.is_file():

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.stats import spearmanr
 from tqdm import tqdm
 
 from gpdyn.control.hybrid_model import HybridForward, HybridSamplingController, ResidualConfig
@@ -100,6 +99,22 @@ class WalkLearnedConfig:
         self.identification.validate()
 
 
+def _average_ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks of ``values``, tied values sharing the mean of their ranks."""
+    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    last = np.cumsum(counts)
+    return (last - (counts - 1) / 2.0)[inverse.reshape(-1)]
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman's rank correlation of two samples (NaN when either is constant), in numpy:
+    scipy is an optional dependency (the SARCOS importer's), not one of the walker's."""
+    ra, rb = _average_ranks(np.ravel(a)), _average_ranks(np.ravel(b))
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    norm = float(np.sqrt((ra @ ra) * (rb @ rb)))
+    return float(ra @ rb) / norm if norm > 0 else float("nan")
+
+
 def plant(change: str, factor: float | None) -> tuple[Any, str]:
     """A Walker2d env whose model has the named change (``"none"``: nominal) and its description."""
     env = make_env()
@@ -143,7 +158,7 @@ class Diagnostics:
         controls = np.einsum("hn,knu->khu", sampler.spline, np.clip(knots, sampler.low, sampler.high))
         costs = {name: self.cost(*model(qpos, qvel, controls), controls) for name, model in
                  (("true", self.truth.rollout), ("nominal", self.nominal), ("online", self.controller.forward))}
-        self.rank.append({"t": t, **{f"spearman_{k}": float(spearmanr(costs["true"], costs[k]).statistic)
+        self.rank.append({"t": t, **{f"spearman_{k}": spearman(costs["true"], costs[k])
                                      for k in ("nominal", "online")}})
         self.snapshots.append((t, self.controller.forward.snapshot()))
         return None

@@ -148,6 +148,11 @@ def render_episode(
     out = Path(out)
     if out.suffix.lower() not in VIDEO_SUFFIXES:
         raise InputError(f"{out}: the video file must end in {' or '.join(VIDEO_SUFFIXES)}")
+    if out.suffix.lower() == ".mp4":
+        try:
+            import imageio_ffmpeg  # noqa: F401  (imageio writes MP4 through it)
+        except ImportError as err:  # the optional extra 'video'
+            raise InputError(f"{out}: writing MP4 needs imageio-ffmpeg: pip install 'gpdyn[video]' (or write a .gif)") from err
     if every is None:
         every = 4 if out.suffix.lower() == ".gif" else 1
     if every < 1:
