@@ -196,3 +196,30 @@ def test_the_rigid_body_prior_of_a_store_takes_its_joints(reacher_learned) -> No
     x, y = problem.split("train")
     # the prior leaves out the joints' damping (1 N m s/rad in the file): the data is the prior plus it, exactly
     np.testing.assert_allclose(y - prior.physical(x), x[:, 2:4], atol=1e-8)
+
+
+SCENE = """<mujoco><compiler angle="radian" autolimits="true"/><worldbody>
+  <body><joint name="a" axis="0 0 1"/><geom size=".05" mass="1"/>
+    <body pos=".3 0 0"><joint name="b" axis="0 1 0" range="-1 2"/><geom size=".05" mass="1"/></body></body>
+  <body name="box" pos="1 0 .5"><freejoint name="box_free"/><geom size=".05" mass="1"/></body></worldbody>
+  {tendon}<actuator><motor joint="a"/><motor joint="b"/></actuator>
+  <sensor><jointpos joint="b"/><framepos objtype="body" objname="box"/></sensor>
+  <keyframe><key qpos="0 0 1 0 .5 1 0 0 0"/></keyframe></mujoco>"""
+
+
+def test_a_free_body_is_fixed_where_the_file_puts_it_and_what_names_a_removed_joint_goes_or_is_named(
+        tmp_path: Path) -> None:
+    path = tmp_path / "scene.xml"
+    path.write_text(SCENE.format(tendon=""))
+    arm = ArmModel(path, joints=["a", "b"])
+    assert arm.n == arm.model.nq == arm.model.nv == 2 and arm.removed_joints == ("box_free",)
+    box = arm.model.body("box")
+    assert box.weldid[0] == 0 and box.pos.tolist() == [1.0, 0.0, 0.5]  # part of the fixed scene, where the file has it
+    assert arm.model.nkey == 0 and arm.model.nsensor == 2  # the full model's keyframe goes; the sensors still read
+    yaw = ArmModel(path, joints=["a"])  # b's actuator and its sensor go with it
+    assert yaw.n == yaw.model.nu == 1 and yaw.model.nsensor == 1 and yaw.removed_joints == ("b", "box_free")
+    path.write_text(SCENE.format(tendon='<tendon><fixed><joint joint="a" coef="1"/><joint joint="b" coef="1"/>'
+                                        '</fixed></tendon>'))
+    with pytest.raises(ArmModelError, match="--joints a: MuJoCo cannot compile the file without the joints b, "
+                                            "box_free: .*joint 'b' not found in tendon"):
+        ArmModel(path, joints=["a"])
