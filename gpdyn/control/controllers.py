@@ -11,6 +11,9 @@
   there) is skipped and counted (``update_skipped`` per step, ``updates_skipped`` per
   episode); the episode goes on, and the planner's own checks keep a non-finite
   prediction away from the actuators.
+
+Both log the robot's ``x_position`` after every step where the environment reports it
+(Walker2d's step info does): the distance walked, for the control report's plots.
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ from gpdyn.control.loop import Controller
 from gpdyn.control.mpc import MPPI, Planner
 
 
+def _position(info: Mapping[str, Any]) -> dict[str, float]:
+    """The robot's x position after the step, where the environment's step info has it."""
+    return {"x_position": float(info["x_position"])} if "x_position" in info else {}
+
+
 class PolicyController(Controller):
     """A fixed policy: ``policy(obs) -> action``; it neither plans nor learns."""
 
@@ -35,6 +43,9 @@ class PolicyController(Controller):
 
     def act(self, obs: np.ndarray, info: Mapping[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
         return self.policy(obs), {}
+
+    def observe(self, obs: np.ndarray, action: np.ndarray, next_obs: np.ndarray, info: Mapping[str, Any]) -> dict[str, Any]:
+        return _position(info)
 
 
 class MPCController(Controller):
@@ -90,13 +101,14 @@ class MPCController(Controller):
 
     def observe(self, obs: np.ndarray, action: np.ndarray, next_obs: np.ndarray, info: Mapping[str, Any]) -> dict[str, Any]:
         if self.model is None:
-            return {}
+            return _position(info)
         state, next_state = self._tensor(self._state)[None], self._tensor(self.state(self.env))[None]
         act = self._tensor(action)[None]
         with torch.no_grad():
             velocity, variance = self.model.predict_velocity(state, act)
         err = velocity[0] - next_state[0, self.model.layout.nq :]
-        record: dict[str, Any] = {"model_rmse": float(err.pow(2).mean().sqrt()), "pred_variance": float(variance.sum())}
+        record: dict[str, Any] = {"model_rmse": float(err.pow(2).mean().sqrt()), "pred_variance": float(variance.sum()),
+                                  **_position(info)}
         if self.updater is not None:
             t0 = time.perf_counter()
             metrics = self.updater(*self.model.training_pair(state, act, next_state))

@@ -7,13 +7,19 @@ rewritten from a finished (or interrupted) run.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict
+from collections.abc import Mapping
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from gpdyn.runs import RunDir
+from gpdyn.errors import InputError
+from gpdyn.runs import METRICS_FILE, RunDir
+
+#: the Walker2d control period, s: Walker2d-v5's timestep 0.002 x frame skip 4 (gpdyn.robots.walker.DT, which imports
+#: MuJoCo and torch: a report needs neither)
+WALKER_PERIOD_S = 0.008
 
 
 def _plt():
@@ -70,23 +76,33 @@ def walker_planner_text(config: dict[str, Any]) -> str:
 
 
 def write_walker_report(run: RunDir, cfg: Any) -> Path:
-    """Return table (controller x condition), return-over-time and model-error plots."""
-    records = run.metrics()
+    """Return table (controller x condition), distance and falls, CPU time per step, and the plots over time:
+    return, distance, one-step model error, CPU ms per step against the control period.
+
+    ``cfg``: the run's :class:`~gpdyn.experiments.control_walker.WalkerRunConfig`, or its
+    ``config.json`` as a dict (:func:`write_control_report`): both give the same report.
+    """
+    c = _settings(cfg, WALKER_SETTINGS, run.path / "config.json")
+    numbered = run.numbered_metrics()
+    _check_records(numbered, "walker", run.path / METRICS_FILE)
+    records = [r for _, r in numbered]
     episodes = _series(records, "episode", "walker")
     steps = _series(records, "step", "walker")
-    conditions = [c for c in cfg.conditions]
-    controllers = [c for c in cfg.controllers]
-    change_label = next((e[0]["change"] for e in episodes.values() if e and e[0].get("change")), cfg.change)
+    conditions, controllers = list(c["conditions"]), list(c["controllers"])
+    change_label = next((e[0]["change"] for e in episodes.values() if e and e[0].get("change")), c["change"])
     lines = [
         "# Walker2d online control",
         "",
-        f"Learner `{cfg.learner}` ({cfg.scale} sizes, target `{cfg.target}`), {walker_planner_text(asdict(cfg))}; "
-        f"{cfg.steps} control steps per episode, device `{cfg.device}`; online model `{cfg.adapt}`"
-        + (f" ({cfg.residual_kernel} kernel" + (f", gated, z = {cfg.residual_gate_z:g}" if cfg.residual_gate else "") + ")."
-           if cfg.adapt == "residual" else "."),
+        f"Learner `{c['learner']}` ({c['scale']} sizes, target `{c['target']}`), {walker_planner_text(c)}; "
+        f"{c['steps']} control steps per episode, device `{c['device']}`; online model `{c['adapt']}`"
+        + (f" ({c['residual_kernel']} kernel"
+           + (f", gated, z = {c['residual_gate_z']:g}" if c["residual_gate"] else "") + ")."
+           if c["adapt"] == "residual" else "."),
         f"Plant change in the `changed` condition: {change_label}, "
-        + ("from the start." if cfg.change_at == 0 else f"at step {cfg.change_at}"
-           + (", counted over the consecutive episodes; it stays changed after." if cfg.episodes > 1 else ".")),
+        + ("from the start." if c["change_at"] == 0 else f"at step {c['change_at']}"
+           + (", counted over the consecutive episodes; it stays changed after." if c["episodes"] > 1 else ".")),
+        *_unfinished(sum(len(v) for v in episodes.values()), len(conditions) * len(controllers) * c["episodes"],
+                     "controller, condition and episode"),
         "",
         "## Returns",
         "",
@@ -96,29 +112,28 @@ def write_walker_report(run: RunDir, cfg: Any) -> Path:
     ]
     returns: dict[tuple[str, str], list[float]] = {}
     for ctrl in controllers:
-        row, times, effective, spreads, falls = [], [], [], [], 0
+        row, times, effective, spreads, fallbacks = [], [], [], [], 0
         for cond in conditions:
             eps = sorted(episodes.get((cond, ctrl), []), key=lambda e: e.get("episode", 0))
             if eps:
                 returns[(cond, ctrl)] = [e["return"] for e in eps]
-                row.append(_returns_cell(eps, cfg.steps))
+                row.append(_returns_cell(eps, c["steps"]))
                 times += [e["plan_seconds_mean"] for e in eps if e.get("plan_seconds_mean")]
                 effective += [e["effective_samples_mean"] for e in eps if e.get("effective_samples_mean")]
                 spreads += [(e["cost_spread_mean"], e["control_spread_mean"]) for e in eps if "cost_spread_mean" in e]
-                falls += sum(int(e.get("fallbacks", 0)) for e in eps)
+                fallbacks += sum(int(e.get("fallbacks", 0)) for e in eps)
             else:
                 row.append("-")
         t = f"{1e3 * np.mean(times):.1f}" if times else "-"
         ess = f"{np.mean(effective):.1f}" if effective else "-"
         spread = " / ".join(f"{np.mean(s):.2f}" for s in zip(*spreads)) if spreads else "-"
-        lines.append(f"| {ctrl} | " + " | ".join(row) + f" | {t} | {ess} | {spread} | {falls if times else '-'} |")
-    if cfg.episodes > 1:
-        lines += ["", f"Cells: mean over {cfg.episodes} consecutive episodes, then each episode's return, with its "
+        lines.append(f"| {ctrl} | " + " | ".join(row) + f" | {t} | {ess} | {spread} | {fallbacks if times else '-'} |")
+    if c["episodes"] > 1:
+        lines += ["", f"Cells: mean over {c['episodes']} consecutive episodes, then each episode's return, with its "
                       "length where the walker fell. The online model is kept from one episode to the next."]
     lines += _online_verdict(returns)
-    from gpdyn.robots.walker import DT  # the control period; robots/walker imports MuJoCo, which reports need not
-
-    lines += compute_section([e for eps in episodes.values() for e in eps], DT)
+    lines += _distance_section(episodes, steps, conditions, controllers, c["steps"])
+    lines += compute_section([e for eps in episodes.values() for e in eps], WALKER_PERIOD_S)
     errs = {k: v for k, v in steps.items() if any("model_rmse" in r for r in v)}
     if errs:
         lines += ["", "## Model one-step error (velocity RMSE, mean over the steps of all episodes)", "",
@@ -126,12 +141,23 @@ def write_walker_report(run: RunDir, cfg: Any) -> Path:
         for (cond, ctrl), rs in sorted(errs.items()):
             e = [r["model_rmse"] for r in rs if "model_rmse" in r]
             v = [r["pred_variance"] for r in rs if "pred_variance" in r]
-            lines.append(f"| {cond} | {ctrl} | {np.mean(e):.3f} | {np.mean(v):.4f} |")
-    plots = [_plot_walker(run.path, steps, conditions, controllers, cfg.change_at, change_label)]
-    if cfg.episodes > 1:
+            lines.append(f"| {cond} | {ctrl} | {np.mean(e):.3f} | {np.mean(v) if v else float('nan'):.4f} |")
+    falls = _falls(episodes, c["steps"])
+    change_at = c["change_at"]
+    plots = [_plot_walker(run.path, steps, conditions, controllers, change_at, change_label, falls)]
+    if any("x_position" in r for rs in steps.values() for r in rs):
+        plots.append(_plot_walker(run.path, steps, conditions, controllers, change_at, change_label, falls,
+                                  quantity="distance"))
+    if c["episodes"] > 1:
         plots.append(_plot_walker_episodes(run.path, returns, conditions, controllers))
     if errs:
-        plots.append(_plot_walker_error(run.path, errs, cfg.steps, cfg.change_at, change_label))
+        plots.append(_plot_walker_error(run.path, errs, c["steps"], change_at, change_label))
+    colors, styles = _colors(controllers), dict(zip(conditions, ("-", "--")))  # a colour per controller, as above
+    timed = [(f"{cond}/{ctrl}", colors[ctrl], styles.get(cond, ":"), steps[(cond, ctrl)]) for cond in conditions
+             for ctrl in controllers if any("cpu_ms" in r for r in steps.get((cond, ctrl), []))]
+    if timed:
+        plots.append(_plot_cpu(run.path / "walker_cpu.png", timed, WALKER_PERIOD_S, c["steps"], change_at,
+                               change_label))
     lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     path = run.path / "report.md"
     path.write_text("\n".join(lines) + "\n")
@@ -170,24 +196,85 @@ def _online_verdict(returns: dict[tuple[str, str], list[float]]) -> list[str]:
     return lines
 
 
-def _plot_walker(path: Path, steps, conditions, controllers, change_at: int, label: str) -> Path:
+#: what the walker's step plots show: the y label and the file
+WALKER_QUANTITIES = {"return": ("return so far", "walker_return.png"),
+                     "distance": ("torso x position [m]", "walker_distance.png")}
+
+
+def _plot_walker(path: Path, steps, conditions, controllers, change_at: int, label: str,
+                 falls: set[tuple[str, str, int]], quantity: str = "return") -> Path:
+    """Return so far (or the torso's x position, ``quantity="distance"``) against the control step: a panel per
+    condition, a colour per controller, later episodes drawn darker, an x where an episode ended in a fall."""
+    ylabel, name = WALKER_QUANTITIES[quantity]
     plt = _plt()
     fig, axes = plt.subplots(1, len(conditions), figsize=(5.5 * len(conditions), 3.8), squeeze=False)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = _colors(controllers)
     for ax, cond in zip(axes[0], conditions):
-        for i, ctrl in enumerate(controllers):
+        for ctrl in controllers:
             by_episode = _by_episode(steps.get((cond, ctrl), []))
-            for k, rs in enumerate(by_episode.values()):
-                # one colour per controller; later episodes drawn darker
-                ax.plot([r["t"] for r in rs], np.cumsum([r["reward"] for r in rs]), color=colors[i % len(colors)],
-                        alpha=(k + 1) / len(by_episode), label=ctrl if k == len(by_episode) - 1 else None)
+            for k, (episode, rs) in enumerate(by_episode.items()):
+                if quantity == "return":
+                    t, y = [r["t"] for r in rs], list(np.cumsum([r["reward"] for r in rs]))
+                else:
+                    kept = [r for r in rs if "x_position" in r]
+                    t, y = [r["t"] for r in kept], [r["x_position"] for r in kept]
+                if not t:
+                    continue
+                color = colors[ctrl]
+                ax.plot(t, y, color=color, alpha=(k + 1) / len(by_episode), label=ctrl if k == len(by_episode) - 1 else None)
+                if (cond, ctrl, episode) in falls:
+                    ax.plot(t[-1], y[-1], marker="x", markersize=8, color=color, linestyle="none")
+        if any(f[0] == cond for f in falls):
+            ax.plot([], [], marker="x", color="k", linestyle="none", label="fell")
         ax.set_title(f"{cond} plant")
         ax.set_xlabel("control step")
-        ax.set_ylabel("return so far")
+        ax.set_ylabel(ylabel)
         ax.legend(fontsize=8)
         if cond == "changed":
             _mark_change(ax, change_at, label)
-    return _save(fig, path / "walker_return.png")
+    return _save(fig, path / name)
+
+
+def _falls(episodes: dict[tuple[str, str], list[dict[str, Any]]], steps: int) -> set[tuple[str, str, int]]:
+    """(condition, controller, episode) of the episodes that ended before ``steps``: the walker fell (Walker2d ends
+    an episode early only when the torso leaves its healthy height or angle)."""
+    return {(cond, ctrl, e.get("episode", 0)) for (cond, ctrl), eps in episodes.items() for e in eps
+            if e["length"] < steps}
+
+
+def _distance_section(episodes, steps, conditions, controllers, n_steps: int) -> list[str]:
+    """Per controller and condition: the episodes, the falls and the torso's x position at each episode's end."""
+    lines = ["", "## Distance and falls", "",
+             "| controller | condition | episodes | falls | x at the end [m] |", "|---|---|---|---|---|"]
+    for ctrl in controllers:
+        for cond in conditions:
+            eps = episodes.get((cond, ctrl))
+            if not eps:
+                continue
+            ends = [xs[-1] for rs in _by_episode(steps.get((cond, ctrl), [])).values()
+                    if (xs := [r["x_position"] for r in rs if "x_position" in r])]
+            cell = "-" if not ends else f"{ends[0]:.2f}" if len(ends) == 1 else (
+                f"{np.mean(ends):.2f}: " + ", ".join(f"{x:.2f}" for x in ends))
+            fell = sum(e["length"] < n_steps for e in eps)
+            lines.append(f"| {ctrl} | {cond} | {len(eps)} | {fell} | {cell} |")
+    lines += ["", f"A fall: the episode ended before its {n_steps} steps (the torso left the healthy height or angle). "
+                  "x: the torso's position along the track after the last step (an episode starts at x = 0); the "
+                  "mean over episodes, then each episode's."]
+    return lines
+
+
+def _unfinished(recorded: int, planned: int, unit: str) -> list[str]:
+    """A notice under the title of a run that stopped (or is still running) before all its episodes."""
+    if recorded >= planned:
+        return []
+    return ["", f"**Unfinished run: {recorded} of {planned} episodes recorded (one per {unit}); the run stopped, or "
+                "is still running, before the others.** The tables and plots show the episodes recorded."]
+
+
+def _colors(names: list[str]) -> dict[str, str]:
+    """A colour per name (controller), the same in every plot of a report."""
+    cycle = _plt().rcParams["axes.prop_cycle"].by_key()["color"]
+    return {name: cycle[i % len(cycle)] for i, name in enumerate(names)}
 
 
 def _by_episode(rows: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
@@ -235,6 +322,29 @@ def _plot_walker_error(path: Path, errs, steps: int, change_at: int, label: str)
     return _save(fig, path / "walker_model_error.png")
 
 
+def _plot_cpu(out: Path, series: list[tuple[str, str, str, list[dict[str, Any]]]], period_s: float, steps: int,
+              change_at: int, label: str) -> Path:
+    """The controller's CPU time of every control step (``cpu_ms``) against the control period, a line per series
+    ``(label, colour, line style, step records)`` (consecutive episodes laid end to end, episode k from k x
+    ``steps``)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    several = False
+    for name, color, style, rs in series:
+        by_episode = _by_episode([r for r in rs if "cpu_ms" in r])
+        several = several or len(by_episode) > 1
+        for k, (episode, ers) in enumerate(by_episode.items()):
+            ax.plot([episode * steps + r["t"] for r in ers], [r["cpu_ms"] for r in ers], color=color, linestyle=style,
+                    label=name if k == 0 else None, linewidth=0.8)
+    ax.axhline(1e3 * period_s, color="k", linestyle="--", linewidth=1, label=f"control period {1e3 * period_s:g} ms")
+    ax.set_yscale("log")
+    ax.set_xlabel("control step" + (" (episodes laid end to end)" if several else ""))
+    ax.set_ylabel("controller CPU time per step [ms]")
+    ax.legend(fontsize=8)
+    _mark_change(ax, change_at, label)
+    return _save(fig, out)
+
+
 def compute_section(episodes: list[dict[str, Any]], period_s: float) -> list[str]:
     """Per controller: its CPU time per control step (act plus observe: planning or feed-forward and the model
     update), mean and 95th percentile over its episodes' steps, against the control period; and for an online
@@ -260,29 +370,42 @@ def compute_section(episodes: list[dict[str, Any]], period_s: float) -> list[str
     return lines
 
 
-def write_arm_report(run: RunDir, cfg: Any, arm: Any, joint_rmse: dict[str, dict[str, list[float]]]) -> Path:
-    """Tracking RMSE per joint before/after the payload change, and the error over time (any arm)."""
-    records = run.metrics()
-    steps = [r for r in records if r.get("kind") == "step" and r.get("robot") == cfg.robot]
-    n = arm.n
-    from gpdyn.experiments.control_arm import change_text
+def write_arm_report(run: RunDir, cfg: Any, arm: Any = None, joint_rmse: dict[str, dict[str, list[float]]] | None = None
+                     ) -> Path:
+    """Tracking RMSE per joint before/after the plant change, the feed-forward error, CPU time per step, and the
+    plots over time: tracking error, feed-forward error, CPU ms per step against the control period (any arm).
 
-    change = change_text(cfg)
+    ``cfg``: the run's :class:`~gpdyn.experiments.control_arm.ArmRunConfig`, or its ``config.json`` as a dict
+    (:func:`write_control_report`); ``arm`` and ``joint_rmse`` (the ``tracking`` records) are read from the run
+    folder when not given: both give the same report.
+    """
+    c = _settings(cfg, ARM_SETTINGS, run.path / "config.json")
+    robot = c["robot"]
+    numbered = run.numbered_metrics()
+    _check_records(numbered, robot, run.path / METRICS_FILE)
+    records = [r for _, r in numbered]
+    steps = [r for r in records if r.get("kind") == "step" and r.get("robot") == robot]
+    if joint_rmse is None:
+        joint_rmse = {r["controller"]: r["rmse"] for r in records if r.get("kind") == "tracking" and r.get("robot") == robot}
+    n = arm.n if arm is not None else _joint_count(joint_rmse, steps, run.path / METRICS_FILE)
+    change_at, period = c["change_at"], 1.0 / c["rate_hz"]
+    source = f"from {c['from_run']}" if c["from_run"] else f"{c['scale']} sizes"
     lines = [
-        f"# {arm.path.name} computed-torque tracking ({n} joints)",
+        f"# {arm.path.name if arm is not None else _arm_file_name(c)} computed-torque tracking ({n} joints)",
         "",
-        f"Learner `{cfg.learner}` ({f'from {cfg.from_run}' if cfg.from_run else f'{cfg.scale} sizes'}), "
-        f"{cfg.steps} control steps at {1 / cfg.dt:.0f} Hz, "
-        f"trajectory family `{cfg.family}` at speed {cfg.speed}; {change}.",
+        f"Learner `{c['learner']}` ({source}), "
+        f"{c['steps']} control steps at {c['rate_hz']:.0f} Hz, "
+        f"trajectory family `{c['family']}` at speed {c['speed']}; {arm_change_text(c)}.",
         "Control law: tau = f(q_ref, qd_ref, qdd_ref) + Kp (q_ref - q) + Kd (qd_ref - qd); "
         "`pd` has no feed-forward, `true` uses MuJoCo's inverse dynamics of the actual plant; f is evaluated "
         "at the reference of the middle of the step. PD gains: critically damped at "
-        f"{cfg.omega:g} rad/s on the effective joint inertia.",
-        f"Online model: `{cfg.adapt}` " + {
+        f"{c['omega']:g} rad/s on the effective joint inertia.",
+        f"Online model: `{c['adapt']}` " + {
             "rigid-body": "(RigidBodyGP: the arm's rigid-body regressor and the frozen model as features, one Kalman "
                           "update per control step, covariance reset on a detected change).",
-            "residual": f"(ResidualGP: exact GP on the frozen model's residuals, window {cfg.window}).",
-        }.get(cfg.adapt, f"({cfg.updates} learner step(s) per control step on the latest {cfg.online_batch} samples)."),
+            "residual": f"(ResidualGP: exact GP on the frozen model's residuals, window {c['window']}).",
+        }.get(c["adapt"], f"({c['updates']} learner step(s) per control step on the latest {c['online_batch']} samples)."),
+        *_unfinished(len(joint_rmse), len(c["controllers"]), "controller"),
         "",
         "## Tracking RMSE per joint [rad]",
         "",
@@ -297,33 +420,217 @@ def write_arm_report(run: RunDir, cfg: Any, arm: Any, joint_rmse: dict[str, dict
         lines += ["", "## Feed-forward error against the plant's inverse dynamics, RMS per joint [N m]", "",
                   "| controller | phase | " + " | ".join(f"j{j + 1}" for j in range(n)) + " |", "|---|---|" + "---|" * n]
         for ctrl in dict.fromkeys(r["controller"] for r in ff):
-            for phase, keep in (("before", lambda t: t < cfg.change_at), ("after", lambda t: t >= cfg.change_at)):
+            for phase, keep in (("before", lambda t: t < change_at), ("after", lambda t: t >= change_at)):
                 e = np.array([r["ff_error"] for r in ff if r["controller"] == ctrl and keep(r["t"])])
                 if len(e):
                     lines.append(f"| {ctrl} | {phase} | " + " | ".join(f"{v:.2f}" for v in np.sqrt((e**2).mean(0))) + " |")
-    lines += compute_section([r for r in records if r.get("kind") == "episode" and r.get("robot") == cfg.robot], cfg.dt)
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 3.8))
+    lines += compute_section([r for r in records if r.get("kind") == "episode" and r.get("robot") == robot], period)
     by_ctrl: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in steps:
         by_ctrl[r["controller"]].append(r)
-    window = max(1, cfg.steps // 50)
-    for ctrl, rs in by_ctrl.items():
-        err = np.array([r["tracking_error"] for r in rs])
-        smooth = np.sqrt(np.convolve(err**2, np.ones(window) / window, mode="same"))
-        ax.plot([r["t"] for r in rs], smooth, label=ctrl, linewidth=1)
-    ax.set_yscale("log")
-    ax.set_xlabel("control step")
-    ax.set_ylabel("joint-position error norm [rad]")
-    ax.legend(fontsize=8)
-    ax.autoscale()
-    if cfg.change != "payload" or cfg.payload:
-        _mark_change(ax, cfg.change_at, "change")
-    plot = _save(fig, run.path / f"{cfg.robot}_tracking.png")
-    lines += ["", "## Plot", "", f"![{plot.stem}]({plot.name})"]
+    mark = c["change"] != "payload" or bool(c["payload"])  # a payload of 0 kg changes nothing
+    window = max(1, c["steps"] // 50)
+    colors = _colors(list(dict.fromkeys([*c["controllers"], *by_ctrl])))  # a controller's colour in every plot
+    plots = [_plot_arm_error(run.path / f"{robot}_tracking.png", by_ctrl, colors, "tracking_error", window,
+                             "joint-position error norm [rad]", change_at if mark else 0)]
+    if ff:
+        plots.append(_plot_arm_error(run.path / f"{robot}_ff_error.png", by_ctrl, colors, "ff_error", window,
+                                     "feed-forward error norm [N m]", change_at if mark else 0))
+    timed = [(ctrl, colors[ctrl], "-", rs) for ctrl, rs in by_ctrl.items() if any("cpu_ms" in r for r in rs)]
+    if timed:
+        plots.append(_plot_cpu(run.path / f"{robot}_cpu.png", timed, period, c["steps"], change_at if mark else 0,
+                               "change"))
+    lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     path = run.path / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
-__all__ = ["compute_section", "mean_se", "write_arm_report", "write_walker_report"]
+def _plot_arm_error(out: Path, by_ctrl: dict[str, list[dict[str, Any]]], colors: dict[str, str], key: str,
+                    window: int, ylabel: str, change_at: int) -> Path:
+    """The norm over the joints of each step's ``key`` (a number or a list per joint), as a moving RMS over
+    ``window`` steps, a line per controller that records it."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for ctrl, rs in by_ctrl.items():
+        rs = [r for r in rs if key in r]
+        if not rs:
+            continue
+        err = np.array([np.linalg.norm(np.atleast_1d(np.asarray(r[key], dtype=float))) for r in rs])
+        smooth = np.sqrt(np.convolve(err**2, np.ones(window) / window, mode="same"))
+        ax.plot([r["t"] for r in rs], smooth, label=ctrl, color=colors[ctrl], linewidth=1)
+    ax.set_yscale("log")
+    ax.set_xlabel("control step")
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+    ax.autoscale()
+    _mark_change(ax, change_at, "change")
+    return _save(fig, out)
+
+
+def arm_change_text(config: dict[str, Any]) -> str:
+    """The plant change of an arm run (its settings as a dict), as reports name it."""
+    change, at = config.get("change", "payload"), config["change_at"]
+    if change == "payload":
+        return f"payload {config['payload']:g} kg added at step {at}" if config["payload"] else "no plant change"
+    if change == "joint-friction":
+        friction = config.get("joint_friction", 0.05)
+        return (f"joint friction added at step {at}: dry {friction:g} of each joint's torque "
+                f"limit, viscous {friction:g} of it per rad/s")
+    return f"motor gain x{config.get('motor_gain', 0.7):g} from step {at}"
+
+
+def _arm_file_name(config: dict[str, Any]) -> str:
+    """The MJCF file name of a run's arm: its ``model``, or the shipped iiwa's when it names none."""
+    if config.get("model"):
+        return Path(config["model"]).name
+    from gpdyn.robots.kuka import model_path  # MuJoCo: only for a kuka run's report
+
+    return model_path().name
+
+
+def _joint_count(joint_rmse: dict[str, dict[str, list[float]]], steps: list[dict[str, Any]], file: Path) -> int:
+    """The arm's joint count, from its tracking records (or the feed-forward errors of its steps)."""
+    widths = {len(v) for phases in joint_rmse.values() for v in phases.values()}
+    widths |= {len(r["ff_error"]) for r in steps if "ff_error" in r}
+    if len(widths) != 1:
+        raise InputError(f"{file}: " + ("no tracking records (the run stopped before its first controller finished)"
+                                        if not widths else f"the records disagree on the joint count: {sorted(widths)}"))
+    return widths.pop()
+
+
+# --------------------------------------------------------------------------------- a run folder's report
+def write_control_report(run: RunDir) -> Path:
+    """(Re)generate the report of a ``gpdyn control walker|kuka|arm`` run folder from its ``config.json`` and
+    ``metrics.jsonl``: the report the run wrote, and for a stopped run the episodes it recorded."""
+    config = run.config()
+    job = config.get("job")
+    if job == "control-walker":
+        return write_walker_report(run, config)
+    if job in ("control-kuka", "control-arm"):
+        return write_arm_report(run, config)
+    raise InputError(f"{run.path / 'config.json'}: job {job!r:.40} is not a control run (control-walker, control-kuka, "
+                     "control-arm)")
+
+
+# ------------------------------------------------------------------------------ settings and records read back
+class _Required:
+    """The default of a setting every run folder records."""
+
+
+REQUIRED = _Required()
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_names(v: Any) -> bool:
+    return isinstance(v, (list, tuple)) and len(v) > 0 and all(isinstance(x, str) for x in v)
+
+
+# (check, what it must be)
+_NAME = (lambda v: isinstance(v, str), "a name")
+_NAME_OR_NONE = (lambda v: v is None or isinstance(v, str), "a name or null")
+_NAMES = (_is_names, "a non-empty list of names")
+_COUNT = (lambda v: _is_int(v) and v >= 0, "an integer >= 0")
+_POSITIVE_INT = (lambda v: _is_int(v) and v >= 1, "an integer >= 1")
+_NUMBER = (lambda v: _is_number(v) and np.isfinite(v), "a finite number")
+_POSITIVE = (lambda v: _is_number(v) and np.isfinite(v) and v > 0, "a finite number > 0")
+_SWITCH = (lambda v: isinstance(v, bool), "true or false")
+
+#: the settings a walker report reads: (check, default for a folder written before the setting existed)
+WALKER_SETTINGS: dict[str, tuple[tuple[Any, str], Any]] = {
+    "conditions": (_NAMES, REQUIRED), "controllers": (_NAMES, REQUIRED), "steps": (_POSITIVE_INT, REQUIRED),
+    "episodes": (_POSITIVE_INT, 1), "change_at": (_COUNT, 0), "change": (_NAME, REQUIRED),
+    "learner": (_NAME, REQUIRED), "scale": (_NAME, "?"), "target": (_NAME, "?"), "device": (_NAME, "?"),
+    "adapt": (_NAME, "?"), "planner": (_NAME, "mppi"), "samples": (_COUNT, REQUIRED), "sim_samples": (_COUNT, REQUIRED),
+    "horizon": (_COUNT, REQUIRED), "noise_std": (_NUMBER, 0.2), "temperature": (_NUMBER, REQUIRED),
+    "uncertainty": (_NAME, REQUIRED), "var_weight": (_NUMBER, 1.0), "cost": (_NAME, "reward"),
+    "track_offset_weight": (_NUMBER, 0.0), "control_cost": (_NUMBER, 0.0), "relative_to_proposal": (_SWITCH, False),
+    "warm_start": (_SWITCH, True), "proposal_tail": (_COUNT, 0), "terminal_value": (_SWITCH, False),
+    "residual_kernel": (_NAME, "se"), "residual_gate": (_SWITCH, False), "residual_gate_z": (_NUMBER, 0.0),
+}
+#: the settings an arm report reads
+ARM_SETTINGS: dict[str, tuple[tuple[Any, str], Any]] = {
+    "robot": (_NAME, REQUIRED), "model": (_NAME_OR_NONE, None), "learner": (_NAME, REQUIRED),
+    "from_run": (_NAME_OR_NONE, None), "scale": (_NAME, "?"), "steps": (_POSITIVE_INT, REQUIRED),
+    "change_at": (_COUNT, REQUIRED), "change": (_NAME, "payload"), "payload": (_NUMBER, REQUIRED),
+    "joint_friction": (_NUMBER, 0.05), "motor_gain": (_NUMBER, 0.7), "family": (_NAME, "?"),
+    "speed": (_NUMBER, REQUIRED), "rate_hz": (_POSITIVE, 100.0), "omega": (_NUMBER, REQUIRED),
+    "adapt": (_NAME, "?"), "window": (_COUNT, 400), "updates": (_COUNT, 1), "online_batch": (_COUNT, 64),
+    "controllers": (_NAMES, REQUIRED),
+}
+
+
+def _settings(cfg: Any, schema: dict[str, tuple[tuple[Any, str], Any]], file: Path) -> dict[str, Any]:
+    """The settings of ``schema`` from a run's config dataclass or its ``config.json`` dict (``file``), defaults filled
+    in for a folder written before a setting existed; a missing or malformed one is an InputError naming the file."""
+    given = asdict(cfg) if is_dataclass(cfg) else cfg
+    if not isinstance(given, Mapping):
+        raise InputError(f"{file}: expected a JSON object, found {type(given).__name__}")
+    out: dict[str, Any] = {}
+    for key, ((check, what), default) in schema.items():
+        if key not in given:
+            if default is REQUIRED:
+                raise InputError(f"{file}: no '{key}' (a control run records it)")
+            out[key] = default
+        elif not check(given[key]):
+            raise InputError(f"{file}: '{key}' must be {what}, is {given[key]!r:.80}")
+        else:
+            out[key] = given[key]
+    return out
+
+
+#: the fields of a control run's records that its report reads: (check, required)
+RECORD_FIELDS: dict[str, dict[str, tuple[tuple[Any, str], bool]]] = {
+    "step": {"controller": (_NAME, True), "t": (_COUNT, True), "reward": ((_is_number, "a number"), False),
+             "condition": (_NAME, False), "episode": (_COUNT, False), "cpu_ms": ((_is_number, "a number"), False),
+             "model_rmse": ((_is_number, "a number"), False), "pred_variance": ((_is_number, "a number"), False),
+             "x_position": ((_is_number, "a number"), False),
+             "tracking_error": ((_is_number, "a number"), False),
+             "ff_error": ((lambda v: isinstance(v, list) and all(_is_number(x) for x in v), "a list of numbers"), False)},
+    "episode": {"controller": (_NAME, True), "condition": (_NAME, False), "episode": (_COUNT, False),
+                "return": ((_is_number, "a number"), True), "length": (_POSITIVE_INT, True),
+                "cpu_ms_per_step": ((_is_number, "a number"), False),
+                "cpu_ms_per_step_p95": ((_is_number, "a number"), False),
+                "plan_seconds_mean": ((lambda v: v is None or _is_number(v), "a number or null"), False),
+                "effective_samples_mean": ((lambda v: v is None or _is_number(v), "a number or null"), False),
+                "cost_spread_mean": ((_is_number, "a number"), False),
+                "control_spread_mean": ((_is_number, "a number"), False), "fallbacks": (_COUNT, False)},
+    "tracking": {"controller": (_NAME, True),
+                 "rmse": ((lambda v: isinstance(v, dict) and all(isinstance(x, list) and x and all(_is_number(y) for y in x)
+                                                                 for x in v.values()),
+                           "an object of phases, each a list of numbers"), True)},
+}
+#: fields the walker's records must have beside RECORD_FIELDS' required ones
+WALKER_REQUIRED = {"step": ("condition", "reward"), "episode": ("condition",)}
+#: the arm's
+ARM_REQUIRED = {"step": ("tracking_error",)}
+
+
+def _check_records(numbered: list[tuple[int, dict[str, Any]]], robot: str, file: Path) -> None:
+    """Raise InputError naming the file and line of the first record of ``robot`` whose fields the report reads
+    are missing or malformed."""
+    extra = WALKER_REQUIRED if robot == "walker" else ARM_REQUIRED
+    for line, r in numbered:
+        fields = RECORD_FIELDS.get(r.get("kind"))
+        if fields is None or r.get("robot") != robot:
+            continue
+        for key, ((check, what), required) in fields.items():
+            if key not in r:
+                if required or key in extra.get(r["kind"], ()):
+                    raise InputError(f"{file}: line {line}: {r['kind']} record without '{key}'")
+            elif not check(r[key]):
+                raise InputError(f"{file}: line {line}: {r['kind']} record: '{key}' must be {what}, is {r[key]!r:.80}")
+        if r["kind"] == "episode" and ("cpu_ms_per_step" in r) != ("cpu_ms_per_step_p95" in r):
+            raise InputError(f"{file}: line {line}: episode record with only one of 'cpu_ms_per_step' and "
+                             "'cpu_ms_per_step_p95'")
+
+
+__all__ = ["arm_change_text", "compute_section", "mean_se", "write_arm_report", "write_control_report",
+           "write_walker_report"]

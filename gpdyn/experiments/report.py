@@ -1,7 +1,9 @@
-"""Reports of replay runs: SVDGP Table 2 and Appendix C tables, CSV curves, Fig. 2-style plots
-(a stream-protocol run's report is :mod:`gpdyn.experiments.stream_report`'s; a learn run's is
-the one it wrote when it finished). The report of an unfinished run says how far it got and
-how to continue it, above numbers marked as not final.
+"""Reports of run folders (:func:`write_report`, ``gpdyn report``): replay runs here (SVDGP Table 2
+and Appendix C tables, CSV curves, Fig. 2-style plots), learn runs here too (the final table per
+output and the same curves), stream-protocol runs of either in
+:mod:`gpdyn.experiments.stream_report`, control runs in :mod:`gpdyn.experiments.control_report`.
+The report of an unfinished replay says how far it got and how to continue it, above numbers
+marked as not final; an unfinished learn run has no report yet and says the same.
 
 Input: the evaluation records a replay writes to ``metrics.jsonl``, one per learner
 and evaluation point::
@@ -97,15 +99,37 @@ def mean_std(values: list[float] | None) -> str:
     return f"{v.mean():.4g} ± {v.std():.2g}"
 
 
+#: jobs whose folders hold no report for :func:`write_report` (name prefixes), and what they hold instead
+NO_REPORT = {
+    "collect-": "made an episode store; `gpdyn inspect` summarises the store and the folder",
+    "import-": "made an episode store; `gpdyn inspect` summarises the store and the folder",
+    "bench-": "a benchmark writes its tables when it runs",
+}
+
+
 def write_report(run_dir: str | Path) -> Path:
-    """(Re)generate the tables, CSV files and plots of a replay run folder."""
+    """(Re)generate the report of a run folder: its tables, CSV files and plots (replay, learn,
+    stream, control runs); return the path of its ``report.md``."""
     run_dir = Path(run_dir)
     if not is_run_dir(run_dir):
         raise InputError(f"{run_dir}: not a run folder (no config.json)")
     run = RunDir(run_dir)
     config = run.config()
-    if config.get("job") == "learn" and config.get("protocol") != "stream":
-        return _learn_report(run)
+    job = config.get("job")
+    if isinstance(job, str) and job.startswith("control-"):
+        from gpdyn.experiments.control_report import write_control_report
+
+        return write_control_report(run)
+    if job == "demo":
+        inside = sorted(str(p) for p in run_dir.iterdir() if is_run_dir(p))
+        raise InputError(f"{run_dir}: a demo folder, whose stages are run folders of their own: "
+                         + ("; ".join(f"gpdyn report {p}" for p in inside) if inside else "none written yet"))
+    for prefix, held in NO_REPORT.items():
+        if isinstance(job, str) and job.startswith(prefix):
+            raise InputError(f"{run_dir}: a {job} run has no report ({held}); gpdyn report reads learn, replay and "
+                             "control run folders")
+    if job == "learn" and config.get("protocol") != "stream":
+        return _learn_report(run, config)
     records = run.numbered_metrics()
     curves = eval_curves(records, run_dir / "metrics.jsonl")
     if not curves:
@@ -178,16 +202,50 @@ def finish_report(run_dir: Path, lines: list[str], config: dict[str, Any], plots
     return report
 
 
-def _learn_report(run: RunDir) -> Path:
-    """The report of a ``gpdyn learn`` run: the one it wrote when it finished (its final
-    table); an unfinished run has none yet and says how to continue it."""
+def _learn_report(run: RunDir, config: dict[str, Any]) -> Path:
+    """The report of a finished ``gpdyn learn`` run: the final evaluation per output (the table the
+    run wrote when it finished), the curves over its evaluations, ``curves.csv`` and ``final.csv``.
+    An unfinished run has no report yet and says how to continue it."""
     status = run.status()
-    report = run.path / "report.md"
     if status is not None and not status.finished:
         raise InputError(f"{run.path}: an unfinished learn run, no report yet: {status.describe()}")
-    if not report.is_file():
-        raise InputError(f"{report}: no such file (a learn run writes it when it finishes)")
-    return report
+    curves = eval_curves(run.numbered_metrics(), run.path / "metrics.jsonl")
+    if not curves:
+        raise InputError(f"{run.path}/metrics.jsonl: no evaluation records to report")
+    if len(curves) > 1:
+        raise InputError(f"{run.path}/metrics.jsonl: a learn run of one learner has records of {', '.join(curves)}")
+    name, rows = next(iter(curves.items()))
+    final = rows[-1]
+    problem = config.get("problem") if isinstance(config.get("problem"), dict) else {}
+    width = len(final["nmse"])
+    outputs = problem.get("outputs") or [f"y{i}" for i in range(width)]
+    if not (isinstance(outputs, list) and len(outputs) == width and all(isinstance(o, str) for o in outputs)):
+        raise InputError(f"{run.path / 'config.json'}: 'problem.outputs' must list {width} output names, "
+                         f"is {outputs!r:.80}")
+    _write_curves_csv(run.path / "curves.csv", curves, outputs)
+    _write_final_csv(run.path / "final.csv", {name: final}, outputs)
+    plots = [_plot(run.path, curves, metric) for metric in PLOTS if metric in final]
+    protocol = problem.get("protocol", config.get("protocol", "?"))
+    lines = [f"# {name} on {problem.get('name', '?')} ({protocol} protocol), iteration {final['iteration']}", ""]
+    if problem.get("held_out"):
+        lines += [f"Held out: {problem['held_out']} ({problem.get('test', '?')} test rows; "
+                  f"{problem.get('train', '?')} training rows).", ""]
+    lines += [
+        f"Seed {config.get('seed', '?')}, minibatch {config.get('batch_size', '?')}, device {config.get('device', '?')}, "
+        f"dtype {config.get('dtype', '?')}; evaluated every {config.get('eval_every', '?')} iterations"
+        + (f"; the learner models the residual of the prior mean `{config['prior_mean']}`." if config.get("prior_mean")
+           else "."),
+        "",
+        "| output | " + " | ".join(COLUMNS.values()) + " |",
+        "|---|" + "---|" * len(COLUMNS),
+    ]
+    for i, output in enumerate(outputs):
+        cells = [f"{final[m][i]:.4f}" if m in final else "–" for m in COLUMNS]
+        lines.append(f"| {output} | " + " | ".join(cells) + " |")
+    lines += ["| mean ± std | " + " | ".join(mean_std(final.get(m)) for m in COLUMNS) + " |", "", CALIBRATION_NOTE]
+    if isinstance(config.get("learner_config"), dict):  # a learn run records one learner's options
+        config = {**config, "learner_config": {name: config["learner_config"]}}
+    return finish_report(run.path, lines, config, plots, "the last evaluation")
 
 
 def _split_line(config: dict[str, Any]) -> list[str]:
