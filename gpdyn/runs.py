@@ -22,7 +22,8 @@ import os
 import time
 import warnings
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,7 @@ class RunDir:
         """Make the folder (``out`` or ``logs/<job>-<time>``), take its writer lock and write ``config.json``."""
         if out is None:
             stamp = time.strftime("%Y%m%d-%H%M%S")
+            made = _missing_folders(Path(logs))
             Path(logs).mkdir(parents=True, exist_ok=True)
             suffix = 1
             while True:  # two runs in one second: mkdir decides which gets the name
@@ -124,9 +126,11 @@ class RunDir:
                     break
                 except FileExistsError:
                     suffix += 1
+            made.insert(0, path)
         else:
             path = Path(out)
             _check_empty(path)
+            made = _missing_folders(path)
             path.mkdir(parents=True, exist_ok=True)
         run = cls(path)
         run._hold()
@@ -136,6 +140,8 @@ class RunDir:
         except BaseException:
             run.close()
             raise
+        for watch in _NEW_RUN_WATCHES:
+            watch.append(_NewRun(run, made))
         return run
 
     @classmethod
@@ -340,6 +346,91 @@ def _writer_alive(lock_file: Path) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+@dataclass
+class _NewRun:
+    """A run folder :meth:`RunDir.create` wrote its config into, and the folders it made for it
+    (the run's own first, then the missing parents, deepest first; empty when ``--out`` existed)."""
+
+    run: RunDir
+    made: list[Path]
+
+
+# the lists of :func:`discard_empty_new_runs` blocks that are running: RunDir.create adds to each
+_NEW_RUN_WATCHES: list[list[_NewRun]] = []
+# what a run folder holds before its job has written anything: its config and its writer lock
+# (config.json.tmp: a config write that was cut short)
+_BARE_RUN_FILES = frozenset({"config.json", "config.json.tmp", LOCK_FILE})
+
+
+def _missing_folders(path: Path) -> list[Path]:
+    """``path`` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    for folder in (path, *path.parents):
+        if folder.exists() or folder == folder.parent or str(folder) in ("", "."):
+            break
+        missing.append(folder)
+    return missing
+
+
+def _holds_only_its_config(path: Path) -> bool:
+    """Whether a run folder holds nothing but :data:`_BARE_RUN_FILES` and empty folders."""
+    for entry in path.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            if any(entry.iterdir()):
+                return False
+        elif entry.name not in _BARE_RUN_FILES:
+            return False
+    return True
+
+
+@contextmanager
+def discard_empty_new_runs() -> Iterator[list[Path]]:
+    """Remove the run folders made inside the block when it fails, if they hold only their config.
+
+    A command that stops on bad input after :meth:`RunDir.create` (a store that does not open,
+    a learner option the learner refuses) would otherwise leave ``logs/<job>-<time>/config.json``
+    behind, a folder that records no run. Only folders created inside the block whose job wrote
+    nothing beyond ``config.json`` (empty folders aside) go, then the parents made for them
+    (``logs/`` itself when it was new) if empty; a folder ``--out`` named that existed before
+    keeps existing, without the config. Anything a job wrote (data, metrics, checkpoints) keeps
+    its folder. The error goes on as raised; the list the block gets names the folders removed.
+    """
+    made: list[_NewRun] = []
+    removed: list[Path] = []
+    _NEW_RUN_WATCHES.append(made)
+    try:
+        yield removed
+    except BaseException:
+        for new in reversed(made):  # the newest first: a nested run folder before the one that holds it
+            if _discard_if_bare(new):
+                removed.append(new.run.path)
+        raise
+    finally:
+        _NEW_RUN_WATCHES.remove(made)
+
+
+def _discard_if_bare(new: _NewRun) -> bool:
+    """Remove a run folder that holds only its config (see :func:`discard_empty_new_runs`); whether it did."""
+    path = new.run.path
+    try:
+        if not path.is_dir() or not _holds_only_its_config(path):
+            return False
+        new.run.close()  # releasing the writer lock removes its file
+        for entry in sorted(path.iterdir(), key=lambda e: e.is_dir()):
+            if entry.is_dir():
+                entry.rmdir()
+            elif entry.name in _BARE_RUN_FILES:
+                entry.unlink(missing_ok=True)
+    except OSError:
+        return False  # best effort: a folder that cannot go stays, the command's own error is what matters
+    try:
+        for folder in new.made:
+            folder.rmdir()  # OSError when not empty (another run's folder in logs/): stops here
+    except OSError:
+        pass
+    return True
 
 
 def _check_empty(path: Path) -> None:

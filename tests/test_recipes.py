@@ -224,7 +224,7 @@ def test_a_bad_recipe_on_the_command_line_exits_2_before_any_run_folder(tmp_path
 
 
 def test_control_recipes_lists_every_recipe_with_its_description(capsys):
-    assert main(["control", "recipes"]) == 0
+    assert main(["control", "recipes", "--explain"]) == 0
     out = capsys.readouterr().out
     for recipe in all_recipes():
         assert f"{recipe.name} [{recipe.robot}]" in out and recipe.description[:60] in " ".join(out.split())

@@ -9,8 +9,11 @@ the shared options and the registries' names. A subcommand's handler (a function
 its stage only when it runs, so that ``--help`` needs neither torch nor MuJoCo.
 
 Before any handler runs, :func:`main` applies ``--threads`` and checks ``--device``
-through :mod:`gpdyn.device`. Bad input (:class:`gpdyn.errors.InputError`) exits 2 with
-its message, as argparse does for a malformed option.
+through :mod:`gpdyn.device`, except for the commands that only read files or print
+(``inspect``, ``report``, ``control recipes``: ``reads_only`` in their parser's defaults),
+which never import torch or MuJoCo. Bad input (:class:`gpdyn.errors.InputError`) exits 2
+with its message, as argparse does for a malformed option; a run folder the failed command
+made and left holding nothing but its config is removed (:func:`gpdyn.runs.discard_empty_new_runs`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gpdyn {__version__}")
     _add_threads(parser, default=1)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, help="the job to run")
     jobs.add_demo(sub)
     collect.add_parsers(sub)
     jobs.add_inspect(sub)
@@ -91,17 +94,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as done:  # --help (0) or a malformed option (2, argparse has printed why)
         return int(done.code or 0)
     name = " ".join(str(getattr(args, k)) for k in ("command", "source", "format", "target", "robot") if getattr(args, k, None))
+    removed: list = []  # run folders the failed command made and left bare (gpdyn.runs.discard_empty_new_runs)
     try:
         check_environment()  # MUJOCO_GL and GPDYN_NATIVE, before MuJoCo or the native kernel reads them
-        from gpdyn.device import resolve_device, set_threads  # imports torch: not for --help
+        if not getattr(args, "reads_only", False) or "torch" in sys.modules:
+            from gpdyn.device import resolve_device, set_threads  # imports torch: not for --help
 
-        set_threads(args.threads)
-        if hasattr(args, "device"):
-            # checked before any work: a missing GPU is an input error, not a traceback midway
-            args.device = str(resolve_device(args.device))
-        return int(_handler(args)(args) or 0)
+            set_threads(args.threads)
+            if hasattr(args, "device"):
+                # checked before any work: a missing GPU is an input error, not a traceback midway
+                args.device = str(resolve_device(args.device))
+        from gpdyn.runs import discard_empty_new_runs
+
+        with discard_empty_new_runs() as removed:
+            return int(_handler(args)(args) or 0)
     except InputError as err:
         print(f"gpdyn {name}: error: {err}", file=sys.stderr)
+        for path in removed:
+            print(f"gpdyn {name}: warning: removed the run folder {path}: it held nothing but its config",
+                  file=sys.stderr)
         return EXIT_INPUT
     except (MemoryError, RuntimeError) as err:
         # sizes that the options' own checks (gpdyn.device.check_memory) could not foresee:

@@ -14,14 +14,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpdyn.cli.common import (COUNT, NON_NEGATIVE, NON_NEGATIVE_INT, NON_NEGATIVE_LIST, POSITIVE, POSITIVE_LIST, SEED, Number,
-                              RegistryNames, add_out, comma_list)
+from gpdyn.cli.common import (COUNT, NON_NEGATIVE, NON_NEGATIVE_INT, NON_NEGATIVE_LIST, POSITIVE, POSITIVE_LIST, Number,
+                              RegistryNames, add_out, add_seed, comma_list)
 
 if TYPE_CHECKING:
     from gpdyn.sim.stopping import CollectionStopped
 
-FAMILY_NAMES = RegistryNames("gpdyn.sim.arm", "FAMILIES")  # trajectory families of the arm streams
-IMPORT_UNITS = RegistryNames("gpdyn.data.importers", "UNITS")  # what imported input columns hold
+FAMILY_NAMES = RegistryNames("gpdyn.sim.arm", "FAMILIES", ("kuka1", "kuka2"))  # trajectory families of the arm streams
+IMPORT_UNITS = RegistryNames("gpdyn.data.importers", "UNITS", ("physical", "normalised"))  # what imported input columns hold
 
 
 ENVS = Number(int, 1, 4 * (os.cpu_count() or 1))  # worker processes: past the cores they only wait
@@ -64,7 +64,7 @@ def arm_from_args(args: argparse.Namespace) -> Any:
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     collect = sub.add_parser("collect", help="collect episodes into a store").add_subparsers(
-        dest="source", metavar="SOURCE", required=True
+        dest="source", metavar="SOURCE", required=True, help="what the episodes come from"
     )
     p = collect.add_parser("walker", help="Walker2d rollouts of a TRPO policy")
     p.add_argument("--store", type=Path, required=True, help="zarr store (created, or continued if it exists)")
@@ -77,9 +77,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--mix", action="store_true",
         help="cycle episodes over the shipped training checkpoints and the final policy (several gaits)",
     )
-    p.add_argument("--noise", type=NON_NEGATIVE, default=0.0, help="std of Gaussian action noise")
-    p.add_argument("--envs", type=ENVS, default=2, help="environments in parallel")
-    p.add_argument("--seed", type=SEED, default=0)
+    p.add_argument("--noise", type=NON_NEGATIVE, default=0.0,
+                   help="std of Gaussian action noise, action units (default %(default)s)")
+    p.add_argument("--envs", type=ENVS, default=2,
+                   help="environments in parallel, one worker process each (default %(default)s)")
+    add_seed(p, "the episodes' initial states and action noise")
     p.add_argument("--commit-seconds", type=NON_NEGATIVE, default=None, metavar="S",
                    help="commit finished episodes at least this often (default 1; 0: each as it finishes, at some "
                         "cost in speed); a crash loses the episodes running and those finished since")
@@ -92,21 +94,27 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         p = collect.add_parser(robot, help=text)
         if robot == "arm":
             add_arm_options(p, robot)
-        p.add_argument("--store", type=Path, required=True)
-        p.add_argument("--offline", type=NON_NEGATIVE_INT, default=17560, help="offline samples (default 17560, as KUKA1)")
-        p.add_argument("--online", type=NON_NEGATIVE_INT, default=180360, help="online samples (default 180360, as KUKA1)")
-        p.add_argument("--payload", type=NON_NEGATIVE, default=0.0, help="end-effector payload in kg")
+        p.add_argument("--store", type=Path, required=True,
+                       help="zarr store (created, or continued if a stopped collection with the same settings left it)")
+        p.add_argument("--offline", type=NON_NEGATIVE_INT, default=17560,
+                       help="offline samples (default %(default)s, as KUKA1)")
+        p.add_argument("--online", type=NON_NEGATIVE_INT, default=180360,
+                       help="online samples (default %(default)s, as KUKA1)")
+        p.add_argument("--payload", type=NON_NEGATIVE, default=0.0,
+                       help="end-effector payload in kg (default %(default)s: none)")
         p.add_argument("--family", choices=FAMILY_NAMES, default="kuka1", metavar="NAME",
-                       help="trajectory family: %(choices)s (default kuka1)")
-        p.add_argument("--seed", type=SEED, default=0)
+                       help="trajectory family: %(choices)s (default %(default)s)")
+        add_seed(p, "the reference trajectories and the sensor noise")
         p.add_argument("--rate", type=POSITIVE, default=100.0,
                        help="sample rate in Hz: a whole number of the model's simulation steps per sample, "
-                            "from 1 Hz to one sample per simulation step")
-        p.add_argument("--torque-noise", type=NON_NEGATIVE, default=0.0, help="std of torque sensor noise, N m")
-        p.add_argument("--position-noise", type=NON_NEGATIVE, default=0.0, help="std of position sensor noise, rad")
+                            "from 1 Hz to one sample per simulation step (default %(default)s)")
+        p.add_argument("--torque-noise", type=NON_NEGATIVE, default=0.0,
+                       help="std of torque sensor noise, N m (default %(default)s)")
+        p.add_argument("--position-noise", type=NON_NEGATIVE, default=0.0,
+                       help="std of position sensor noise, rad (default %(default)s)")
         p.add_argument(
             "--derivatives", choices=("exact", "fd"), default="exact",
-            help="exact qd, qdd or finite differences of measured q",
+            help="exact qd, qdd or finite differences of measured q (default %(default)s)",
         )
         if robot == "kuka":
             add_arm_options(p, robot)
@@ -114,7 +122,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         p.set_defaults(handler="gpdyn.cli.collect:collect_arm")
 
     imp = sub.add_parser("import", help="import a real dataset into a store").add_subparsers(
-        dest="format", metavar="FORMAT", required=True
+        dest="format", metavar="FORMAT", required=True, help="the dataset's file format"
     )
     for fmt, text, scale, units in (
         ("kuka-ilgr", "KUKA1/KUKA2 text files, plain or .txt.gz (28 columns)",
@@ -122,8 +130,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         ("sarcos", "SARCOS .mat files (sarcos_inv.mat, sarcos_inv_test.mat)", "1, torques in N m", "physical"),
     ):
         p = imp.add_parser(fmt, help=text)
-        p.add_argument("files", nargs="+", type=Path)
-        p.add_argument("--store", type=Path, required=True)
+        p.add_argument("files", nargs="+", type=Path,
+                       help="the dataset's files, one episode each, in this order (a test file or a name with "
+                            "'online' marks the online part)")
+        p.add_argument("--store", type=Path, required=True, help="zarr store to create (it must not exist yet)")
         p.add_argument("--torque-scale", type=POSITIVE_LIST, default=None, metavar="S[,S...]",
                        help=f"factors the file's torques were divided by (N m = value x factor), one value or one "
                             f"per joint; kept in the store attribute tau_scale (default {scale})")

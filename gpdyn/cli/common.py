@@ -1,9 +1,10 @@
 """Options and names shared by the command groups of the ``gpdyn`` command.
 
 Learner, preset, problem and dtype names come from their registries (:data:`gpdyn.gp.LEARNERS`,
-:data:`gpdyn.gp.PRESETS`, :data:`gpdyn.data.problems.PROBLEMS`, :data:`gpdyn.device.DTYPES`), read when a
-command first needs them: those modules import torch (about a second), which
-``gpdyn --help`` and the parser's construction should not wait for.
+:data:`gpdyn.gp.PRESETS`, :data:`gpdyn.data.problems.PROBLEMS`, :data:`gpdyn.device.DTYPES`). Those
+modules import torch (about two seconds of CPU), which neither ``--help`` nor a command that only reads
+files should pay: the help lists a copy of each registry's names (tests/test_cli_help.py checks that the
+copies match), and a value given on the command line is checked against the registry itself.
 """
 
 from __future__ import annotations
@@ -21,40 +22,43 @@ if TYPE_CHECKING:
 
 
 class RegistryNames(Sequence[str]):
-    """The keys of the dict ``attr`` of ``module``, imported on first use.
+    """The keys of the registry ``attr`` of ``module`` (a dict or tuple of names).
 
-    As argparse ``choices`` it checks a value and lists the names in help (``%(choices)s``)
-    and in errors; ``str()`` joins the names with commas.
+    As argparse ``choices`` it lists ``listed`` (the registry's names, copied here) in help
+    (``%(choices)s``) and in errors without importing ``module``, and checks a given value
+    against the registry itself, imported then; ``str()`` joins the names with commas.
+    :meth:`registry` is what the copy must equal.
     """
 
-    def __init__(self, module: str, attr: str) -> None:
-        self.module, self.attr = module, attr
+    def __init__(self, module: str, attr: str, listed: tuple[str, ...]) -> None:
+        self.module, self.attr, self.listed = module, attr, listed
 
     @cached_property
-    def _names(self) -> tuple[str, ...]:
+    def registry(self) -> tuple[str, ...]:
         return tuple(getattr(importlib.import_module(self.module), self.attr))
 
     def __getitem__(self, i):  # type: ignore[override]
-        return self._names[i]
+        return self.listed[i]
 
     def __len__(self) -> int:
-        return len(self._names)
+        return len(self.listed)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._names)
+        return iter(self.listed)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._names
+        return name in self.registry
 
     def __str__(self) -> str:
-        return ", ".join(self._names)
+        return ", ".join(self.listed)
 
 
-LEARNER_NAMES = RegistryNames("gpdyn.gp", "LEARNERS")
-PROBLEM_NAMES = RegistryNames("gpdyn.data.problems", "PROBLEMS")
-PRESET_NAMES = RegistryNames("gpdyn.gp", "PRESETS")
-PROTOCOL_NAMES = RegistryNames("gpdyn.data.problems", "PROTOCOLS")
-DTYPE_NAMES = RegistryNames("gpdyn.device", "DTYPES")
+LEARNER_NAMES = RegistryNames("gpdyn.gp", "LEARNERS", ("svdgp", "orth", "orthnat", "svi", "ivsgpr", "vsgpr", "gpr",
+                                                        "wiski", "exact", "residual", "ssgp", "rls"))
+PROBLEM_NAMES = RegistryNames("gpdyn.data.problems", "PROBLEMS", ("walker-1", "walker-2", "kuka", "arm"))
+PRESET_NAMES = RegistryNames("gpdyn.gp", "PRESETS", ("small", "cpu", "paper"))
+PROTOCOL_NAMES = RegistryNames("gpdyn.data.problems", "PROTOCOLS", ("iid", "ordered", "block", "split", "stream"))
+DTYPE_NAMES = RegistryNames("gpdyn.device", "DTYPES", ("float32", "float64"))
 
 
 def run_for_args(job: str, args: argparse.Namespace) -> RunDir:
@@ -70,6 +74,11 @@ def run_for_args(job: str, args: argparse.Namespace) -> RunDir:
     run = RunDir.create(job, config, out=getattr(args, "out", None))
     print(f"run folder: {run.path}")
     return run
+
+
+def add_seed(p: argparse.ArgumentParser, what: str) -> None:
+    """``--seed``: the seed of ``what`` (default 0)."""
+    p.add_argument("--seed", type=SEED, default=0, help=f"seed of {what} (default %(default)s)")
 
 
 def add_out(p: argparse.ArgumentParser) -> None:
@@ -99,7 +108,8 @@ def add_preset(p: argparse.ArgumentParser, what: str = "the learner's") -> None:
 
 def add_protocol(p: argparse.ArgumentParser, help: str) -> None:
     """``--protocol``: which rows are held out (and, for ``ordered``, the order of training)."""
-    p.add_argument("--protocol", choices=PROTOCOL_NAMES, default="iid", metavar="NAME", help=f"%(choices)s: {help}")
+    p.add_argument("--protocol", choices=PROTOCOL_NAMES, default="iid", metavar="NAME",
+                   help=f"%(choices)s (default %(default)s): {help}")
 
 
 def add_problem(p: argparse.ArgumentParser) -> None:

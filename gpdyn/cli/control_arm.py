@@ -26,28 +26,32 @@ def add_parsers(robots: argparse._SubParsersAction, add_common: Callable[[argpar
         add_common(p)
         add_arm_options(p, robot)
         p.add_argument("--payload", type=NON_NEGATIVE, default=None,
-                       help="payload in kg added at --change-at (default: 3 for kuka, none for arm)")
+                       help="payload in kg added at --change-at (default %(effective)s)")
         # checked by ArmRunConfig.validate against control_arm.CHANGES (imported there with torch and MuJoCo)
         p.add_argument("--change", default=None, metavar="NAME",
-                       help="the plant change at --change-at: payload, joint-friction or motor-gain (default payload)")
+                       help="the plant change at --change-at: payload, joint-friction or motor-gain "
+                            "(default %(effective)s)")
         p.add_argument("--joint-friction", type=NON_NEGATIVE, default=None, metavar="FRACTION",
                        help="--change joint-friction: dry friction of this fraction of each joint's torque limit and "
-                            "viscous friction of the same fraction per rad/s (default 0.05)")
+                            "viscous friction of the same fraction per rad/s (default %(effective)s)")
         p.add_argument("--motor-gain", type=POSITIVE, default=None, metavar="FACTOR",
-                       help="--change motor-gain: the actuators' strength factor (default 0.7)")
+                       help="--change motor-gain: the actuators' strength factor (default %(effective)s)")
         p.add_argument("--gp-online", choices=("on", "off"), default=None,
                        help="--adapt rigid-body: the learner keeps learning what the rigid-body term leaves, one "
                             "observe per control step (on), or stays frozen and the rigid-body filter alone learns "
-                            "(off, default)")
+                            "(off; default %(effective)s)")
         p.add_argument("--gp-steps", type=NON_NEGATIVE_INT, default=None, metavar="N",
                        help="--adapt rigid-body with --gp-online on: the learner's optimiser steps per control step "
-                            "(default 0: observes only; an SVDGP step takes ~40 ms of CPU, over the 10 ms period)")
+                            "(default %(effective)s, observing only; an SVDGP step takes ~40 ms of CPU, over the "
+                            "10 ms period)")
         p.add_argument("--from-run", type=Path, default=None,
                        help="a `gpdyn learn` run folder on this arm's store (problem arm or kuka): its learner is "
-                            "the model instead of one pretrained here; its store is the default --store")
+                            "the model instead of one pretrained here; its store is the default --store (default: "
+                            "none, a learner pretrained here)")
         p.add_argument("--family", choices=FAMILY_NAMES, default=None, metavar="NAME",
-                       help="trajectory family of the reference motion: %(choices)s (default kuka1)")
-        p.add_argument("--speed", type=POSITIVE, default=None, help="speed factor of the reference motion (default 1)")
+                       help="trajectory family of the reference motion: %(choices)s (default %(effective)s)")
+        p.add_argument("--speed", type=POSITIVE, default=None, metavar="FACTOR",
+                       help="speed factor of the reference motion (default %(effective)s)")
         p.set_defaults(handler="gpdyn.cli.control_arm:cli_control_arm")
 
 
@@ -59,7 +63,7 @@ def cli_control_arm(args: argparse.Namespace) -> int:
     """
     from dataclasses import asdict
 
-    from gpdyn.cli.control import copy_options, recipe_for
+    from gpdyn.cli.control import check_store_exists, copy_options, recipe_for
     from gpdyn.experiments.control_arm import ArmRunConfig, run_arm
     from gpdyn.runs import RunDir
 
@@ -83,6 +87,7 @@ def cli_control_arm(args: argparse.Namespace) -> int:
     if args.steps is not None and args.change_at is None:  # the payload halfway through the run asked for
         cfg.change_at = derived["change_at"] = cfg.steps // 2
     cfg.validate()
+    check_store_exists(args.store, args.robot)
     arm = cfg.arm()
     cfg.check_arm(arm)
     cfg.check_sources(arm, args.store)  # a store or learner of another arm: refused before the run folder exists

@@ -20,7 +20,6 @@ from gpdyn.cli.common import (
     POSITIVE_LIST,
     PRESET_NAMES,
     PROBLEM_NAMES,
-    SEED,
     Number,
     add_device,
     add_dtype,
@@ -30,6 +29,7 @@ from gpdyn.cli.common import (
     add_preset,
     add_problem,
     add_protocol,
+    add_seed,
     comma_list,
     learner_list,
 )
@@ -69,25 +69,28 @@ def learner_size_option(text: str) -> tuple[str, str, Any]:
 
 def _add_protocol(p: argparse.ArgumentParser) -> None:
     """The options of SVDGP Algorithm 1 that learn and replay share."""
-    p.add_argument("--iterations", type=COUNT, default=2000, help="iterations T (default 2000)")
-    p.add_argument("--batch-size", type=COUNT, default=1024, help="minibatch N_m (default 1024)")
+    p.add_argument("--iterations", type=COUNT, default=2000, help="iterations T (default %(default)s)")
+    p.add_argument("--batch-size", type=COUNT, default=1024, help="minibatch N_m (default %(default)s)")
     p.add_argument("--n-delta", type=COUNT, default=None,
                    help="basis functions added per iteration (default: the preset's, 64 at cpu and 128 at paper)")
-    p.add_argument("--eval-every", type=COUNT, default=100, help="iterations between held-out evaluations (default 100)")
-    p.add_argument("--seed", type=SEED, default=0)
+    p.add_argument("--eval-every", type=COUNT, default=100,
+                   help="iterations between held-out evaluations (default %(default)s)")
+    add_seed(p, "the held-out split, the minibatches and the learners")
 
 
 def _add_stream(p: argparse.ArgumentParser) -> None:
     """The sizes of the stream (prequential) protocol, gpdyn.gp.prequential.StreamProtocol."""
     g = p.add_argument_group("stream protocol (--protocol stream: each chunk predicted, then learned)")
     g.add_argument("--init-rows", type=COUNT, default=1024,
-                   help="rows the learner starts on (and the normalisation statistics come from; default 1024)")
-    g.add_argument("--chunk", type=COUNT, default=256, help="rows predicted, then learned, at a time (default 256)")
+                   help="rows the learner starts on (and the normalisation statistics come from; default %(default)s)")
+    g.add_argument("--chunk", type=COUNT, default=256,
+                   help="rows predicted, then learned, at a time (default %(default)s)")
     g.add_argument("--warm-rows", type=NON_NEGATIVE_INT, default=2048,
-                   help="rows before this one are learned but not scored (default 2048)")
+                   help="rows before this one are learned but not scored (default %(default)s)")
     g.add_argument("--init-steps", type=NON_NEGATIVE_INT, default=0,
-                   help="updates on the init rows before the stream (or the learner's pretrain; default 0)")
-    g.add_argument("--steps-per-chunk", type=COUNT, default=1, help="updates after each chunk is observed (default 1)")
+                   help="updates on the init rows before the stream (or the learner's pretrain; default %(default)s)")
+    g.add_argument("--steps-per-chunk", type=COUNT, default=1,
+                   help="updates after each chunk is observed (default %(default)s)")
 
 
 def _add_prior_mean(p: argparse.ArgumentParser) -> None:
@@ -109,7 +112,7 @@ def _stream_protocol(args: argparse.Namespace) -> Any:
 def add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="the main job: the whole pipeline on a small default")
     add_out(p)
-    p.add_argument("--seed", type=SEED, default=0)
+    add_seed(p, "every stage")
     p.set_defaults(handler=run_demo)
 
 
@@ -125,14 +128,13 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def add_inspect(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="summary of a store or a run folder")
-    p.add_argument("path", type=Path)
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(handler=run_inspect)
+    p.add_argument("path", type=Path, help="an episode store (zarr) or a run folder (config.json)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of an indented tree")
+    p.set_defaults(handler=run_inspect, reads_only=True)
 
 
 def run_inspect(args: argparse.Namespace) -> int:
     """Summarise an episode store or a run folder."""
-    from gpdyn.data.store import EpisodeStore, is_store
     from gpdyn.runs import RunDir, is_run_dir
 
     path: Path = args.path
@@ -140,10 +142,12 @@ def run_inspect(args: argparse.Namespace) -> int:
         raise InputError(f"{path}: no such file or folder")
     if is_run_dir(path):
         summary = RunDir(path).summary()
-    elif is_store(path):
-        summary = EpisodeStore.open(path).summary()
     else:
-        raise InputError(f"{path}: neither an episode store (zarr.json + data/) nor a run folder (config.json)")
+        from gpdyn.data.store import EpisodeStore, is_store  # zarr: only for what may be a store
+
+        if not is_store(path):
+            raise InputError(f"{path}: neither an episode store (zarr.json + data/) nor a run folder (config.json)")
+        summary = EpisodeStore.open(path).summary()
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -232,7 +236,8 @@ def add_replay(sub: argparse._SubParsersAction) -> None:
     _add_protocol(p)
     _add_stream(p)
     _add_prior_mean(p)
-    p.add_argument("--init-iterations", type=COUNT, default=200, help="ordered protocol: iterations on the offline part")
+    p.add_argument("--init-iterations", type=COUNT, default=200,
+                   help="ordered protocol: iterations on the offline part (default %(default)s)")
     p.add_argument("--eval-rows", type=COUNT, default=None,
                    help="score on a seeded subset of this many held-out rows (default: all of them)")
     add_preset(p, "every learner's")
@@ -241,7 +246,8 @@ def add_replay(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--select-lr", type=POSITIVE_LIST, default=None, metavar="G1,G2,...",
                    help="choose each learner's step size gamma_0 from these by its objective after "
                         "--select-iterations iterations, as SVDGP Section 4 (e.g. 0.1,0.01,0.001)")
-    p.add_argument("--select-iterations", type=COUNT, default=100)
+    p.add_argument("--select-iterations", type=COUNT, default=100,
+                   help="with --select-lr: iterations each candidate step size runs (default %(default)s)")
     add_dtype(p)
     add_device(p)
     add_out(p)
@@ -289,7 +295,7 @@ def run_replay(args: argparse.Namespace) -> int:
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser("bench", help="benchmarks that print ratios measured in one run").add_subparsers(
-        dest="target", metavar="TARGET", required=True
+        dest="target", metavar="TARGET", required=True, help="what is timed"
     )
     p = bench.add_parser("learners", help="time and memory per step of the learners at the papers' sizes")
     p.add_argument("--repeats", type=COUNT, default=3, help="timed steps per configuration (default 3)")
@@ -307,8 +313,9 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
                    help="learners that race (default svdgp,svi,orthnat,wiski)")
     p.add_argument("--preset", choices=PRESET_NAMES, default="paper", metavar="NAME",
                    help="the racing learners' sizes: %(choices)s (default paper; the peer takes SVI's M)")
-    p.add_argument("--peer-lr", type=POSITIVE, default=0.1, help="constant Adam step size of the peer (default 0.1, the gamma_0 of gpdyn's presets)")
-    p.add_argument("--seed", type=SEED, default=0)
+    p.add_argument("--peer-lr", type=POSITIVE, default=0.1,
+                   help="constant Adam step size of the peer (default %(default)s, the gamma_0 of gpdyn's presets)")
+    add_seed(p, "the race's minibatches and learners")
     add_dtype(p)
     add_device(p)
     add_out(p)
@@ -322,7 +329,8 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p = bench.add_parser("mpc", help="MPC planning steps per CPU second with every learned model, mean only and with variance")
     p.add_argument("--samples", type=Number(int, 2), default=1000, help="K sampled sequences (default 1000)")
     p.add_argument("--horizon", type=COUNT, default=30, help="H steps (default 30)")
-    p.add_argument("--repeats", type=COUNT, default=1, help="timed planning steps per model and mode after a warm-up")
+    p.add_argument("--repeats", type=COUNT, default=1,
+                   help="timed planning steps per model and mode after a warm-up (default %(default)s)")
     p.add_argument("--models", type=learner_list, default=None, metavar="A,B,...",
                    help="learners to time (default every registered learner)")
     p.add_argument("--preset", choices=PRESET_NAMES, default="small", metavar="NAME",
@@ -378,9 +386,9 @@ def run_bench_mpc(args: argparse.Namespace) -> int:
 
 
 def add_report(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="tables and plots of a finished replay run")
-    p.add_argument("run_dir", type=Path)
-    p.set_defaults(handler=run_report)
+    p = sub.add_parser("report", help="rewrite the report (tables and plots) of a learn, replay or control run folder")
+    p.add_argument("run_dir", type=Path, help="the run folder (a finished one, or a stopped replay or control run)")
+    p.set_defaults(handler=run_report, reads_only=True)
 
 
 def run_report(args: argparse.Namespace) -> int:

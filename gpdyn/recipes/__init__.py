@@ -23,7 +23,10 @@ naming the file, the section and the key; arrays or inline tables nested more th
 :data:`MAX_NESTING` deep are refused before parsing, naming the file and the line. Keys a recipe may not set (:data:`NOT_IN_RECIPES`)
 belong to the machine or the process, not to the setting.
 
-``gpdyn control recipes`` lists them; ``gpdyn control walker|kuka --recipe NAME|FILE.toml``
+Reading a file without checking its sections (:func:`read_recipe`) needs only :mod:`tomllib`;
+checking them imports the run configs, and with them torch. ``gpdyn control recipes`` lists
+the shipped recipes from their files, one line each (:func:`recipe_table`), ``--explain``
+prints their prose (:func:`describe`); ``gpdyn control walker|kuka --recipe NAME|FILE.toml``
 runs one, explicit options overriding its values. Without ``--recipe`` a robot runs its
 :data:`DEFAULT_RECIPES` entry.
 """
@@ -66,6 +69,16 @@ DEFAULT_RECIPES = {"walker": "walker-weak-motor", "kuka": "kuka-payload"}
 # (robot) and learner option overrides (extra, a free-form dict)
 NOT_IN_RECIPES = frozenset({"device", "progress", "robot"})
 METADATA = ("name", "robot", "title", "description", "use", "result")
+# what `gpdyn control recipes` shows of each kind's values in its one line: (section, key), when set
+MAIN_SETTINGS: dict[str, tuple[tuple[str, str], ...]] = {
+    "walker": tuple(("config", k) for k in ("learner", "cost", "planner", "samples", "horizon", "uncertainty", "adapt",
+                                            "change", "change_factor", "steps", "episodes")),
+    "kuka": tuple(("config", k) for k in ("learner", "adapt", "change", "payload", "change_at", "steps", "family")),
+    "walker-sampling": (("sampler", "samples"), ("sampler", "horizon"), ("sampler", "knots"), ("run", "steps"),
+                        ("run", "seeds")),
+    "walker-learned": (("run", "model"), ("run", "changes"), ("run", "controllers"), ("sampler", "samples"),
+                       ("sampler", "horizon"), ("run", "steps"), ("run", "seeds")),
+}
 #: arrays and inline tables nested deeper than this are refused before parsing: a recipe's
 #: values are at most lists of numbers, and tomllib parses nesting by recursion, so a file
 #: of thousands of ``[`` would end in a RecursionError instead of a message
@@ -88,6 +101,21 @@ class WalkRun:
             raise InputError(f"seeds must be a non-empty list of seeds >= 0, got {list(self.seeds)}")
         if not 1 <= self.steps <= 1000:
             raise InputError(f"steps must be in [1, 1000] (a Walker2d episode), got {self.steps}")
+
+
+@dataclass(frozen=True)
+class RecipeText:
+    """A recipe as its file has it: the metadata checked, the sections' ``values`` not yet
+    (what listing a recipe needs; :func:`load_recipe` checks them)."""
+
+    name: str
+    robot: str
+    title: str
+    description: str
+    use: str
+    result: str
+    path: Path
+    values: dict[str, dict[str, Any]] = field(default_factory=dict)  # section -> key -> value as written
 
 
 @dataclass(frozen=True)
@@ -132,7 +160,7 @@ def recipe_names(robot: str | None = None) -> list[str]:
     names = sorted(p.stem for p in RECIPE_DIR.glob("*.toml"))
     if robot is None:
         return names
-    return [n for n in names if load_recipe(n).robot == robot]
+    return [n for n in names if read_recipe(n).robot == robot]
 
 
 def recipe_path(name: str) -> Path:
@@ -149,8 +177,22 @@ def recipe_path(name: str) -> Path:
     return path
 
 
+def is_shipped(name: str) -> bool:
+    """Whether ``name`` (a recipe name or a file path) is one of the recipes in this package."""
+    return recipe_path(name).resolve().parent == RECIPE_DIR
+
+
 def load_recipe(name: str, robot: str | None = None) -> Recipe:
     """Read and validate recipe ``name`` (shipped name or file path); ``robot``: the kind it must be."""
+    text = read_recipe(name, robot)
+    values = {section: _check_section(text.path, text.robot, section, text.values.get(section, {}))
+              for section in KINDS[text.robot]}
+    return Recipe(**{key: getattr(text, key) for key in (*METADATA, "path")}, values=values)
+
+
+def read_recipe(name: str, robot: str | None = None) -> RecipeText:
+    """Read recipe ``name`` (shipped name or file path) and check its metadata and the names of its
+    sections, not their values (that imports the run configs: :func:`load_recipe`)."""
     path = recipe_path(name)
     try:
         text = path.read_bytes().decode("utf-8")
@@ -184,8 +226,8 @@ def load_recipe(name: str, robot: str | None = None) -> Recipe:
         table = data.get(section, {})
         if not isinstance(table, dict):
             raise InputError(f"recipe {path}: '{section}' must be a table ([{section}]), got {table!r}")
-        values[section] = _check_section(path, kind, section, table)
-    return Recipe(path=path, values=values, **meta)
+        values[section] = table
+    return RecipeText(path=path, values=values, **meta)
 
 
 def _check_nesting(path: Path, text: str) -> None:
@@ -298,7 +340,44 @@ def all_recipes() -> list[Recipe]:
     return [load_recipe(n) for n in recipe_names()]
 
 
-def describe(recipe: Recipe, width: int = 100) -> str:
+def show_value(value: Any) -> str:
+    """A recipe value as ``--help`` and the listings show it: lists comma-separated, floats as written."""
+    if isinstance(value, (list, tuple)):
+        return ",".join(show_value(v) for v in value)
+    if isinstance(value, dict):
+        return ",".join(f"{k}:{show_value(v)}" for k, v in value.items())
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def main_settings(recipe: Recipe | RecipeText) -> str:
+    """The recipe's main settings (:data:`MAIN_SETTINGS` of its kind) that it sets, as ``key=value``."""
+    shown = []
+    for section, key in MAIN_SETTINGS.get(recipe.robot, ()):
+        if key not in recipe.values.get(section, {}):
+            continue
+        value = recipe.values[section][key]
+        if isinstance(value, (list, tuple)) and len(value) > 3:  # seeds: the first, the last and how many
+            shown.append(f"{key}={show_value(value[0])},...,{show_value(value[-1])} ({len(value)})")
+        else:
+            shown.append(f"{key}={show_value(value)}")
+    return " ".join(shown) or "the run config's defaults"
+
+
+def recipe_table(recipes: list[Recipe] | list[RecipeText]) -> str:
+    """One line per recipe: its name (``*`` for a robot's default), robot, title and main settings."""
+    header = ("NAME", "ROBOT", "SUMMARY", "MAIN SETTINGS")
+    rows = [(r.name + (" *" if DEFAULT_RECIPES.get(r.robot) == r.name else ""), r.robot, r.title, main_settings(r))
+            for r in recipes]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(3)]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths)) + "  " + row[3]
+                     for row in (header, *rows))
+
+
+def describe(recipe: Recipe | RecipeText, width: int = 100) -> str:
     """A recipe's listing: name, robot, title, description, use, result and its values."""
     import textwrap
 
@@ -313,5 +392,6 @@ def describe(recipe: Recipe, width: int = 100) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["DEFAULT_RECIPES", "KINDS", "MAX_NESTING", "NOT_IN_RECIPES", "RECIPE_DIR", "Recipe", "WalkRun", "all_recipes",
-           "default_recipe", "describe", "load_recipe", "recipe_names", "recipe_path"]
+__all__ = ["DEFAULT_RECIPES", "KINDS", "MAIN_SETTINGS", "MAX_NESTING", "NOT_IN_RECIPES", "RECIPE_DIR", "Recipe",
+           "RecipeText", "WalkRun", "all_recipes", "default_recipe", "describe", "is_shipped", "load_recipe",
+           "main_settings", "read_recipe", "recipe_names", "recipe_path", "recipe_table", "show_value"]
