@@ -20,25 +20,31 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from collections.abc import Callable, Sequence
 
 from gpdyn import __version__
-from gpdyn.cli import collect, control, jobs
+from gpdyn.cli import collect, control, jobs, logs
 from gpdyn.environment import check as check_environment
 from gpdyn.errors import InputError
 
 EXIT_INPUT = 2
+
+log = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpdyn",
         description="Learn robot dynamics online with Gaussian processes and control robots with them.",
-        epilog="Run 'gpdyn COMMAND --help' for the options of a command.",
+        epilog="Run 'gpdyn COMMAND --help' for the options of a command. --threads, --quiet and --verbose go "
+               "before the command or after it. Messages and progress go to stderr (progress bars only on a "
+               "terminal, elsewhere a line every 10 s); a command's result (tables, paths) goes to stdout.",
     )
     parser.add_argument("--version", action="version", version=f"gpdyn {__version__}")
     _add_threads(parser, default=1)
+    _add_verbosity(parser, default=logging.INFO)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, help="the job to run")
     jobs.add_demo(sub)
     collect.add_parsers(sub)
@@ -59,8 +65,18 @@ def _add_threads(p: argparse.ArgumentParser, default: int | str) -> None:
                    help="torch CPU threads (default 1: a second thread gains little on 2 cores)")
 
 
+def _add_verbosity(p: argparse.ArgumentParser, default: int | str) -> None:
+    # messages go to stderr through the gpdyn loggers (gpdyn.cli.logs); a command's result goes to stdout
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("-q", "--quiet", dest="log_level", action="store_const", const=logging.WARNING, default=default,
+                       help="only warnings and errors on stderr, no progress (default: messages and progress)")
+    group.add_argument("-v", "--verbose", dest="log_level", action="store_const", const=logging.DEBUG, default=default,
+                       help="also debug messages (default: messages and progress)")
+
+
 def _finish(sub: argparse._SubParsersAction) -> None:
-    """Every command also takes ``--threads`` after its name (``gpdyn learn ... --threads 2``),
+    """Every command also takes ``--threads``, ``--quiet`` and ``--verbose`` after its name
+    (``gpdyn learn ... --threads 2 --quiet``),
     and a group's line in ``gpdyn --help`` ends with its subcommands, e.g. ``(walker, kuka)``."""
     for line in sub._choices_actions:
         parser = sub.choices[line.dest]
@@ -70,6 +86,7 @@ def _finish(sub: argparse._SubParsersAction) -> None:
             _finish(groups[0])
         else:
             _add_threads(parser, default=argparse.SUPPRESS)  # absent: the value before the command stands
+            _add_verbosity(parser, default=argparse.SUPPRESS)
 
 
 def _handler(args: argparse.Namespace) -> Callable[[argparse.Namespace], int | None]:
@@ -94,6 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as done:  # --help (0) or a malformed option (2, argparse has printed why)
         return int(done.code or 0)
     name = " ".join(str(getattr(args, k)) for k in ("command", "source", "format", "target", "robot") if getattr(args, k, None))
+    logs.configure(args.log_level, f"gpdyn {name}")
     removed: list = []  # run folders the failed command made and left bare (gpdyn.runs.discard_empty_new_runs)
     try:
         check_environment()  # MUJOCO_GL and GPDYN_NATIVE, before MuJoCo or the native kernel reads them
@@ -106,24 +124,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.device = str(resolve_device(args.device))
         from gpdyn.runs import discard_empty_new_runs
 
+        log.debug("options: %s", {k: v for k, v in vars(args).items() if k != "handler"})
         with discard_empty_new_runs() as removed:
             return int(_handler(args)(args) or 0)
     except InputError as err:
-        print(f"gpdyn {name}: error: {err}", file=sys.stderr)
+        log.error("%s", err)  # "gpdyn COMMAND: error: ...", as argparse words a malformed option
         for path in removed:
-            print(f"gpdyn {name}: warning: removed the run folder {path}: it held nothing but its config",
-                  file=sys.stderr)
+            log.warning("removed the run folder %s: it held nothing but its config", path)
         return EXIT_INPUT
     except (MemoryError, RuntimeError) as err:
         # sizes that the options' own checks (gpdyn.device.check_memory) could not foresee:
         # the allocator's refusal is still the user's sizes, not a bug
         if not isinstance(err, MemoryError) and not _out_of_memory(err):
             raise
-        print(f"gpdyn {name}: error: out of memory ({str(err).splitlines()[0][:200]}); choose smaller sizes",
-              file=sys.stderr)
+        log.error("out of memory (%s); choose smaller sizes", str(err).splitlines()[0][:200])
         return EXIT_INPUT
     except KeyboardInterrupt:
-        print(f"gpdyn {name}: interrupted", file=sys.stderr)
+        log.warning("interrupted")
         return 130
 
 

@@ -8,8 +8,8 @@ importers); the stages are imported only when a command runs, so ``--help`` stay
 from __future__ import annotations
 
 import argparse
+import logging
 import os
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +19,8 @@ from gpdyn.cli.common import (COUNT, NON_NEGATIVE, NON_NEGATIVE_INT, NON_NEGATIV
 
 if TYPE_CHECKING:
     from gpdyn.sim.stopping import CollectionStopped
+
+log = logging.getLogger(__name__)
 
 FAMILY_NAMES = RegistryNames("gpdyn.sim.arm", "FAMILIES", ("kuka1", "kuka2"))  # trajectory families of the arm streams
 IMPORT_UNITS = RegistryNames("gpdyn.data.importers", "UNITS", ("physical", "normalised"))  # what imported input columns hold
@@ -147,7 +149,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 # ---------------------------------------------------------------------------- handlers
 def _report_stop(args: argparse.Namespace, stopped: CollectionStopped) -> int:
     """A collection that stopped early (:class:`~gpdyn.sim.stopping.CollectionStopped`): say why and what is kept."""
-    print(f"gpdyn collect {args.source}: {stopped}", file=sys.stderr)
+    log.warning("%s", stopped)
     return stopped.exit_status
 
 
@@ -166,6 +168,7 @@ def collect_walker(args: argparse.Namespace) -> int:
     except CollectionStopped as stopped:
         return _report_stop(args, stopped)
     run_for_args("collect-walker", args).log(**result)
+    # the summary, the torque table and the per-file lines below are the command's result: stdout, not the log
     print(
         f"{result['store']}: {result['episodes']} episodes, {result['rows']} transitions "
         f"(+{result['episodes_added']} episodes, {result['rows_added']} transitions in {result['seconds']:.1f} s, "
@@ -221,10 +224,9 @@ def collect_arm(args: argparse.Namespace) -> int:
     for name, (lo, hi), (lim_lo, lim_hi), count in zip(arm.joint_names, ranges, arm.limits.torque, over):
         print(f"  {name:<{width}} {lo:12.2f}  {hi:12.2f}   {lim_lo:g} .. {lim_hi:g}  {count:d}")
     if samples_over:
-        print(f"gpdyn collect {args.source}: warning: {samples_over} of {store.n_rows} samples have a joint torque "
-              f"beyond its actuator's range ({', '.join(f'{n} {c}' for n, c in zip(arm.joint_names, over) if c)}): "
-              "motions the arm's motors cannot make with this payload at these speeds",
-              file=sys.stderr)
+        log.warning(f"{samples_over} of {store.n_rows} samples have a joint torque beyond its actuator's range "
+                    f"({', '.join(f'{n} {c}' for n, c in zip(arm.joint_names, over) if c)}): motions the arm's "
+                    "motors cannot make with this payload at these speeds")
     return 0
 
 

@@ -72,7 +72,7 @@ def run_for_args(job: str, args: argparse.Namespace) -> RunDir:
 
     config = {k: v for k, v in vars(args).items() if k not in ("handler", "out")}
     run = RunDir.create(job, config, out=getattr(args, "out", None))
-    print(f"run folder: {run.path}")
+    print(f"run folder: {run.path}")  # stdout, not the log: where the result is, for a script to read
     return run
 
 

@@ -148,7 +148,7 @@ def run_inspect(args: argparse.Namespace) -> int:
         if not is_store(path):
             raise InputError(f"{path}: neither an episode store (zarr.json + data/) nor a run folder (config.json)")
         summary = EpisodeStore.open(path).summary()
-    if args.json:
+    if args.json:  # the command's result: stdout; messages go to the log (stderr)
         print(json.dumps(summary, indent=2))
     else:
         _print_tree(summary)
@@ -208,7 +208,7 @@ def run_learn(args: argparse.Namespace) -> int:
         stream=_stream_protocol(args), prior_mean=args.prior_mean,
     )
     run, final = learn(cfg, args.out)
-    if cfg.protocol == "stream":
+    if cfg.protocol == "stream":  # the command's result: stdout; messages go to the log (stderr)
         from gpdyn.experiments.replay import print_table
 
         print_table({cfg.learner: final})
@@ -279,7 +279,7 @@ def run_replay(args: argparse.Namespace) -> int:
                            init_rows=cfg.stream.init_rows)
     prior = load_prior_mean(cfg.prior_mean, cfg.store, problem)  # before the run folder: a bad one leaves none
     run = open_run(cfg, args.out, problem)
-    print(f"gpdyn replay: run folder {run.path}")
+    print(f"gpdyn replay: run folder {run.path}")  # the command's result: stdout; messages go to the log (stderr)
     try:
         finals = replay(cfg, run, problem=problem, prior=prior)
         report = write_report(run.path)
@@ -360,6 +360,7 @@ def run_bench_wiski(args: argparse.Namespace) -> int:
 
     _, worst = run_benchmark(args.device, args.out)
     ok = worst <= MAX_RATIO
+    # the command's result: stdout; messages go to the log (stderr)
     print(f"largest/smallest n ratio: {worst:.3f} ({'ok' if ok else 'FAIL'}: must be <= {MAX_RATIO})")
     return 0 if ok else 1
 
@@ -395,7 +396,7 @@ def run_report(args: argparse.Namespace) -> int:
     from gpdyn.experiments.report import write_report
 
     report = write_report(args.run_dir)
-    print(report.read_text())
+    print(report.read_text())  # the command's result: stdout; messages go to the log (stderr)
     print(f"gpdyn report: wrote {report}")
     return 0
 
@@ -405,6 +406,9 @@ def add_render(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--store", type=Path, required=True, help="Walker2d episode store (zarr)")
     p.add_argument("--episode", type=int, required=True, help="episode index (negative counts from the end)")
     p.add_argument("--out", type=Path, required=True, help="output .mp4 or .gif (a GIF keeps every 4th frame)")
+    p.add_argument("--quality", choices=("auto", "full", "fast"), default="auto",
+                   help="full: shadows, reflections, anti-aliasing; fast: none of them; auto: fast where OpenGL is "
+                        "drawn in software (no GPU driver), full elsewhere (default %(default)s)")
     p.set_defaults(handler=run_render)
 
 
@@ -413,8 +417,9 @@ def run_render(args: argparse.Namespace) -> int:
     from gpdyn.sim.render import render_episode
 
     store = EpisodeStore.open(args.store)
-    path = render_episode(store, args.episode, args.out)
+    path = render_episode(store, args.episode, args.out, quality=args.quality)
     steps = store.episode_lengths[args.episode % max(store.n_episodes, 1)]
+    # the command's result: stdout; messages go to the log (stderr)
     print(f"{path}: episode {args.episode} of {args.store} ({steps} steps)")
     return 0
 
@@ -435,5 +440,5 @@ def run_doctor(args: argparse.Namespace) -> int:
             value = ", ".join(f"{k} {v}" for k, v in value.items())
         elif isinstance(value, list):
             value = "; ".join(value)
-        print(f"{key:<{width}}  {value}")
+        print(f"{key:<{width}}  {value}")  # the command's result: stdout; messages go to the log (stderr)
     return 1 if str(info["Walker2d-v5"]).startswith("FAILED") else 0

@@ -15,9 +15,9 @@ from typing import Any, NamedTuple, Protocol
 import time
 
 import numpy as np
-from tqdm import tqdm
 
 from gpdyn.errors import InputError
+from gpdyn.progress import progress_bar
 
 
 class Controller(Protocol):
@@ -100,7 +100,7 @@ def run_episode(
     total, change, t = 0.0, "", 0
     cpu_ms: list[float] = []
     label = "/".join(str(v) for v in tags.values()) or controller.name
-    bar = tqdm(range(steps), desc=label, disable=not progress, leave=False)
+    bar = progress_bar(range(steps), desc=label, disable=not progress, leave=False)
     for t in bar:
         if before_step is not None:
             change = before_step(t, env) or change

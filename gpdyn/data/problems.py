@@ -49,12 +49,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from gpdyn.data.arm_schema import ARM_FIELD_NAMES
 from gpdyn.data.importers import TEST, episode_splits
 from gpdyn.data.store import EpisodeStore, StoreError
 from gpdyn.errors import InputError
+from gpdyn.progress import progress_bar
 
 TEST_FRACTION = 0.1
 CHUNK_ROWS = 65536  # rows per read and per statistics block
@@ -291,7 +291,7 @@ def load_problem(
     }
     filled = {"train": 0, "test": 0, "init": 0}
     pool_pos = 0
-    bar = tqdm(total=int(lengths.sum()), desc=f"load {name}", unit="row", unit_scale=True, leave=False,
+    bar = progress_bar(total=int(lengths.sum()), desc=f"load {name}", unit="row", unit_scale=True, leave=False,
                disable=not progress)
     for first, last in _episode_chunks(lengths, chunk_rows):
         x_chunk, y_chunk, chunk_counts = _read_samples(store, spec, first, last)

@@ -465,6 +465,7 @@ def bench_learners(
                             "preset": preset, "peer_lr": peer_lr, "seed": seed, "batch": N_M,
                             "clock": "wall, synced" if cuda else "process CPU"})
     run = RunDir.create("bench-learners", config, out)
+    # the table as it fills, the ratio, the race and the run folder are the command's result: stdout, not the log
     print(f"gpdyn bench learners on {device} ({name_of_device}), {dtype_name(dtype)}, {torch.get_num_threads()} thread(s)")
     mem = "CUDA allocator" if cuda else "process RSS"
     print(f"{'configuration':20s} {'ms/step':>10s} {'CPU ms':>10s} {'GPU ms':>10s} {'predict ms':>10s} {'base MB':>8s} {'peak MB':>8s} {'step +MB':>8s}   ({mem})", flush=True)

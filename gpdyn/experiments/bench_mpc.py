@@ -55,6 +55,7 @@ Walker2d real time is 125 control steps per second (dt = 8 ms).
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -74,6 +75,8 @@ from gpdyn.gp.base import Learner
 from gpdyn.gp.kernels import PREDICT_BLOCK_ELEMENTS
 from gpdyn.robots.walker import ACTION_HIGH, ACTION_LOW, DT, LAYOUT, NQ, NU, NV, NX, TorchPolicy, WalkerCost
 from gpdyn.runs import RunDir
+
+log = logging.getLogger(__name__)
 
 REAL_TIME_HZ = 1.0 / DT  # 125 control steps per second
 BENCH_MODELS = tuple(LEARNERS)  # every registered learner
@@ -261,7 +264,7 @@ def gather_seconds(p: int, m: int, n: int, repeats: int, dtype: torch.dtype, k: 
 
 def bench_mpc(
     models: list[str], samples: int, horizon: int, repeats: int, device: torch.device, dtype: torch.dtype,
-    preset: str = "small", seed: int = 0, fresh: bool = True, progress: Callable[[str], None] = print,
+    preset: str = "small", seed: int = 0, fresh: bool = True, progress: Callable[[str], None] = log.info,
     ratio_presets: tuple[str, ...] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Planning rows per model and mode, and the ratios (see the module docs; SVDGP's mean
@@ -320,7 +323,7 @@ def bench_mpc(
 
 
 def measure_ratios(models: list[str], n: int, device: torch.device, dtype: torch.dtype, presets: tuple[str, ...],
-                   seed: int, repeats: int, progress: Callable[[str], None] = print) -> dict[str, Any]:
+                   seed: int, repeats: int, progress: Callable[[str], None] = log.info) -> dict[str, Any]:
     """sgemm throughput, SVDGP's mean path against it (at each of ``presets``), and WISKI's
     mean prediction (at ``presets[0]``) against a 16-weight gather, all at ``n`` points."""
     cpu = device.type == "cpu"
@@ -351,7 +354,7 @@ def measure_ratios(models: list[str], n: int, device: torch.device, dtype: torch
 
 
 def wiski_mean_ratio(n: int, device: torch.device, dtype: torch.dtype, preset: str, seed: int, repeats: int,
-                     progress: Callable[[str], None] = print, **options: Any) -> dict[str, Any]:
+                     progress: Callable[[str], None] = log.info, **options: Any) -> dict[str, Any]:
     """WISKI's ``predict_mean`` at ``n`` points (with ``options``) against a 16-weight gather."""
     label = "wiski" + "".join(f" {k}" for k in options)
     try:
@@ -436,7 +439,7 @@ def peer_planners(dynamics: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 def peer_comparison(models: list[str], samples: int, horizon: int, repeats: int, device: torch.device,
                     dtype: torch.dtype, preset: str = "small", seed: int = 0, peer: str = "pytorch-mppi",
                     noise_std: float = 0.3, temperature: float = 1.0,
-                    progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
+                    progress: Callable[[str], None] = log.info) -> list[dict[str, Any]]:
     """Seconds per planning step of gpdyn's MPPI and the peer's (:func:`peer_planners`) on
     :class:`DoubleIntegrator` and on each learned model of ``models`` (its mean-only path),
     and of the model's ``H`` calls on ``K`` points alone (what any planner must spend), after
@@ -564,7 +567,7 @@ def run_benchmark(
     run = RunDir.create("bench-mpc", {"models": models, "samples": samples, "horizon": horizon, "repeats": repeats,
                                       "preset": preset, "device": str(device), "dtype": dtype_name, "threads": threads,
                                       "device_name": device_name(device), "torch": torch.__version__, "command": command, "peer": peer}, out=out)
-    print(f"gpdyn bench mpc: run folder {run.path}")
+    print(f"gpdyn bench mpc: run folder {run.path}")  # the run folder and the tables: results, on stdout
     rows, ratios = bench_mpc(models, samples, horizon, repeats, device, dtype, preset)
     for r in rows:
         run.log(**r)

@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from gpdyn.device import device_name, dtype_name, resolve_device, resolve_dtype, seconds
 from gpdyn.gp.exact import ExactOnlineGP
 from gpdyn.gp.wiski import WISKI
+from gpdyn.progress import progress_bar
 from gpdyn.runs import RunDir
 
 GRID_SIZES = {256: 16, 1024: 32}  # m -> points per dimension in 2-D
@@ -84,7 +84,7 @@ def bench_wiski(ns: list[int], m: int, repeats: int, device: torch.device, dtype
         return _stream_d(n, s, device, dtype, d, p) if additive else _stream(n, s, device, dtype)
 
     label = "additive" if additive else f"m={m}"
-    for n in tqdm(ns, desc=f"fill caches {label}", leave=False):
+    for n in progress_bar(ns, desc=f"fill caches {label}", leave=False):
         if additive:
             learner = WISKI(d, p, device=device, dtype=dtype, seed=seed, structure="additive", validate=False)
         else:
@@ -95,7 +95,7 @@ def bench_wiski(ns: list[int], m: int, repeats: int, device: torch.device, dtype
         learners[n] = learner
     probe = list(stream(repeats + 2, seed + 1))[0]
     times: dict[int, list[float]] = {n: [] for n in ns}
-    for r in tqdm(range(repeats + 2), desc=f"time {label}", leave=False):
+    for r in progress_bar(range(repeats + 2), desc=f"time {label}", leave=False):
         x, y = probe[0][r : r + 1], probe[1][r : r + 1]
         for n in ns:  # round-robin: background load hits every n alike
             learner = learners[n]
@@ -158,7 +158,7 @@ def bench_predict_mean(device: torch.device, points: int = 4096, rounds: int = 1
 def bench_exact(device: torch.device, dtype: torch.dtype, seed: int = 0, repeats: int = 3) -> list[dict[str, float]]:
     """Exact GP: seconds per observe (incremental Cholesky) and per observe + one full-MLL step."""
     rows = []
-    for n in tqdm(EXACT_NS, desc="exact GP", leave=False):
+    for n in progress_bar(EXACT_NS, desc="exact GP", leave=False):
         gp = ExactOnlineGP(2, 1, device=device, dtype=dtype, seed=seed, refit_every=1, refit_iters=1, max_points=n + repeats + 2)
         for x, y in _stream(n, seed, device, dtype):
             for start in range(0, x.shape[0], 500):
@@ -238,7 +238,7 @@ def run_benchmark(device: str | torch.device = "cpu", out: str | Path | None = N
     config: dict[str, Any] = {"device": str(device), "device_name": device_name(device), "dtype": dtype_name(dtype), "ns": ns, "ms": list(GRID_SIZES),
                               "repeats": repeats, "threads": torch.get_num_threads(), "exact_ns": list(EXACT_NS)}
     run = RunDir.create("bench-wiski", config, out)
-    print(f"run folder: {run.path}")
+    print(f"run folder: {run.path}")  # the run folder and the tables: results, on stdout
     means = bench_predict_mean(device)
     for row in means:
         run.log(learner="wiski", kind="predict_mean", **row)

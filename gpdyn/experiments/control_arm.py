@@ -38,6 +38,7 @@ the rigid-body term leaves, one observe per control step (:class:`~gpdyn.gp.rigi
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,8 @@ from gpdyn.gp.training import OnlineUpdater, pretrain_learner
 from gpdyn.robots.arm import ArmModel, pd_gains, without_contacts
 from gpdyn.robots.regressor import InertialRegressor, moving_bodies
 from gpdyn.runs import RunDir
+
+log = logging.getLogger(__name__)
 
 ARM_CONTROLLERS = ("pd", "true", "frozen", "online")
 # plant changes at change_at: a load at the payload body, added joint friction, weaker (or stronger) motors
@@ -298,7 +301,7 @@ def _pretrained(run: RunDir, cfg: ArmRunConfig, arm: ArmModel, store: str | Path
                            seed=cfg.seed, progress=cfg.progress)
     seconds = time.perf_counter() - t0
     run.log(kind="pretrain", robot=cfg.robot, learner=cfg.learner, rows=int(x_train.shape[0]), seconds=seconds, **fit)
-    print(f"   pretrained {cfg.learner} on {x_train.shape[0]} {cfg.robot} rows in {seconds:.1f} s")
+    log.info(f"   pretrained {cfg.learner} on {x_train.shape[0]} {cfg.robot} rows in {seconds:.1f} s")
     return LearnedModel(learner, problem.normalizer), x_train
 
 
@@ -407,7 +410,7 @@ def run_arm(run: RunDir, cfg: ArmRunConfig, store: str | Path | None = None) -> 
         phases = {"before": errors[: cfg.change_at], "after": errors[cfg.change_at :]}
         joint_rmse[name] = {k: np.sqrt((v**2).mean(0)).tolist() for k, v in phases.items() if len(v)}
         run.log(kind="tracking", robot=cfg.robot, controller=name, rmse=joint_rmse[name])
-        print(f"   {name:<7} " + "  ".join(f"{k} RMSE {np.mean(v):.4f} rad" for k, v in joint_rmse[name].items()))
+        log.info(f"   {name:<7} " + "  ".join(f"{k} RMSE {np.mean(v):.4f} rad" for k, v in joint_rmse[name].items()))
     report = write_arm_report(run, cfg, arm, joint_rmse)
     return {"rmse": joint_rmse, "report": str(report)}
 

@@ -27,6 +27,7 @@ optional video is rendered. ``report.md`` and plots are written at the end
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,8 @@ from gpdyn.robots.walker import (
     state_rows,
 )
 from gpdyn.runs import RunDir
+
+log = logging.getLogger(__name__)
 
 CONTROLLERS = ("trpo", "true", "frozen", "online")
 # what the planners minimise: "reward" = minus the Walker2d reward (WalkerCost), "track" = the
@@ -415,9 +418,9 @@ def run_walker(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None = Non
     if any(c in ("frozen", "online") for c in cfg.controllers):
         learner, dynamics, fit = pretrained_walker_model(cfg, store_path)
         run.log(kind="pretrain", robot="walker", learner=cfg.learner, store=str(store_path), **fit)
-        print(f"   pretrained {cfg.learner} ({cfg.target}) on {fit['train_rows']} walker-1 rows in "
-              f"{fit['pretrain_seconds']:.1f} s: test nMSE {fit['test_nmse_mean']:.3f}, next-velocity RMSE "
-              f"{fit['test_velocity_rmse']:.2f} (velocity persists: {fit['test_persistence_rmse']:.2f})")
+        log.info(f"   pretrained {cfg.learner} ({cfg.target}) on {fit['train_rows']} walker-1 rows in "
+                 f"{fit['pretrain_seconds']:.1f} s: test nMSE {fit['test_nmse_mean']:.3f}, next-velocity RMSE "
+                 f"{fit['test_velocity_rmse']:.2f} (velocity persists: {fit['test_persistence_rmse']:.2f})")
     residual_reference = (walker_train_inputs(cfg, store_path)
                           if "online" in cfg.controllers and cfg.adapt == "residual" else None)
     episodes_store = _walker_store_for_episodes(run.path / "episodes.zarr", cfg)
@@ -440,9 +443,9 @@ def run_walker(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None = Non
                                               **{"return": rec["return"]})
                 results.append(rec)
                 plan = rec.get("plan_seconds_mean")
-                print(f"   {condition:<8} {name:<7}" + (f" episode {episode}" if cfg.episodes > 1 else "")
-                      + f" return {rec['return']:8.1f}  length {rec['length']:4d}"
-                      + (f"  plan {1e3 * plan:.0f} ms/step" if plan else ""))
+                log.info(f"   {condition:<8} {name:<7}" + (f" episode {episode}" if cfg.episodes > 1 else "")
+                         + f" return {rec['return']:8.1f}  length {rec['length']:4d}"
+                         + (f"  plan {1e3 * plan:.0f} ms/step" if plan else ""))
     if cfg.video:
         _video(run, episodes_store, results)
     report = write_walker_report(run, cfg)
@@ -456,7 +459,7 @@ def _video(run: RunDir, store: Any, results: list[dict[str, Any]]) -> None:
     index = max((i for i, r in enumerate(results) if r["controller"] == "online" and r["condition"] == "changed"),
                 default=len(results) - 1)
     path = render_episode(store, index, run.path / "control.mp4")
-    print(f"   video: {path}")
+    log.info(f"   video: {path}")
 
 
 __all__ = ["ADAPT", "CONDITIONS", "CONTROLLERS", "COSTS", "RESIDUAL_NOISE", "WalkerRunConfig", "copy_learner",

@@ -13,11 +13,14 @@ Stages, in data-flow order (docs/architecture.md "Data flow"):
    error before and after the payload, and whether the online model adapted: it is the
    reported control setting that shows adaptation reliably in well under a minute.
 
-Each stage logs one record to ``metrics.jsonl`` and prints what it did.
+Each stage logs one record to ``metrics.jsonl`` and says what it did (the ``logging``
+module: stderr under the ``gpdyn`` command); the tables, report paths and run folder are
+printed to stdout.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,8 @@ from typing import Any
 import numpy as np
 
 from gpdyn.runs import RunDir
+
+log = logging.getLogger(__name__)
 
 # Small defaults: the whole demo takes a few minutes on 2 cores.
 DEMO = {
@@ -42,12 +47,12 @@ DEMO = {
 
 
 def _stage(run: RunDir, name: str, fn, *args: Any) -> Any:
-    print(f"\n== {name}")
+    log.info(f"== {name}")
     t0 = time.perf_counter()
     result = fn(*args)
     seconds = time.perf_counter() - t0
     run.log(stage=name, seconds=seconds, **(result if isinstance(result, dict) else {}))
-    print(f"   ({seconds:.1f} s)")
+    log.info(f"   ({seconds:.1f} s)")
     return result
 
 
@@ -57,7 +62,7 @@ def _collect_walker(run: RunDir, seed: int) -> dict[str, Any]:
     info = collect_walker(
         run.path / "walker.zarr", DEMO["walker_episodes"], envs=DEMO["walker_envs"], seed=seed, progress=True
     )
-    print(f"   {info['episodes']} episodes, {info['rows']} steps -> {info['store']}")
+    log.info(f"   {info['episodes']} episodes, {info['rows']} steps -> {info['store']}")
     return {k: info[k] for k in ("episodes", "rows", "steps_per_second")}
 
 
@@ -65,7 +70,7 @@ def _collect_kuka(run: RunDir, seed: int) -> dict[str, Any]:
     from gpdyn.sim.arm import collect_arm
 
     store = collect_arm(run.path / "kuka.zarr", offline=DEMO["kuka_offline"], online=DEMO["kuka_online"], seed=seed)
-    print(f"   {store.n_episodes} episodes, {store.n_rows} samples -> {store.path}")
+    log.info(f"   {store.n_episodes} episodes, {store.n_rows} samples -> {store.path}")
     return {"episodes": store.n_episodes, "rows": store.n_rows}
 
 
@@ -73,6 +78,7 @@ def _problems(run: RunDir, seed: int) -> dict[str, Any]:
     from gpdyn.data.problems import load_problem
 
     sizes = {}
+    # the problems table, the replay table and the paths are results: stdout, not the log
     print(f"   {'problem':<10} {'protocol':<8} {'x':>3} {'y':>3} {'train':>7} {'test':>6} {'init':>6}")
     for name, store, protocol in (
         ("walker-1", "walker.zarr", "iid"),
@@ -130,7 +136,7 @@ def control_stage(out: str | Path, seed: int = 0, recipe: str = DEMO["control_re
         setattr(cfg, name, value)
     cfg.validate()
     run = RunDir.create("control-kuka", {**asdict(cfg), **chosen.record(options)}, out=out)
-    print(f"   recipe {chosen.name}: {chosen.title}")
+    log.info(f"   recipe {chosen.name}: {chosen.title}")
     result = run_arm(run, cfg, store)
     rmse = {c: {phase: float(np.mean(v)) for phase, v in phases.items()} for c, phases in result["rmse"].items()}
     summary: dict[str, Any] = {"recipe": chosen.name, "rmse_before": {c: p.get("before") for c, p in rmse.items()},
@@ -142,8 +148,8 @@ def control_stage(out: str | Path, seed: int = 0, recipe: str = DEMO["control_re
         others = "".join(f", {label} {rmse[c]['after']:.4f}" for c, label in (("pd", "PD alone"), ("true", "true model"))
                          if "after" in rmse.get(c, {}))
         verdict = "the online model adapted" if summary["adapted"] else "the online model did NOT adapt"
-        print(f"   after the +{cfg.payload:g} kg payload (step {cfg.change_at}), tracking RMSE: online {online:.4f} rad, "
-              f"frozen {frozen:.4f}{others}: {verdict} ({ratio:.1f}x better than frozen)")
+        log.info(f"   after the +{cfg.payload:g} kg payload (step {cfg.change_at}), tracking RMSE: online {online:.4f} "
+                 f"rad, frozen {frozen:.4f}{others}: {verdict} ({ratio:.1f}x better than frozen)")
     print(f"   report: {result['report']}")
     return summary
 
@@ -161,6 +167,6 @@ def demo(out: str | Path | None = None, seed: int = 0) -> RunDir:
     _stage(run, "problems", _problems, run, seed)
     _stage(run, "replay walker-1", _replay, run, seed)
     _stage(run, "control kuka", _control, run, seed)
-    print(f"\ngpdyn demo: done; everything is in {run.path}")
+    print(f"gpdyn demo: done; everything is in {run.path}")
     return run
 

@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from gpdyn.data.problems import PROTOCOLS, Normalizer, Problem, load_problem
 from gpdyn.data.streams import IIDStream
@@ -36,6 +35,7 @@ from gpdyn.experiments.report import write_report
 from gpdyn.experiments.resume import Phase, open_run, segments, train
 from gpdyn.experiments.stream import finished_streams, stream_learner
 from gpdyn.gp.prequential import StreamProtocol
+from gpdyn.progress import progress_bar
 from gpdyn.runs import RunDir, is_run_dir
 
 CHECKPOINT = "checkpoint.pt"
@@ -148,7 +148,7 @@ def learn(
         config["stream"] = cfg.stream.as_dict()
     run = open_run("learn", out, settings, lambda: config, store=cfg.store,
                    saved_settings=lambda saved: saved.get("settings"))
-    print(f"run folder: {run.path}")
+    print(f"run folder: {run.path}")  # where the result is, for a script to read: stdout, not the log
     checkpoint = run.path / CHECKPOINT
     done = run.finished()
     if done is not None and isinstance(done.get("record"), dict):  # the same command again: nothing left to do
@@ -166,7 +166,7 @@ def learn(
         y_train = y_train - prior_train
     phase = Phase("train", cfg.iterations,
                   lambda: IIDStream(x_train, y_train, cfg.batch_size, seed=cfg.seed, device=device, dtype=dtype))
-    bar = tqdm(total=cfg.iterations, desc=f"learn {cfg.learner}", unit="it", disable=not progress)
+    bar = progress_bar(total=cfg.iterations, desc=f"learn {cfg.learner}", unit="it", disable=not progress)
     try:
         # the checkpoint the run continues from is the one load() reads once the run is finished
         learner, final = train(cfg.learner, lambda: learner, segments([phase], cfg.eval_every), checkpoint, run,

@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from gpdyn.data.problems import PROTOCOLS, Problem, load_problem
 from gpdyn.data.streams import IIDStream, OrderedStream
@@ -62,6 +61,7 @@ from gpdyn.experiments import resume
 from gpdyn.experiments.resume import Phase, segments, train
 from gpdyn.experiments.stream import finished_streams, stream_learner
 from gpdyn.gp.prequential import StreamProtocol
+from gpdyn.progress import progress_bar
 from gpdyn.runs import RunDir
 
 CHECKPOINTS = "checkpoints"
@@ -200,7 +200,7 @@ def replay(
     total = sum(n for _, _, n in plan)
     (run.path / CHECKPOINTS).mkdir(exist_ok=True)
     finals: dict[str, dict[str, Any]] = {}
-    bar = tqdm(total=total * len(cfg.learners), desc="replay", unit="it", disable=not progress)
+    bar = progress_bar(total=total * len(cfg.learners), desc="replay", unit="it", disable=not progress)
     _record_learner_configs(cfg, run, problem, dtype)
 
     def make(name: str) -> Learner:
@@ -294,7 +294,7 @@ def select_step_size(
         batches = iter(phase.make_stream())  # every candidate starts from the same data
         losses: list[float] = []
         try:
-            for _ in tqdm(range(cfg.select_iterations), desc=f"{name} gamma_0={lr:g}", unit="it", leave=False,
+            for _ in progress_bar(range(cfg.select_iterations), desc=f"{name} gamma_0={lr:g}", unit="it", leave=False,
                           disable=not progress):
                 xb, yb = next(batches)
                 learner.observe(xb, yb)
@@ -340,7 +340,8 @@ def open_run(cfg: ReplayConfig, out: Path | None, problem: Problem | None = None
 
 
 def print_table(finals: dict[str, dict[str, Any]]) -> None:
-    """The last evaluation of every learner: each score's mean ± std over outputs."""
+    """Print the last evaluation of every learner, each score's mean ± std over outputs, to
+    stdout (a result, not a log message)."""
     from gpdyn.experiments.report import COLUMNS
 
     if all("rows" in r for r in finals.values()):  # the stream protocol's final records

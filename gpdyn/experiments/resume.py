@@ -19,6 +19,7 @@ iteration. When everything is done the job marks the folder finished
 from __future__ import annotations
 
 import json
+import logging
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -32,6 +33,8 @@ from gpdyn.errors import InputError
 from gpdyn.gp import Learner
 from gpdyn.gp.online import load_learner, run_online, save_learner
 from gpdyn.runs import COMPLETION_KEY, FINISHED_FILE, RunDir, is_run_dir
+
+log = logging.getLogger(__name__)
 
 #: the config key of the identity of the store a run read
 STORE_IDENTITY = "store_identity"
@@ -140,7 +143,7 @@ def open_run(
             run.close()
             raise
         state = "finished" if run.finished() is not None else "resuming"
-        print(f"gpdyn {job}: {state} {out}")
+        log.info(f"{job} run in {out}: {state}")
         return run
     config = {**new_config(), STORE_IDENTITY: store_identity(store), COMPLETION_KEY: FINISHED_FILE}
     return RunDir.create(job, config, out)

@@ -30,20 +30,23 @@ on come after it).
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from gpdyn.control.hybrid_model import HybridForward, HybridSamplingController, ResidualConfig
 from gpdyn.control.identified_model import IdentificationConfig, IdentifiedForward
 from gpdyn.control.loop import run_episode
 from gpdyn.control.spline_sampling import SamplerConfig, SamplingController, SplineSampler
 from gpdyn.errors import InputError
+from gpdyn.progress import progress_bar
 from gpdyn.robots.walker import DT, WalkingCost, apply_plant_change, make_env, plant_change_factor, state_rows
 from gpdyn.runs import RunDir
+
+log = logging.getLogger(__name__)
 
 CONTROLLERS = ("true", "frozen", "online")
 #: what the online controller learns: the plant's parameters (IdentifiedForward) or a GP residual (HybridForward)
@@ -365,18 +368,18 @@ def run(config: WalkLearnedConfig | None = None, cost: WalkingCost | None = None
     config, cost = config or WalkLearnedConfig(), cost or WalkingCost()
     config.validate()
     run_dir = RunDir.create("walk-learned-model", {**asdict(config), "cost": asdict(cost)}, out=out)
-    print(f"walk_learned_model: run folder {run_dir.path}", flush=True)
+    print(f"walk_learned_model: run folder {run_dir.path}", flush=True)  # the run folder and the tables: stdout
     nominal = nominal_model()
     jobs = [(change, seed, c) for change in config.changes for seed in config.seeds for c in config.controllers]
     records = []
-    for change, seed, c in tqdm(jobs, desc="episodes", disable=not progress):
+    for change, seed, c in progress_bar(jobs, desc="episodes", disable=not progress):
         record, diagnostics = episode(c, change, seed, config, cost, nominal, progress=progress)
         for d in diagnostics:
             run_dir.log(kind="diagnostic", change=change, controller=c, seed=seed, **d)
         run_dir.log(**{k: v for k, v in record.items() if k != "kind"}, kind="episode")
         records.append(record)
-        tqdm.write(f"{change} {c} seed {seed}: {record['length']} steps, return {record['return']:.0f}, "
-                   f"{record['speed_m_s']:.2f} m/s, {record['cpu_ms_per_step']:.1f} CPU ms/step")
+        log.info(f"{change} {c} seed {seed}: {record['length']} steps, return {record['return']:.0f}, "
+                 f"{record['speed_m_s']:.2f} m/s, {record['cpu_ms_per_step']:.1f} CPU ms/step")
     rows = summary(records, config.steps)
     for r in rows:
         run_dir.log(kind="summary", **r)

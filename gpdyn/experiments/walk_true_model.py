@@ -11,6 +11,7 @@ time per control step (``time.process_time``, one thread), in the run folder's
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from gpdyn.control.spline_sampling import SamplerConfig, SamplingController
 from gpdyn.errors import InputError
 from gpdyn.robots.walker import DT, WalkingCost, make_env, state_rows
 from gpdyn.runs import RunDir
+
+log = logging.getLogger(__name__)
 
 REAL_TIME_MS = DT * 1e3  # one control step of Walker2d: 8 ms
 
@@ -56,14 +59,14 @@ def run(seeds: list[int], steps: int = 1000, config: SamplerConfig | None = None
         raise InputError(f"walk_true_model: need at least one seed and steps >= 1, got {seeds}, {steps}")
     run_dir = RunDir.create("walk-true-model", {"seeds": seeds, "steps": steps, "sampler": asdict(config),
                                                 "cost": asdict(cost)}, out=out)
-    print(f"walk_true_model: run folder {run_dir.path}")
+    print(f"walk_true_model: run folder {run_dir.path}")  # the run folder and the table: results, on stdout
     rows = []
     for seed in seeds:
         record = walk(seed, steps, config, cost, progress)
         run_dir.log(**record)
         rows.append(record)
-        print(f"seed {seed}: {record['length']} steps, {record['speed_m_s']:.2f} m/s, "
-              f"{record['plan_cpu_ms_mean']:.2f} CPU ms per plan", flush=True)
+        log.info(f"seed {seed}: {record['length']} steps, {record['speed_m_s']:.2f} m/s, "
+                 f"{record['plan_cpu_ms_mean']:.2f} CPU ms per plan")
     walked = sum(not r["fell"] and r["length"] == steps for r in rows)
     text = (f"# Walker2d, predictive sampling on the true model\n\n"
             f"{walked} of {len(rows)} seeds walked all {steps} steps. Sampler: {asdict(config)}; cost: {asdict(cost)}. "

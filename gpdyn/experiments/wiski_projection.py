@@ -11,13 +11,13 @@ Command line: ``python scripts/wiski_projection.py STORE PROBLEM [--batch 32] [-
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from gpdyn.data.problems import load_problem
 from gpdyn.errors import InputError
@@ -25,6 +25,9 @@ from gpdyn.gp import make_learner
 from gpdyn.gp.base import Learner
 from gpdyn.gp.online import evaluate
 from gpdyn.gp.wiski import WISKI
+from gpdyn.progress import progress_bar
+
+log = logging.getLogger(__name__)
 
 
 def test_nmse(learner: Learner, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
@@ -37,7 +40,7 @@ def run_wiski(projection: str, x: torch.Tensor, y: torch.Tensor, batch: int, see
                     pretrain_iters=100)
     n0 = max(1, int(0.05 * x.shape[0]))
     learner.pretrain(x[:n0], y[:n0])
-    for start in tqdm(range(n0, x.shape[0], batch), desc=f"wiski {projection}", leave=False):
+    for start in progress_bar(range(n0, x.shape[0], batch), desc=f"wiski {projection}", leave=False):
         xb, yb = x[start : start + batch], y[start : start + batch]
         learner.observe(xb, yb)
         learner.step(xb, yb)
@@ -48,7 +51,7 @@ def run_svdgp(x: torch.Tensor, y: torch.Tensor, iterations: int, batch: int, see
     # the small preset with the measurement's N_Delta and sampled columns (docs/wiski.md)
     learner = make_learner("svdgp", x.shape[1], y.shape[1], seed=seed, preset="small", n_delta=64, n_columns=128)
     g = torch.Generator().manual_seed(seed)
-    for _ in tqdm(range(iterations), desc="svdgp", leave=False):
+    for _ in progress_bar(range(iterations), desc="svdgp", leave=False):
         idx = torch.randint(0, x.shape[0], (batch,), generator=g)
         learner.observe(x[idx], y[idx])
         learner.step(x[idx], y[idx])
@@ -88,11 +91,11 @@ def compare_projections(
         e = test_nmse(run_wiski(projection, x, y, batch, seed, grid_size), xt, yt)
         results[f"wiski-{projection}"] = {"nmse_mean": float(e.mean()), "nmse_std": float(e.std()),
                                           "seconds": time.perf_counter() - t0}
-        print(projection, results[f"wiski-{projection}"], flush=True)
+        log.info(f"wiski-{projection}: {results[f'wiski-{projection}']}")
     if "svdgp" in learners:
         t0 = time.perf_counter()
         e = test_nmse(run_svdgp(x, y, iterations, svdgp_batch, seed), xt, yt)
         results["svdgp"] = {"nmse_mean": float(e.mean()), "nmse_std": float(e.std()),
                             "seconds": time.perf_counter() - t0, "iterations": iterations}
-        print("svdgp", results["svdgp"], flush=True)
+        log.info(f"svdgp: {results['svdgp']}")
     return results

@@ -25,6 +25,7 @@ from gpdyn.device import dtype_name, resolve_dtype, sync
 from gpdyn.errors import InputError
 from gpdyn.gp import make_learner
 from gpdyn.gp.base import LOG_2PI, Learner, check_plain
+from gpdyn.progress import progress_bar
 from gpdyn.torch_check import require_safe_torch_load
 
 #: the layout of a checkpoint: learner name, config, dtype, the learner's declared state
@@ -156,7 +157,7 @@ def run_online(
     unobserved = 0
     own_bar = bar is None
     if bar is None:
-        bar = tqdm(total=iterations, desc=f"learn {learner.name}", disable=not progress, unit="it")
+        bar = progress_bar(total=iterations, desc=f"learn {learner.name}", disable=not progress, unit="it")
     try:
         for it in range(1, iterations + 1):
             try:

@@ -35,6 +35,7 @@ from gpdyn.device import seconds
 from gpdyn.errors import InputError
 from gpdyn.gp.base import Learner
 from gpdyn.gp.online import observe_what_fits, predictive_scores
+from gpdyn.progress import progress_bar
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ def prequential(
     records: list[dict[str, Any]] = []
     own_bar = bar is None
     if bar is None:
-        bar = tqdm(total=chunks, desc=f"stream {learner.name}", unit="chunk", disable=not progress)
+        bar = progress_bar(total=chunks, desc=f"stream {learner.name}", unit="chunk", disable=not progress)
     try:
         for k, a in enumerate(range(protocol.init_rows, n, protocol.chunk), start=1):
             b = min(a + protocol.chunk, n)

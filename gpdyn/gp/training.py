@@ -27,11 +27,11 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from tqdm import tqdm
 
 from gpdyn.errors import InputError
 from gpdyn.gp import Learner
 from gpdyn.gp.base import NonFiniteError
+from gpdyn.progress import progress_bar
 
 
 def _basis_below(learner: Learner, fill: float) -> bool:
@@ -69,7 +69,7 @@ def pretrain_learner(
         idx = torch.randperm(n, generator=gen)[: int(min(n, fill * limit))].to(x.device)
         learner.observe(x[idx], y[idx])
     loss = float("nan")
-    for _ in tqdm(range(iterations), desc=f"pretrain {learner.name}", disable=not progress, leave=False):
+    for _ in progress_bar(range(iterations), desc=f"pretrain {learner.name}", disable=not progress, leave=False):
         idx = torch.randint(n, (min(batch, n),), generator=gen).to(x.device)
         xb, yb = x[idx], y[idx]
         if limit is None and _basis_below(learner, fill):

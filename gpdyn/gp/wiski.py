@@ -96,7 +96,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from tqdm import tqdm
 
 from gpdyn.compiled import SignatureCompiled, compile_errors
 from gpdyn.gp.base import LOG_2PI, Learner, LearnerError, MeanProgram
@@ -116,6 +115,7 @@ from gpdyn.gp.ski import (
     scatter_rhs,
     toeplitz_factors,
 )
+from gpdyn.progress import progress_bar
 
 PROJECTIONS = ("auto", "none", "shared", "per-output")
 STRUCTURES = ("auto", "single", "additive")
@@ -1095,7 +1095,7 @@ class WISKI(Learner):
             opt = self._make_optimizer(self.pretrain_lr, self.pretrain_proj_lr)
             n = x.shape[0]
             yty = (y * y).sum(dim=0)
-            for _ in tqdm(range(iterations), desc="WISKI pretrain", disable=not progress, leave=False):
+            for _ in progress_bar(range(iterations), desc="WISKI pretrain", disable=not progress, leave=False):
                 opt.zero_grad()
                 idx, w, _ = self._rows(x, batch_stats=True)
                 gram, wty = self._caches_of(idx, w, y)
@@ -1123,7 +1123,7 @@ class WISKI(Learner):
         n0 = max(1, int(round(pretrain_fraction * x.shape[0]))) if pretrain_fraction > 0 else 0
         if n0:
             self.pretrain(x[:n0], y[:n0], progress=progress)
-        for t in tqdm(range(n0, x.shape[0]), desc="WISKI stream", disable=not progress):
+        for t in progress_bar(range(n0, x.shape[0]), desc="WISKI stream", disable=not progress):
             self.observe(x[t : t + 1], y[t : t + 1])
             metrics = self.step(x[t : t + 1], y[t : t + 1])
             if callback is not None:

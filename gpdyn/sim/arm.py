@@ -31,12 +31,12 @@ from typing import Any
 
 import mujoco
 import numpy as np
-from tqdm import tqdm
 
 from gpdyn.data.arm_schema import OFFLINE, ONLINE, arm_episode_keys, arm_fields
 from gpdyn.data.store import EpisodeStore, StoreError
 from gpdyn.device import check_memory
 from gpdyn.errors import InputError
+from gpdyn.progress import progress_bar
 from gpdyn.robots.arm import DEFAULT_PAYLOAD_OFFSET, ArmLimits, ArmModel, inverse_dynamics
 from gpdyn.robots.kuka import kuka_arm
 from gpdyn.sim.stopping import StopSignals
@@ -422,7 +422,7 @@ def collect_arm(
     store = _open_or_create(store_path, arm.n, settings)
     try:
         done = _committed_plan(store, plan)
-        with StopSignals() as stop, tqdm(total=offline + online, initial=store.n_rows, unit="sample",
+        with StopSignals() as stop, progress_bar(total=offline + online, initial=store.n_rows, unit="sample",
                                          desc=f"{arm.path.stem} {fam.name}", disable=not progress) as bar:
             for i, (part, length) in enumerate(plan):
                 stream = streams[part]

@@ -1,8 +1,14 @@
 """Videos of stored Walker2d episodes, replayed from their states (``gpdyn render``).
 
 Nothing is re-simulated: each frame is the stored ``qpos``/``qvel`` put back with
-``set_state`` and drawn offscreen. Rendering is headless through EGL
-(``MUJOCO_GL=egl``, set here when the user left it unset or empty).
+``set_state`` and drawn offscreen into one OpenGL context kept for the whole video, and
+piped to ffmpeg (x264 at its ``veryfast`` preset) as it comes. Rendering is headless
+through EGL (``MUJOCO_GL=egl``, set here when the user left it unset or empty).
+
+Where OpenGL is drawn by the CPU (Mesa's llvmpipe or softpipe: a machine without a GPU
+driver), shadows, reflections and multisampling cost nearly all of a frame's time, so
+``quality="auto"`` turns them off there and says so; ``"full"`` keeps them, ``"fast"``
+turns them off on any renderer. Progress goes through :func:`gpdyn.progress.progress_bar`.
 
 MuJoCo loads the backend's library when it is first imported and fails with a bare
 ``RuntimeError`` (a value it does not know) or ``AttributeError`` (``osmesa`` without
@@ -14,6 +20,7 @@ cannot make an OpenGL context (``glfw`` without a display).
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 from pathlib import Path
 
@@ -21,6 +28,9 @@ import numpy as np
 
 from gpdyn.environment import MUJOCO_GL_OFF, MUJOCO_GL_VARIABLE, RENDER_BACKENDS, check_mujoco_gl
 from gpdyn.errors import InputError
+from gpdyn.progress import progress_bar
+
+log = logging.getLogger(__name__)
 
 #: the library each headless backend loads (through PyOpenGL), and what provides it
 GL_LIBRARIES = {
@@ -72,6 +82,13 @@ import mujoco  # noqa: E402
 from gpdyn.data.store import EpisodeStore  # noqa: E402
 
 VIDEO_SUFFIXES = (".mp4", ".gif")
+#: ``full``: the model's own look; ``fast``: no shadows, reflections or multisampling;
+#: ``auto``: fast where OpenGL is drawn in software, full elsewhere
+QUALITIES = ("auto", "full", "fast")
+#: what Mesa's CPU renderers call themselves (``GL_RENDERER``)
+SOFTWARE_RENDERERS = ("llvmpipe", "softpipe", "swrast", "software rasterizer")
+#: x264 at this preset takes about half the CPU of its default for the same quality setting
+MP4_PRESET = "veryfast"
 
 
 def episode_states(store: EpisodeStore, index: int) -> tuple[np.ndarray, np.ndarray]:
@@ -91,7 +108,7 @@ class _Offscreen:
     may be before this module set ``MUJOCO_GL``; this context reads it when created.
     """
 
-    def __init__(self, model: mujoco.MjModel, width: int, height: int) -> None:
+    def __init__(self, model: mujoco.MjModel, width: int, height: int, quality: str = "auto") -> None:
         backend = render_backend()
         check_gl_library(backend)
         self.model = model
@@ -106,6 +123,10 @@ class _Offscreen:
                 from mujoco.glfw import GLContext
             self.gl = GLContext(width, height)
             self.gl.make_current()
+            self.renderer = _gl_renderer()
+            self.fast = quality == "fast" or (quality == "auto" and self.renderer.lower().startswith(SOFTWARE_RENDERERS))
+            if self.fast:
+                model.vis.quality.offsamples = 0  # read when the context below makes its offscreen buffer
             self.context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150)
         except (ImportError, AttributeError, OSError, RuntimeError, mujoco.FatalError) as err:
             if self.gl is not None:
@@ -117,6 +138,9 @@ class _Offscreen:
                              f"{_OTHER_BACKENDS}") from err
         mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self.context)
         self.scene = mujoco.MjvScene(model, maxgeom=1000)
+        if self.fast:
+            self.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
+            self.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
         self.option = mujoco.MjvOption()
         self.rgb = np.empty((height, width, 3), dtype=np.uint8)
 
@@ -133,13 +157,26 @@ class _Offscreen:
         self.gl.free()
 
 
+def _gl_renderer() -> str:
+    """``GL_RENDERER`` of the current OpenGL context (e.g. ``llvmpipe (LLVM 15.0.6, 256 bits)``),
+    empty when it cannot be read."""
+    try:
+        from OpenGL import GL
+
+        name = GL.glGetString(GL.GL_RENDERER)
+    except Exception:  # noqa: BLE001 -- PyOpenGL missing or a context without the query: assume hardware
+        return ""
+    return name.decode(errors="replace") if isinstance(name, bytes) else str(name or "")
+
+
 def render_episode(
-    store: EpisodeStore, index: int, out: str | Path, *, width: int = 480, height: int = 360, every: int | None = None
+    store: EpisodeStore, index: int, out: str | Path, *, width: int = 480, height: int = 360, every: int | None = None,
+    quality: str = "auto",
 ) -> Path:
     """Write an MP4 or GIF of episode ``index`` at the store's frame rate (``1/dt / every``).
 
     ``every`` defaults to 1 for an MP4 and 4 for a GIF: a GIF at 125 frames/s is huge and
-    most viewers cap the rate.
+    most viewers cap the rate. ``quality``: one of :data:`QUALITIES` (module notes).
     """
     import imageio.v2 as imageio
 
@@ -157,6 +194,8 @@ def render_episode(
         every = 4 if out.suffix.lower() == ".gif" else 1
     if every < 1:
         raise InputError(f"render: every must be >= 1, got {every}")
+    if quality not in QUALITIES:
+        raise InputError(f"render: quality must be one of {', '.join(QUALITIES)}, got {quality!r}")
     for field in ("qpos", "qvel", "next_qpos", "next_qvel"):
         store.columns(field)  # StoreError naming the field for a store that is not a Walker2d one
     qpos, qvel = episode_states(store, index)
@@ -173,12 +212,16 @@ def render_episode(
     camera.type = mujoco.mjtCamera.mjCAMERA_TRACKING
     camera.trackbodyid = max(mujoco.mj_name2id(sim.model, mujoco.mjtObj.mjOBJ_BODY, "torso"), 0)
     camera.distance, camera.elevation, camera.azimuth = 4.0, -20.0, 90.0
-    kwargs = {"fps": fps, "macro_block_size": 8} if out.suffix.lower() == ".mp4" else {"duration": 1000.0 / fps, "loop": 0}
-    frames = _Offscreen(sim.model, width, height)
+    kwargs = ({"fps": fps, "macro_block_size": 8, "ffmpeg_params": ["-preset", MP4_PRESET]} if out.suffix.lower() == ".mp4"
+              else {"duration": 1000.0 / fps, "loop": 0})
+    frames = _Offscreen(sim.model, width, height, quality)
+    if frames.fast and quality == "auto":
+        log.info(f"render: OpenGL is drawn in software ({frames.renderer}): no shadows, reflections or "
+                 "anti-aliasing, to keep it fast (quality 'full' keeps them)")
     try:
         env.reset(seed=0)
         with imageio.get_writer(out, **kwargs) as writer:
-            for t in range(0, qpos.shape[0], every):
+            for t in progress_bar(range(0, qpos.shape[0], every), desc=f"render {out.name}", unit="frame"):
                 sim.set_state(qpos[t], qvel[t])
                 writer.append_data(frames.render(sim.data, camera))
     finally:

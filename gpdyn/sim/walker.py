@@ -437,7 +437,7 @@ def collect_walker(
     ``episodes``. SIGTERM or SIGINT, or a worker that dies, commits what has finished
     and raises :class:`~gpdyn.sim.stopping.CollectionStopped`. Returns counts and timing.
     """
-    from tqdm import tqdm
+    from gpdyn.progress import progress_bar
 
     if episodes < 1:
         raise InputError(f"--episodes must be >= 1, got {episodes}")
@@ -460,7 +460,7 @@ def collect_walker(
         try:
             start, rows_before = store.n_episodes, store.n_rows
             if start < episodes:
-                with tqdm(total=episodes - start, unit="ep", desc=f"collect walker ({envs} envs)",
+                with progress_bar(total=episodes - start, unit="ep", desc=f"collect walker ({envs} envs)",
                           disable=not progress) as bar:
                     _collect(store, config, episodes, envs, stop, bar, commit_seconds)
         finally:
