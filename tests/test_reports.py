@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -167,6 +169,17 @@ def test_a_control_report_rewritten_from_its_folder_is_the_one_the_run_wrote(kin
     assert _outputs(copy) == written
 
 
+def test_reporting_a_learn_or_control_folder_imports_neither_torch_nor_mujoco(learn, walker, kuka, arm, tmp_path) -> None:
+    """In a fresh interpreter (this one has both loaded): they take seconds of CPU that a report does not need."""
+    probe = ("import json, sys\nfrom gpdyn.cli import main\n"
+             "codes = [main(['report', path]) for path in json.loads(sys.argv[1])]\n"
+             "print(json.dumps([codes, [m for m in ('torch', 'mujoco') if m in sys.modules]]))")
+    folders = [str(shutil.copytree(f, tmp_path / f.name)) for f in (learn, walker, kuka, arm)]
+    done = subprocess.run([sys.executable, "-c", probe, json.dumps(folders)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [[0, 0, 0, 0], []]
+
+
 def test_walker_steps_record_the_torso_position_and_the_report_counts_falls(walker_zarr, tmp_path) -> None:
     """A torso three times heavier brings the TRPO walker down within its 130 steps."""
     out = tmp_path / "fall"
@@ -204,7 +217,7 @@ def test_a_stopped_control_run_reports_the_controllers_it_finished(kuka, tmp_pat
     (lambda f: _edit_config(f, rate_hz="fast"), "config.json: 'rate_hz' must be a finite number > 0, is 'fast'"),
     (lambda f: _edit_record(f, "step", cpu_ms="slow"), "metrics.jsonl: line 1: step record: 'cpu_ms' must be a number"),
     (lambda f: _edit_record(f, "episode", length=None), "metrics.jsonl: line 7: episode record without 'length'"),
-])
+], ids=["config-without-steps", "config-rate-text", "step-cpu-text", "episode-without-length"])
 def test_a_damaged_control_folder_is_refused_naming_the_file_and_field(arm, tmp_path, capsys, damage, message) -> None:
     copy = shutil.copytree(arm, tmp_path / "damaged")
     damage(copy)
@@ -249,8 +262,9 @@ def test_folders_without_a_report_say_what_they_hold(arm, root, tmp_path, capsys
         capsys.readouterr().err)
 
 
-def test_the_walker_control_period_is_the_robots() -> None:
-    from gpdyn.experiments.control_report import WALKER_PERIOD_S
+def test_what_reports_know_of_the_robots_without_importing_them_is_the_robots() -> None:
+    from gpdyn.experiments.control_report import KUKA_FILE, WALKER_PERIOD_S
+    from gpdyn.robots.kuka import model_path
     from gpdyn.robots.walker import DT
 
-    assert WALKER_PERIOD_S == DT
+    assert WALKER_PERIOD_S == DT and KUKA_FILE == model_path().name

@@ -1,7 +1,12 @@
 """Reports of control runs: ``report.md`` with the tables and PNG plots with the plant change marked.
 
-Everything is read back from the run folder's ``metrics.jsonl``, so a report can be
-rewritten from a finished (or interrupted) run.
+Everything is read back from the run folder: the settings from ``config.json`` (the run's
+config object while it runs: both give the same report), the rest from ``metrics.jsonl``.
+So ``gpdyn report RUN`` (:func:`write_control_report`) rewrites the report of a finished
+run, or of a stopped one from the episodes it recorded, without torch or MuJoCo. Plots per controller over the control
+steps: the walker's return, torso x position (falls marked), one-step model error and
+CPU time per step against the 8 ms period; an arm's tracking error, feed-forward error
+against the plant's inverse dynamics and CPU time per step against ``1 / rate_hz``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ from gpdyn.runs import METRICS_FILE, RunDir
 #: the Walker2d control period, s: Walker2d-v5's timestep 0.002 x frame skip 4 (gpdyn.robots.walker.DT, which imports
 #: MuJoCo and torch: a report needs neither)
 WALKER_PERIOD_S = 0.008
+#: the file of the shipped iiwa, the arm of a run that names no model (gpdyn.robots.kuka.model_path, which imports
+#: MuJoCo)
+KUKA_FILE = "kuka_iiwa.xml"
 
 
 def _plt():
@@ -482,11 +490,7 @@ def arm_change_text(config: dict[str, Any]) -> str:
 
 def _arm_file_name(config: dict[str, Any]) -> str:
     """The MJCF file name of a run's arm: its ``model``, or the shipped iiwa's when it names none."""
-    if config.get("model"):
-        return Path(config["model"]).name
-    from gpdyn.robots.kuka import model_path  # MuJoCo: only for a kuka run's report
-
-    return model_path().name
+    return Path(config["model"]).name if config.get("model") else KUKA_FILE
 
 
 def _joint_count(joint_rmse: dict[str, dict[str, list[float]]], steps: list[dict[str, Any]], file: Path) -> int:
