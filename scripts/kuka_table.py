@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import platform
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gpdyn.cli.logs import configure as configure_logs
 from gpdyn.experiments.control_report import mean_se
 from gpdyn.experiments.demo import control_stage
 from gpdyn.runs import RunDir
@@ -52,6 +54,7 @@ def main() -> None:
     parser.add_argument("--learners", default="svdgp,wiski,exact")
     parser.add_argument("--variants", default="", help=f"comma-separated, of {', '.join(VARIANTS)} (svdgp prior)")
     args = parser.parse_args()
+    configure_logs(logging.INFO, "kuka_table.py")  # gpdyn's messages and progress lines on stderr, as the command
     torch.set_num_threads(1)
     seeds = [int(s) for s in args.seeds.split(",")]
     learners = [s for s in args.learners.split(",") if s]

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import sys
 
+from gpdyn.cli.logs import configure as configure_logs
 from gpdyn.device import set_threads
 from gpdyn.errors import InputError
 from gpdyn.experiments.walk_learned_model import CONTROLLERS, MODELS, combine, run
@@ -68,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--combine", default=None, help="comma-separated finished run folders: print their joint tables, run nothing")
     args = p.parse_args(argv)
+    configure_logs(logging.INFO, "walk_learned_model.py")  # gpdyn's messages and progress lines on stderr, as the command
     set_threads(1)
     try:
         if args.combine:

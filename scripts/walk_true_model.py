@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import sys
 
+from gpdyn.cli.logs import configure as configure_logs
 from gpdyn.device import set_threads
 from gpdyn.errors import InputError
 from gpdyn.experiments.walk_true_model import run
@@ -33,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--horizon", type=int, default=None)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    configure_logs(logging.INFO, "walk_true_model.py")  # gpdyn's messages and progress lines on stderr, as the command
     set_threads(1)
     try:
         recipe = load_recipe(args.recipe, "walker-sampling")

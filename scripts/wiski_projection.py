@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
+from gpdyn.cli.logs import configure as configure_logs
 from gpdyn.device import set_threads
 from gpdyn.errors import InputError
 from gpdyn.experiments.wiski_projection import compare_projections
@@ -30,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--learners", default="shared,per-output,svdgp", help="any of shared, per-output, svdgp")
     parser.add_argument("--out", type=Path, default=None, help="write results.json here")
     args = parser.parse_args(argv)
+    configure_logs(logging.INFO, "wiski_projection.py")  # gpdyn's messages and progress lines on stderr, as the command
     set_threads(1)
     try:
         results = compare_projections(
