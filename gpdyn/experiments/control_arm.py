@@ -361,16 +361,6 @@ def apply_change(cfg: ArmRunConfig, env: Any) -> str | None:
     return f"motor gain x{cfg.motor_gain:g}"
 
 
-def change_text(cfg: ArmRunConfig) -> str:
-    """The plant change of a run, as reports name it."""
-    if cfg.change == "payload":
-        return f"payload {cfg.payload:g} kg added at step {cfg.change_at}" if cfg.payload else "no plant change"
-    if cfg.change == "joint-friction":
-        return (f"joint friction added at step {cfg.change_at}: dry {cfg.joint_friction:g} of each joint's torque "
-                f"limit, viscous {cfg.joint_friction:g} of it per rad/s")
-    return f"motor gain x{cfg.motor_gain:g} from step {cfg.change_at}"
-
-
 def run_arm(run: RunDir, cfg: ArmRunConfig, store: str | Path | None = None) -> dict[str, Any]:
     """Get the model, track with every controller (the plant changed mid-run), write the report."""
     from gpdyn.experiments.control_report import write_arm_report

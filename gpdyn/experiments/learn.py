@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpdyn.data.problems import PROTOCOLS, Normalizer, Problem, load_problem
+from gpdyn.data.problems import PROTOCOLS, Normalizer, load_problem
 from gpdyn.data.streams import IIDStream
 from gpdyn.device import dtype_name, resolve_device, resolve_dtype
 from gpdyn.errors import InputError
@@ -177,8 +177,8 @@ def learn(
     finally:
         bar.close()
     assert final is not None  # iterations >= 1
-    (run.path / "report.md").write_text(_report(cfg.learner, problem, final))
-    run.finish(iterations=final["iteration"], record=final)
+    run.finish(iterations=final["iteration"], record=final)  # first: the report of a finished run has no notice
+    write_report(run.path)
     return run, final
 
 
@@ -204,21 +204,3 @@ def load(run_dir: str | Path, device: str | torch.device | None = None) -> tuple
         if not ok or key.endswith("std") and not (value.astype(float) > 0).all():
             raise InputError(f"{path}: extra normalizer.{key} must be {n} finite numbers{' > 0' * key.endswith('std')}")
     return learner, Normalizer.from_json({key: stats[key] for key in widths})
-
-
-def _report(learner: str, problem: Problem, final: dict[str, Any]) -> str:
-    """The final evaluation: every score per output, then mean ± std over outputs."""
-    from gpdyn.experiments.report import CALIBRATION_NOTE, COLUMNS, mean_std
-
-    outputs = problem.output_names
-    lines = [
-        f"# {learner} on {problem.name} ({problem.protocol} protocol), iteration {final['iteration']}",
-        "",
-        f"Held out: {problem.held_out} ({len(problem.x_test)} test rows; {len(problem.x_train)} training rows).",
-        "",
-        "| output | " + " | ".join(COLUMNS.values()) + " |",
-        "|---|" + "---|" * len(COLUMNS),
-    ]
-    lines += [f"| {name} | " + " | ".join(f"{final[m][i]:.4f}" for m in COLUMNS) + " |" for i, name in enumerate(outputs)]
-    lines += ["| mean ± std | " + " | ".join(mean_std(final[m]) for m in COLUMNS) + " |", "", CALIBRATION_NOTE, ""]
-    return "\n".join(lines)
