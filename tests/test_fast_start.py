@@ -75,13 +75,15 @@ def replay_run(kuka_store, tmp_path) -> Path:
 
 @pytest.mark.parametrize("command", ["inspect store", "inspect run", "report", "control recipes",
                                      "control recipes NAME --explain"])
-def test_reading_commands_import_neither_torch_nor_mujoco(command, kuka_store, replay_run, tmp_path):
-    argv = {"inspect store": ["inspect", str(kuka_store.path)],
-            "inspect run": ["inspect", str(replay_run)],
-            "report": ["report", str(replay_run)],
-            "control recipes": ["control", "recipes"],
-            "control recipes NAME --explain": ["control", "recipes", "walker-weak-motor", "--explain"]}[command]
-    kuka_store.close()
+def test_reading_commands_import_neither_torch_nor_mujoco(command, request, tmp_path):
+    if command == "inspect store":
+        store = request.getfixturevalue("kuka_store")
+        store.close()
+        argv = ["inspect", str(store.path)]
+    elif command in ("inspect run", "report"):
+        argv = [command.split()[0], str(request.getfixturevalue("replay_run"))]
+    else:
+        argv = ["control", "recipes", *(["walker-weak-motor", "--explain"] if "--explain" in command else [])]
     [result] = _probe([argv], tmp_path)
     assert result["code"] == 0 and result["heavy"] == [], result
 
