@@ -85,7 +85,10 @@ class LoggedProgress(tqdm):
     def line(self) -> str:
         """The bar's state in one line, without the bar."""
         known = self.total is not None and self.total > 0
-        return self.format_meter(**{**self.format_dict, "bar_format": self.KNOWN_TOTAL if known else self.UNKNOWN_TOTAL})
+        state = self.format_dict
+        # tqdm.set_description appends ": " to the description; the line puts its own
+        state["prefix"] = (state.get("prefix") or "progress").removesuffix(": ")
+        return self.format_meter(**{**state, "bar_format": self.KNOWN_TOTAL if known else self.UNKNOWN_TOTAL})
 
     def display(self, msg: str | None = None, pos: int | None = None) -> bool:
         if not self._started or msg is not None:  # created, or tqdm clearing its bar (msg='')

@@ -93,10 +93,12 @@ def test_a_bar_off_the_terminal_logs_at_most_one_line_per_interval_and_its_end(m
     start = time.monotonic()
     bar = progress_bar(total=8, desc="work", unit="step")
     assert isinstance(bar, LoggedProgress)  # pytest's stderr is no terminal
-    for _ in range(8):
+    for step in range(8):
         time.sleep(0.03)
         bar.update(1)
         bar.set_postfix(loss=0.5)  # a refresh of its own: still no more than one line per interval
+        if step == 4:
+            bar.set_description("work")  # tqdm keeps it as "work: "
     bar.close()
     elapsed = time.monotonic() - start
     records = [r for r in caplog.records if r.name == "gpdyn.progress"]
