@@ -59,7 +59,7 @@ def check_compiler() -> str:
 
 def check_ffmpeg() -> str:
     """Whether the ffmpeg that imageio uses runs: ``gpdyn render`` writes MP4 videos with it."""
-    fallback = "gpdyn render cannot write .mp4 videos (.gif still works; pip install 'gpdyn[video]' or point IMAGEIO_FFMPEG_EXE at an ffmpeg)"
+    fallback = "gpdyn render cannot write .mp4 videos (.gif still works; pip install 'gpdyn[video]'; IMAGEIO_FFMPEG_EXE picks another ffmpeg)"
     try:
         import imageio_ffmpeg
 

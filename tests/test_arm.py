@@ -30,6 +30,7 @@ def _tracking(run: Path) -> dict[str, dict[str, list[float]]]:
     return {r["controller"]: r["rmse"] for r in RunDir(run).metrics() if r.get("kind") == "tracking"}
 
 
+@pytest.mark.slow
 def test_a_new_arm_goes_from_its_mjcf_file_through_collect_learn_and_control(tmp_path: Path, capsys) -> None:
     store = tmp_path / "three.zarr"
     assert main(["collect", "arm", "--model", str(THREE_LINK), "--store", str(store), "--offline", "1500",

@@ -17,6 +17,7 @@ def _records(run: RunDir, kind: str) -> list[dict]:
     return [r for r in run.metrics() if r.get("kind") == kind]
 
 
+@pytest.mark.slow
 def test_kuka_tracking_runs_and_reports_rmse(tmp_path: Path) -> None:
     store = make_kuka_store(tmp_path / "kuka.zarr", offline=[60], online=[40, 40]).path
     cfg = ArmRunConfig(learner="svdgp", steps=6, change_at=3, pretrain_iterations=3, pretrain_batch=32, progress=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
 import torch
 
 from gpdyn.cli import main
@@ -13,6 +14,7 @@ from gpdyn.experiments.bench_mpc import BENCH_MODELS, bench_mpc, filled_learner,
 from gpdyn.gp import LEARNERS
 
 
+@pytest.mark.slow
 def test_every_learner_is_benched_and_the_bench_model_has_distinct_outputs() -> None:
     assert set(BENCH_MODELS) == set(LEARNERS)
     learner = filled_learner("svdgp", torch.device("cpu"), torch.float64, "small")
@@ -23,6 +25,7 @@ def test_every_learner_is_benched_and_the_bench_model_has_distinct_outputs() -> 
     assert torch.equal(fresh.lengthscale[0], fresh.lengthscale[1])
 
 
+@pytest.mark.slow
 def test_bench_rows_modes_and_ratios() -> None:
     torch.set_num_threads(1)
     models = ["svdgp", "orth", "exact", "residual"]
@@ -48,6 +51,7 @@ def test_bench_rows_modes_and_ratios() -> None:
     assert all(f"| {name} |" in text for name in models)
 
 
+@pytest.mark.slow
 def test_cli_bench_mpc_writes_its_report(tmp_path) -> None:
     out = tmp_path / "bench"
     assert main(["bench", "mpc", "--samples", "4", "--horizon", "2", "--models", "orth", "--out", str(out)]) == 0

@@ -63,6 +63,7 @@ def test_race_options_are_checked_before_any_work(tmp_path, kuka_store, capsys):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_the_default_bench_does_not_import_gpytorch():
     code = ("import sys, gpdyn.experiments.bench_learners, gpdyn.cli.jobs; "
             "assert 'gpytorch' not in sys.modules and 'linear_operator' not in sys.modules")

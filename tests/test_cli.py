@@ -106,6 +106,7 @@ def test_corrupt_store_exits_2_naming_the_field(walker_store, capsys):
     assert "data/qvel" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_console_script_and_doctor():
     exe = Path(sys.executable).parent / "gpdyn"
     result = subprocess.run([str(exe), "doctor"], capture_output=True, text=True, timeout=120)
@@ -137,6 +138,7 @@ def test_learner_options_are_checked_by_name_and_kind():
     assert make_learner("svdgp", 3, 2, m_alpha=16, m_beta=4, n_columns=None).config["n_columns"] is None
 
 
+@pytest.mark.slow
 def test_learn_takes_a_preset_and_sizes_over_it(walker_store, tmp_path):
     from gpdyn.gp import learner_class
 

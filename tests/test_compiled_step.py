@@ -57,6 +57,7 @@ def test_only_a_compiled_mean_offers_a_mean_program():
 
 
 @needs_compiler
+@pytest.mark.slow
 def test_compiled_step_equals_the_eager_step_and_follows_online_updates():
     """The whole step (features, normalisation, mean, delta, trapezoid rule) compiled equals the
     eager gather path, at a planner's batch and after an update that refreshes the caches."""
@@ -77,6 +78,7 @@ def test_compiled_step_equals_the_eager_step_and_follows_online_updates():
 
 
 @needs_compiler
+@pytest.mark.slow
 def test_compiled_step_rejects_non_finite_inputs_as_the_learner_does():
     fast = _dynamics(_wiski(True))
     state, action = _batch(50)
@@ -93,6 +95,7 @@ def test_compiled_step_rejects_non_finite_inputs_as_the_learner_does():
 
 
 @needs_compiler
+@pytest.mark.slow
 def test_signature_compiled_compiles_once_per_signature_then_falls_back():
     calls = []
 
@@ -134,6 +137,7 @@ def test_traced_compiles_only_what_declares_itself_traceable(monkeypatch):
 
 
 @needs_compiler
+@pytest.mark.slow
 def test_compiled_planner_plans_as_the_eager_one_with_the_walker_cost_and_proposal():
     """MPC compiled=True: the walker cost and the TRPO proposal as compiled programs; the same plans (float64,
     same seed) as the eager planner, step after step with warm starts, through a learned WISKI model."""

@@ -55,6 +55,7 @@ def _script(name: str):
 
 
 @pytest.mark.parametrize("learner", sorted(LEARNERS))
+@pytest.mark.slow
 def test_walker_loop_runs_with_each_learner(learner: str, walker_zarr: Path, tmp_path: Path) -> None:
     cfg = WalkerRunConfig(learner=learner, steps=3, change_at=1, controllers=("frozen", "online"), conditions=("changed",),
                           adapt="steps", **TINY)  # each learner's own observe/step
@@ -72,6 +73,7 @@ def test_walker_loop_runs_with_each_learner(learner: str, walker_zarr: Path, tmp
     assert EpisodeStore.open(run.path / "episodes.zarr").n_episodes == 2
 
 
+@pytest.mark.slow
 def test_walker_baselines_both_conditions(walker_zarr: Path, tmp_path: Path) -> None:
     cfg = WalkerRunConfig(learner="svdgp", steps=3, change="weak_motor", **TINY)
     run = RunDir.create("t", {}, out=tmp_path / "run")
@@ -127,6 +129,7 @@ def test_a_plant_changed_in_mid_episode_stays_changed(walker_zarr: Path, tmp_pat
 
 
 @pytest.mark.parametrize("kernel", ["se", "linear"])
+@pytest.mark.slow
 def test_walker_loop_with_residual_adaptation(kernel: str, walker_zarr: Path, tmp_path: Path) -> None:
     cfg = WalkerRunConfig(learner="svdgp", steps=4, change_at=1, adapt="residual", window=8, residual_kernel=kernel,
                           residual_gate=True, residual_gate_z=1.0, controllers=("online",), conditions=("changed",), **TINY)
@@ -174,6 +177,7 @@ def test_learned_walker_dynamics_inverts_its_training_pairs(target: str, walker_
         LearnedDynamics.from_learner(learner, problem.normalizer, LAYOUT, target="position")
 
 
+@pytest.mark.slow
 def test_summarize_control_tables_several_seeds(walker_zarr: Path, tmp_path: Path) -> None:
     from dataclasses import asdict
 
@@ -214,6 +218,7 @@ def test_plant_change_factor_scales_the_change_and_bad_factors_are_refused() -> 
         WalkerRunConfig(change="gravity").validate()
 
 
+@pytest.mark.slow
 def test_walker_planning_relative_to_the_policy_runs_and_is_reported(walker_zarr: Path, tmp_path: Path) -> None:
     cfg = WalkerRunConfig(learner="svdgp", steps=3, relative_to_proposal=True, terminal_value=True, noise_std=0.1,
                           temperature=5.0, control_cost=1.0, proposal_tail=2, warm_start=False,
@@ -235,6 +240,7 @@ def test_walker_planning_relative_to_the_policy_runs_and_is_reported(walker_zarr
             WalkerRunConfig(**bad).validate()
 
 
+@pytest.mark.slow
 def test_walker_consecutive_episodes_keep_the_online_model(walker_zarr: Path, tmp_path: Path) -> None:
     from dataclasses import asdict
 
@@ -331,6 +337,7 @@ def test_tracking_cost_asks_a_weakened_motor_for_the_control_that_undoes_it() ->
     env.close()
 
 
+@pytest.mark.slow
 def test_walker_tracking_cost_with_the_frozen_model_is_the_policy(walker_zarr: Path, tmp_path: Path) -> None:
     # CEM returns its best sample; with the pretrained model tracking itself, zero offsets cost
     # exactly 0, so the frozen controller acts as the TRPO policy does, step for step

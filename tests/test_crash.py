@@ -49,12 +49,14 @@ def test_walker_killed_at_random_points_keeps_its_episodes_and_a_rerun_completes
     _no_problems(counts, lines)
 
 
+@pytest.mark.slow
 def test_kuka_killed_at_random_points_resumes_to_the_uninterrupted_store(tmp_path: Path) -> None:
     lines: list[str] = []
     counts = crash.campaign(crash.kuka(offline=1500, online=6000), tmp_path, trials=3, seed=22, log=lines.append)
     _no_problems(counts, lines)
 
 
+@pytest.mark.slow
 def test_partial_arm_store_is_refused_as_a_problem(tmp_path: Path) -> None:
     """A killed arm collection is not a problem until a rerun finishes it; other settings cannot finish it."""
     path = tmp_path / "part.zarr"
@@ -95,6 +97,7 @@ def test_sigterm_is_a_flag_inside_the_context_and_the_old_handler_after() -> Non
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+@pytest.mark.slow
 def test_an_exception_in_a_worker_reaches_the_collector_after_it_commits(tmp_path: Path) -> None:
     from gpdyn.sim.policy import PolicyError
     from gpdyn.sim.walker import CollectConfig, _collect, collect_walker

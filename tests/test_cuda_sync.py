@@ -160,6 +160,7 @@ def test_learner_hot_paths_never_sync(name, device):
 
 
 @pytest.mark.parametrize("name", list(LEARNERS))
+@pytest.mark.slow
 def test_learner_hot_paths_cpu(name):
     out = exercise(name, torch.device("cpu"), torch.float64)
     check_results(name, out)
@@ -218,6 +219,7 @@ def test_planner_rollout_never_syncs(name, device, uncertainty):
 
 @pytest.mark.parametrize("uncertainty", ["penalty", "mean"])
 @pytest.mark.parametrize("name", ["svdgp", "wiski", "residual"])
+@pytest.mark.slow
 def test_planner_rollout_cpu(name, uncertainty):
     check_plan(*plan_and_roll(name, torch.device("cpu"), torch.float64, uncertainty), uncertainty=uncertainty)
 

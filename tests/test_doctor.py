@@ -16,6 +16,7 @@ from gpdyn.cli import main
 TOOLS = ("C++ compiler", "ffmpeg", "GL backend")
 
 
+@pytest.mark.slow
 def test_doctor_prints_one_ok_or_missing_line_per_tool(capsys):
     assert main(["doctor"]) == 0
     lines = {line.split("  ", 1)[0]: line.split("  ", 1)[1].strip() for line in capsys.readouterr().out.splitlines()}

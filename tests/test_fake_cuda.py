@@ -342,6 +342,7 @@ def fake_learner(name: str):
 
 
 @pytest.mark.parametrize("name", list(LEARNERS))
+@pytest.mark.slow
 def test_learner_on_a_fake_gpu(name):
     """observe, step, predict, predict_mean and predict_y on a fresh learner, then observe, step
     and predict_mean again (the steady state: the data, the optimiser and the caches exist),
@@ -406,6 +407,7 @@ PLANNER_CASES = [(name, "penalty", PENALTY) for name in PLANNERS] + [
 
 @pytest.mark.parametrize(("planner_name", "options"), [(name, options) for name, _, options in PLANNER_CASES],
                          ids=[f"{name}-{mode}" for name, mode, _ in PLANNER_CASES])
+@pytest.mark.slow
 def test_planner_on_a_fake_gpu(planner_name, options, monkeypatch):
     """Two plans (the first and a warm-started one) and a rollout through a learned walker model
     with the TRPO proposal and critic; the rollout never syncs."""

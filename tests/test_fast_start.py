@@ -75,6 +75,7 @@ def replay_run(kuka_store, tmp_path) -> Path:
 
 @pytest.mark.parametrize("command", ["inspect store", "inspect run", "report", "control recipes",
                                      "control recipes NAME --explain"])
+@pytest.mark.slow
 def test_reading_commands_import_neither_torch_nor_mujoco(command, request, tmp_path):
     if command == "inspect store":
         store = request.getfixturevalue("kuka_store")

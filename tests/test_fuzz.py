@@ -790,11 +790,13 @@ def test_the_suite_is_large_and_its_cases_distinct():
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.slow
 def test_bad_input_is_refused_clearly(case: Case, world: World):
     status, message = outcome(case, world)
     assert status == "clear", f"{case.id}: {status}\n{message}"
 
 
+@pytest.mark.slow
 def test_a_good_input_is_clear_of_the_checks(world: World):
     """The checks refuse the damage, not the files: the undamaged world loads and runs."""
     for name, path in world.checkpoints.items():

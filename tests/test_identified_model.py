@@ -71,6 +71,7 @@ def test_identified_plan_is_the_true_models_plan_when_the_parameters_are_right()
 @pytest.mark.parametrize(("change", "factor", "parameter"), [("torso_mass", 1.3, "mass:torso"),
                                                               ("weak_motor", 0.3, "gear:thigh_joint"),
                                                               ("foot_friction", 0.5, "friction:foot_geom")])
+@pytest.mark.slow
 def test_identifies_each_plant_change_and_leaves_the_rest_near_nominal(change: str, factor: float, parameter: str) -> None:
     forward = _learn(change, factor, 80)
     factors = forward.factors()

@@ -74,6 +74,7 @@ def test_stored_torques_give_the_commanded_acceleration() -> None:
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.slow
 def test_trajectories_stay_inside_every_joint_limit(family: str) -> None:
     fam = FAMILIES[family]
     limits = kuka_arm().limits
@@ -224,6 +225,7 @@ def test_estimated_joint_terms_are_options() -> None:
         kuka_arm(armature=[0.1, 0.1])
 
 
+@pytest.mark.slow
 def test_cli_collect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "cli.zarr"
     args = ["collect", "kuka", "--store", str(path), "--offline", "20", "--online", "40", "--family", "kuka2"]

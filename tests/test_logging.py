@@ -26,6 +26,7 @@ GPDYN = [sys.executable, "-m", "gpdyn"]
 
 
 # ---------------------------------------------------------------------------- the command line
+@pytest.mark.slow
 def test_progress_into_a_pipe_is_logged_lines_without_carriage_returns(tmp_path: Path) -> None:
     """Before: tqdm redrew its bar with '\\r' into the pipe, one endless line."""
     done = subprocess.run([*GPDYN, "collect", "kuka", "--store", str(tmp_path / "k.zarr"), "--offline", "10",
@@ -180,6 +181,7 @@ def test_fast_drawing_turns_off_shadows_reflections_and_multisampling(quality: s
         env.close()
 
 
+@pytest.mark.slow
 def test_render_shows_progress_and_writes_every_frame(tmp_path: Path, capsys) -> None:
     import imageio.v2 as imageio
 

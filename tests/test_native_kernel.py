@@ -178,6 +178,7 @@ def test_exp2_overflow_is_inf_and_nan_stays_nan(dtype):
 
 
 @needs_compiler
+@pytest.mark.slow
 def test_the_operator_passes_torch_opcheck_and_compiles_with_inductor():
     """The fake implementation matches the real output (shape, strides) for N off the lanes,
     and torch.compile keeps the operator in one graph (fullgraph: no break)."""

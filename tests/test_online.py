@@ -35,6 +35,7 @@ def _run(name: str, sizes: dict, iterations: int = 250):
 
 
 @pytest.mark.parametrize("name", list(SINC))
+@pytest.mark.slow
 def test_each_learner_fits_sinc(name):
     sizes, target = SINC[name]
     # svdgp: with its covariance learning, the noise falls to its true level and Adam's minibatch
@@ -45,6 +46,7 @@ def test_each_learner_fits_sinc(name):
     assert records[-1]["nmse_mean"] < target, records[-1]
 
 
+@pytest.mark.slow
 def test_decoupled_beats_coupled_with_the_same_covariance_basis():
     _, dec = _run("svdgp", {"m_alpha": 128, "m_beta": 4, "n_columns": 64}, iterations=600)
     _, cpl = _run("svi", {"m": 4}, iterations=600)
@@ -88,6 +90,7 @@ def test_run_online_records_and_errors():
         load_learner("/nonexistent/ck.pt")
 
 
+@pytest.mark.slow
 def test_gpdyn_learn_writes_a_run_that_load_restores(walker_store, tmp_path, capsys):
     from gpdyn.experiments.learn import load
 

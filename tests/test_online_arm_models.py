@@ -29,6 +29,7 @@ def _data(rows: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize("structure", ["additive", "single"])
+@pytest.mark.slow
 def test_wiski_incremental_posterior_equals_a_full_refresh(structure: str) -> None:
     x, y = _data(260)
     options = {"structure": structure, "init_iters": 0, "seed": 0, "dtype": torch.float64}
@@ -60,6 +61,7 @@ def arm():
     return kuka_arm()
 
 
+@pytest.mark.slow
 def test_the_rigid_body_filter_teaches_its_prior_what_the_rigid_body_term_leaves(arm) -> None:
     regressor = InertialRegressor(arm.torque_model())
     q, qd, qdd = states(arm, 40, seed=4)
@@ -143,6 +145,7 @@ def test_bad_change_settings_are_refused_by_name(field: str, value) -> None:
         ArmRunConfig(**{field: value}).validate()
 
 
+@pytest.mark.slow
 def test_the_online_gp_is_the_recorded_online_learner_and_counts_its_updates(tmp_path: Path) -> None:
     store = make_kuka_store(tmp_path / "kuka.zarr", offline=[60], online=[40, 40]).path
     cfg = ArmRunConfig(learner="wiski", steps=8, change_at=4, change="motor-gain", controllers=("frozen", "online"), gp_online=True,

@@ -278,6 +278,7 @@ def _equal_states(a: dict, b: dict) -> bool:
 
 @pytest.mark.parametrize("bad", sorted(BAD))
 @pytest.mark.parametrize("name", ["ssgp", "rls"])
+@pytest.mark.slow
 def test_bad_input_raises_before_any_change(name: str, bad: str) -> None:
     x, y = random_data(80, 3, 2, seed=15)
     error = NonFiniteError if bad in ("nan-x", "inf-y") else LearnerError

@@ -91,6 +91,7 @@ def test_hybrid_basis_is_the_same_family_reparametrised():
     torch.testing.assert_close(orth.vlb(x, y), hyb.vlb(x, y))
 
 
+@pytest.mark.slow
 def test_orthnat_diag_update_and_adam_learn():
     from learner_data import sinc_data
 

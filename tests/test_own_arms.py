@@ -121,6 +121,7 @@ def test_a_scene_file_without_joints_is_refused_naming_the_option_and_its_joints
     assert not store.exists() and not run.exists()
 
 
+@pytest.mark.slow
 def test_another_choice_of_joints_is_another_arm(reacher_learned, tmp_path: Path, capsys) -> None:
     store, learn = reacher_learned
     both, one = ArmModel(REACHER, joints=REACHER_ARM), ArmModel(REACHER, joints=["joint0"])

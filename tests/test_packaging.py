@@ -97,6 +97,7 @@ def test_wheel_installs_one_top_level_package_and_the_command(wheel):
     assert dict(entry_points["console_scripts"]) == {"gpdyn": "gpdyn.cli:main"}
 
 
+@pytest.mark.slow
 def test_unpacked_wheel_collects_with_the_shipped_policy_and_arm_model(wheel, tmp_path):
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
@@ -186,6 +187,7 @@ def test_wheel_keeps_single_feature_dependencies_in_extras_that_setup_installs(w
               for e in metadata.get_all("Provides-Extra")}
     assert extras["video"] == {"imageio-ffmpeg"} and extras["sarcos"] == {"scipy"}
     assert not base & {"imageio-ffmpeg", "scipy"}
+    assert "mujoco-core" in base and "mujoco" not in base  # the engine, without mujoco 4's studio viewer app
     (installed,) = re.findall(r'install -e "\.\[([\w,]+)\]"', SETUP_SH.read_text())
     assert set(installed.split(",")) == set(extras)
 
@@ -281,6 +283,7 @@ def test_policy_and_checkpoint_loads_refuse_an_old_torch(tmp_path, monkeypatch):
         load_learner(checkpoint)
 
 
+@pytest.mark.slow
 def test_every_torch_load_in_the_package_checks_torch_first():
     """Each function that calls torch.load calls require_safe_torch_load on an earlier line."""
     loads = 0

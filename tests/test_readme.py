@@ -126,6 +126,7 @@ def _python_blocks(text: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", text, re.S)
 
 
+@pytest.mark.slow
 def test_readme_python_snippets_run_as_written(tmp_path):
     """Every Python block of the README runs as written, in order and in one namespace, in a
     folder holding a small Walker2d store under the name the blocks use (``walker.zarr``)."""

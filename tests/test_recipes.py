@@ -231,6 +231,7 @@ def test_control_recipes_lists_every_recipe_with_its_description(capsys):
     assert "walker-weak-motor [walker] (the default)" in out
 
 
+@pytest.mark.slow
 def test_the_demo_control_stage_reports_the_comparison_it_computes(tmp_path):
     from gpdyn.experiments.demo import control_stage
     from gpdyn.runs import RunDir

@@ -83,6 +83,7 @@ BAD_VALUES = [("x", 1, 2, math.nan), ("x", 4, 0, -math.inf), ("x", 0, 1, -1e200)
 
 
 @pytest.mark.parametrize("name, method", NAME_METHOD)
+@pytest.mark.slow
 def test_bad_values_are_refused_naming_learner_method_argument_and_entry(name: str, method: str) -> None:
     learner = _trained(name)
     label = f"{type(learner).__name__}.{method}"

@@ -375,6 +375,7 @@ def _plant_as_another_user(planted, library, digest):
     (_plant_a_symbolic_link, "cannot be opened \\(a symbolic link\\)"),
     (_plant_as_another_user, "is owned by uid 65534"),
 ])
+@pytest.mark.slow
 def test_a_planted_library_is_never_loaded_and_the_kernel_is_rebuilt(cache, built, plant, reason):
     folder, library, digest, marker = cache
     plant(built[1], library, digest)
@@ -393,6 +394,7 @@ def test_a_planted_library_is_never_loaded_and_the_kernel_is_rebuilt(cache, buil
 
 @needs_compiler
 @pytest.mark.parametrize("damage", ["truncated to half", "one byte flipped", "emptied"])
+@pytest.mark.slow
 def test_a_damaged_library_is_rebuilt_instead_of_crashing_the_process(cache, damage):
     """A half-length library was a SIGBUS in every predicting command."""
     folder, library, digest, marker = cache
@@ -410,6 +412,7 @@ def test_a_damaged_library_is_rebuilt_instead_of_crashing_the_process(cache, dam
 
 
 @needs_compiler
+@pytest.mark.slow
 def test_a_library_without_the_kernels_symbols_is_rebuilt_and_the_new_one_is_used(cache, built):
     folder, library, digest, marker = cache
     shutil.copy(built[1], library)
@@ -523,6 +526,7 @@ def _loadable(name: str) -> bool:
 
 
 @pytest.mark.skipif(_loadable("OSMesa"), reason="libOSMesa is installed here: the osmesa backend loads")
+@pytest.mark.slow
 def test_render_with_osmesa_but_no_libosmesa_names_the_variable_and_the_package(tmp_path):
     done = _gpdyn("render", "--store", str(tmp_path / "missing.zarr"), "--episode", "0", "--out",
                   str(tmp_path / "v.mp4"), MUJOCO_GL="osmesa")
@@ -531,6 +535,7 @@ def test_render_with_osmesa_but_no_libosmesa_names_the_variable_and_the_package(
     assert "apt install libosmesa6" in done.stderr and "MUJOCO_GL=egl" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_render_with_glfw_and_no_display_is_an_error_naming_the_variable(tmp_path):
     code = ("import mujoco\nfrom gpdyn.errors import InputError\nfrom gpdyn.sim.render import _Offscreen\n"
             "try:\n    _Offscreen(mujoco.MjModel.from_xml_string('<mujoco/>'), 64, 48)\n    print('rendered')\n"

@@ -325,6 +325,7 @@ def test_collect_refuses_to_continue_a_store_after_an_included_file_changed(tmp_
     ],
     ids=["heavier-link", "other-joint-names", "edited-include"],
 )
+@pytest.mark.slow
 def test_control_arm_refuses_a_store_of_another_arm(tmp_path: Path, other, change, capsys) -> None:
     """Before: any store of the same joint count was accepted."""
     if change == "include":
@@ -387,6 +388,7 @@ def test_collect_refuses_a_rate_that_is_not_a_whole_number_of_steps(tmp_path: Pa
 
 
 @pytest.mark.parametrize(("rate", "steps"), [("500", 1), ("250", 2), ("1", 500)])
+@pytest.mark.slow
 def test_rates_from_one_step_to_one_hertz_collect(tmp_path: Path, rate: str, steps: int) -> None:
     store = tmp_path / "s.zarr"
     assert main(["collect", "arm", "--model", str(_arm(tmp_path)), "--store", str(store), "--offline", "10",

@@ -113,6 +113,7 @@ REPLACEMENTS = {
 
 
 @pytest.mark.parametrize("name", sorted(REPLACEMENTS))
+@pytest.mark.slow
 def test_replay_resume_refuses_a_store_replaced_at_the_same_path(name, tmp_path):
     store = _kuka(tmp_path / "kuka.zarr")
     cfg = _replay_cfg(store)
@@ -378,11 +379,13 @@ def _evals(run_dir: Path) -> dict[int, list[float]]:
 
 @pytest.fixture
 def straight_learn(kuka_store, tmp_path) -> Path:
-    learn(_learn_cfg(kuka_store.path), tmp_path / "straight", progress=False)
+    run, _ = learn(_learn_cfg(kuka_store.path), tmp_path / "straight", progress=False)
+    run.close()  # its writer lock, which a reference cycle could otherwise hold until the next garbage collection
     return tmp_path / "straight"
 
 
 @pytest.mark.parametrize("stop_at", [2, 4, 6])
+@pytest.mark.slow
 def test_a_stopped_learn_continues_to_the_same_final_checkpoint(stop_at, straight_learn, kuka_store, tmp_path):
     cfg = _learn_cfg(kuka_store.path)
     with pytest.raises(Stop):
@@ -395,6 +398,7 @@ def test_a_stopped_learn_continues_to_the_same_final_checkpoint(stop_at, straigh
     assert final["iteration"] == 8 and RunDir(tmp_path / "run").finished()["iterations"] == 8
 
 
+@pytest.mark.slow
 def test_a_learn_stopped_between_the_record_and_the_checkpoint_repeats_one_segment(straight_learn, kuka_store, tmp_path,
                                                                                     monkeypatch):
     cfg = _learn_cfg(kuka_store.path)
@@ -414,6 +418,7 @@ def test_a_learn_stopped_between_the_record_and_the_checkpoint_repeats_one_segme
     _assert_same_learner(tmp_path / "run", straight_learn)
 
 
+@pytest.mark.slow
 def test_a_learn_killed_by_sigkill_is_continued_by_the_same_command(straight_learn, kuka_store, tmp_path):
     out = tmp_path / "run"
     argv = ["learn", "--store", str(kuka_store.path), "--problem", "kuka", "--learner", "svi", "--iterations", "8",
@@ -500,6 +505,7 @@ def test_report_and_load_of_a_stopped_learn_refuse_with_how_to_continue(kuka_sto
         load(out)  # its checkpoint holds the learner of iteration 4
 
 
+@pytest.mark.slow
 def test_inspect_and_report_of_a_finished_learn(straight_learn, capsys):
     assert main(["inspect", str(straight_learn)]) == 0
     text = capsys.readouterr().out
@@ -510,6 +516,7 @@ def test_inspect_and_report_of_a_finished_learn(straight_learn, capsys):
     assert learner.t == 8
 
 
+@pytest.mark.slow
 def test_inspect_and_report_of_a_stopped_replay(kuka_store, tmp_path, capsys):
     cfg = _replay_cfg(kuka_store.path, learners=["svi", "svdgp", "exact"], sizes={"svi": {"m": 8}, "svdgp": {"m_alpha": 16, "m_beta": 4}})
     _stopped_replay(cfg, tmp_path / "run", at=2, learner="svdgp")
@@ -568,6 +575,7 @@ def test_warnings_do_not_hide_a_clean_resume(kuka_store, tmp_path):
     assert finals["svi"]["iteration"] == 4
 
 
+@pytest.mark.slow
 def test_the_store_a_learn_run_names_is_checked_before_it_is_reused(straight_learn, kuka_store):
     from gpdyn.experiments.control_arm import run_store
 
@@ -578,6 +586,7 @@ def test_the_store_a_learn_run_names_is_checked_before_it_is_reused(straight_lea
         run_store(straight_learn)
 
 
+@pytest.mark.slow
 def test_a_stopped_stream_learn_says_so_in_rows_and_streams_again(tmp_path, monkeypatch, capsys):
     from gpdyn.experiments import stream
     from gpdyn.gp.prequential import StreamProtocol

@@ -28,6 +28,7 @@ def _run(cfg, out, **kw):
     return run, replay(cfg, run, problem=problem, progress=False, **kw)
 
 
+@pytest.mark.slow
 def test_two_learners_complete_report(kuka_store, tmp_path):
     run, finals = _run(_config(kuka_store), tmp_path / "run")
     write_report(run.path)
@@ -59,6 +60,7 @@ def test_two_learners_complete_report(kuka_store, tmp_path):
         (n, m) for n in ("svdgp", "svi") for m in ("nmse", "vlb", "nll", "msll", "coverage")}
 
 
+@pytest.mark.slow
 def test_a_run_recorded_without_calibration_scores_still_reports(kuka_store, tmp_path):
     import json
 
@@ -70,6 +72,7 @@ def test_a_run_recorded_without_calibration_scores_still_reports(kuka_store, tmp
     assert row.count("| – |") >= 2 and not (run.path / "nll.png").exists()
 
 
+@pytest.mark.slow
 def test_interrupted_replay_resumes_to_the_same_numbers(kuka_store, tmp_path):
     cfg = _config(kuka_store)
     _, straight = _run(cfg, tmp_path / "straight")
@@ -111,6 +114,7 @@ def test_bad_replay_settings(kuka_store, tmp_path):
         _run(_config(kuka_store, iterations=4, seed=9), tmp_path / "run")
 
 
+@pytest.mark.slow
 def test_checkpoints_keep_the_protocol_settings_and_eval_subset(kuka_store, tmp_path):
     import torch
 
@@ -132,6 +136,7 @@ def test_checkpoints_keep_the_protocol_settings_and_eval_subset(kuka_store, tmp_
     assert "subset of 7 held-out rows" in (run.path / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_step_size_selection_picks_the_best_probe_and_does_not_disturb_the_run(kuka_store, tmp_path):
     import json
 
@@ -211,6 +216,7 @@ def test_the_default_preset_fits_the_device_and_config_records_every_learners_si
 
 
 @pytest.mark.parametrize("protocol", ["block", "split"])
+@pytest.mark.slow
 def test_block_and_split_protocols_replay_on_iid_minibatches(protocol, tmp_path):
     from scipy.io import savemat
 

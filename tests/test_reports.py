@@ -140,6 +140,7 @@ def _outputs(folder: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("kind", list(EXPECTED))
+@pytest.mark.slow
 def test_every_run_folder_reports_its_sections_and_plots_the_same_twice(kind, request, capsys) -> None:
     folder: Path = request.getfixturevalue(kind)
     assert main(["report", str(folder)]) == 0
@@ -169,6 +170,7 @@ def test_a_control_report_rewritten_from_its_folder_is_the_one_the_run_wrote(kin
     assert _outputs(copy) == written
 
 
+@pytest.mark.slow
 def test_reporting_a_learn_or_control_folder_imports_neither_torch_nor_mujoco(learn, walker, kuka, arm, tmp_path) -> None:
     """In a fresh interpreter (this one has both loaded): they take seconds of CPU that a report does not need."""
     probe = ("import json, sys\nfrom gpdyn.cli import main\n"
@@ -180,6 +182,7 @@ def test_reporting_a_learn_or_control_folder_imports_neither_torch_nor_mujoco(le
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [[0, 0, 0, 0], []]
 
 
+@pytest.mark.slow
 def test_walker_steps_record_the_torso_position_and_the_report_counts_falls(walker_zarr, tmp_path) -> None:
     """A torso three times heavier brings the TRPO walker down within its 130 steps."""
     out = tmp_path / "fall"

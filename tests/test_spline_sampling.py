@@ -37,6 +37,7 @@ def test_linear_spline_reproduces_linear_sequences():
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.2])
+@pytest.mark.slow
 def test_sampler_drives_a_slider_to_its_target(temperature):
     model = mujoco.MjModel.from_xml_string(SLIDER)
     data = mujoco.MjData(model)
@@ -72,6 +73,7 @@ def test_sampler_rollout_matches_the_plant_at_the_same_step():
         np.testing.assert_allclose(v[0, t], data.qvel, rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_walker_walks_with_the_true_model():
     record = walk(seed=0, steps=200, config=SamplerConfig(), cost=WalkingCost())
     assert not record["fell"] and record["length"] == 200

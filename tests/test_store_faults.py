@@ -121,6 +121,7 @@ def test_second_writer_in_this_process_is_refused(tmp_path):
     assert EpisodeStore.open(path).n_episodes == 4
 
 
+@pytest.mark.slow
 def test_writer_in_another_process_is_refused_by_name_and_pid(tmp_path, holder, capsys):
     path = _store(tmp_path / "s.zarr")
     other = holder("store", path)
@@ -185,6 +186,7 @@ def test_a_forked_child_neither_holds_nor_releases_the_parents_lock(tmp_path):
         os.waitpid(child, 0)
 
 
+@pytest.mark.slow
 def test_two_processes_racing_to_create_one_store(tmp_path):
     path = tmp_path / "race.zarr"
     code = (
@@ -262,6 +264,7 @@ DAMAGE = {
 
 
 @pytest.mark.parametrize("damage", DAMAGE)
+@pytest.mark.slow
 def test_damaged_episode_ends_chunk_is_corruption_and_nothing_is_trimmed(tmp_path, damage, capsys):
     path = _store(tmp_path / "s.zarr")
     DAMAGE[damage](_chunk(path, "meta/episode_ends"))
@@ -276,6 +279,7 @@ def test_damaged_episode_ends_chunk_is_corruption_and_nothing_is_trimmed(tmp_pat
 
 @pytest.mark.parametrize("damage", DAMAGE)
 @pytest.mark.parametrize("key", ["data/qvel", "data/done", "meta/seed"])
+@pytest.mark.slow
 def test_damaged_data_chunk_is_never_read_as_data(tmp_path, damage, key, capsys):
     path = _store(tmp_path / "s.zarr", lengths=(5, 6, 7), chunk_rows=4) if key.startswith("data") else _store(tmp_path / "s.zarr")
     index = 1 if key.startswith("data") else 0
@@ -377,6 +381,7 @@ ATTRIBUTE_CASES = {
 
 
 @pytest.mark.parametrize("case", ATTRIBUTE_CASES)
+@pytest.mark.slow
 def test_malformed_attributes_are_named(tmp_path, case, capsys):
     path = _store(tmp_path / "s.zarr")
     changes, message = ATTRIBUTE_CASES[case]
@@ -407,6 +412,7 @@ METADATA_CASES = {
 
 
 @pytest.mark.parametrize("case", METADATA_CASES)
+@pytest.mark.slow
 def test_garbage_zarr_metadata_is_named(tmp_path, case, capsys):
     path = _store(tmp_path / "s.zarr")
     name, content, message = METADATA_CASES[case]
@@ -537,6 +543,7 @@ EPISODE_CASES = {
 
 
 @pytest.mark.parametrize("case", EPISODE_CASES)
+@pytest.mark.slow
 def test_refused_append_writes_no_row(tmp_path, case):
     path = _store(tmp_path / "s.zarr")
     values, change, message = EPISODE_CASES[case]

@@ -139,6 +139,7 @@ def _final_csv(run: Path) -> dict[tuple[str, str], float]:
         return {(r["learner"], r["metric"]): float(r["mean"]) for r in csv.DictReader(f)}
 
 
+@pytest.mark.slow
 def test_replay_and_learn_run_the_stream_protocol(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     make_kuka_store(tmp_path / "k.zarr", offline=[], online=[300, 260]).close()
     common = ["--store", str(tmp_path / "k.zarr"), "--problem", "kuka", "--protocol", "stream", "--preset", "small",
@@ -182,6 +183,7 @@ def test_a_prior_mean_is_learned_around_and_added_back() -> None:
         prequential(RowSpy(3, 2), x, y, StreamProtocol(init_rows, chunk, warm_rows), prior=prior[:, :1], progress=False)
 
 
+@pytest.mark.slow
 def test_the_rigid_body_prior_leaves_friction_and_damping_to_the_learner(tmp_path: Path) -> None:
     """On a real (small) KUKA stream the rigid-body prior is the simulator's torque less the joint
     damping and dry friction, and a learner on its residual predicts far better than without it."""

@@ -122,6 +122,7 @@ def test_kl_gradients_match_proposition_2():
         torch.testing.assert_close(model.params["L"].grad, torch.tril(2 * grad_b @ lo))  # grad_L = 2 grad_B L
 
 
+@pytest.mark.slow
 def test_column_sampled_kl_is_unbiased():
     model, _, _ = _fitted_svdgp(40, 4, n_columns=8)
     with torch.no_grad():
@@ -150,6 +151,7 @@ def test_covariance_starts_off_the_saddle_at_l_zero():
     assert torch.count_nonzero(model.params["L"].grad) == 0
 
 
+@pytest.mark.slow
 def test_variance_learns_small_at_the_data_and_stays_the_prior_far_away():
     x, y, _, _ = sinc_data(200, noise=0.1)
     model = SVDGP(1, 1, m_alpha=64, m_beta=16, n_delta=8, n_columns=None, lr=0.1)
@@ -176,6 +178,7 @@ def _smooth_stream(n: int, d: int, rate: float = 1000.0) -> tuple[torch.Tensor, 
     return x, y
 
 
+@pytest.mark.slow
 def test_ordered_stream_from_scratch_learns_with_the_init_window():
     x, y = _smooth_stream(2048, 8)
     # 16 consecutive rows span 16 ms: their median trick is ~100x below the data's

@@ -56,6 +56,7 @@ def _reference(model: SVDGP, p: int) -> SVDGP:
 
 @pytest.mark.parametrize("scales", ["basis", "dim", "none"])
 @pytest.mark.parametrize("jacobi", [True, False])
+@pytest.mark.slow
 def test_predictions_equal_the_per_output_reference(scales, jacobi):
     model, x, y = _trained(scales, jacobi=jacobi)
     assert model.params["log_ls"].shape == (1, D) and model.params["alpha_z"].shape[0] == 1

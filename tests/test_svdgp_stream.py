@@ -97,6 +97,7 @@ def test_checkpoint_config_keeps_stream():
     assert _learner().config["stream"] is True
 
 
+@pytest.mark.slow
 def test_prequential_on_a_stationary_stream_learns():
     x, y = random_data(1200, 2, 2)
     protocol = StreamProtocol(init_rows=200, chunk=100, warm_rows=300, steps_per_chunk=2)

@@ -60,6 +60,7 @@ def test_online_residual_reduces_held_out_error_on_a_changed_plant() -> None:
 
 
 @pytest.mark.parametrize("model", ["residual", "parameters"])
+@pytest.mark.slow
 def test_short_online_run_learns_and_reports(model: str) -> None:
     config = WalkLearnedConfig(seeds=[0], steps=60, eval_every=30, eval_horizon=8, model=model,
                                residual=ResidualConfig(warmup=20))
@@ -106,6 +107,7 @@ def test_hybrid_rollout_is_nominal_step_plus_residual(residual: ResidualConfig) 
         np.testing.assert_allclose(got_v[:, t], vs, atol=1e-8)
 
 
+@pytest.mark.slow
 def test_force_residual_enters_the_rollout_as_applied_force_and_helps_a_weak_motor() -> None:
     """space="force": the residual is a generalized force of the action alone, applied inside each MuJoCo step;
     the rollout equals the planning model with that force in qfrc_applied, and on held-out transitions of the
@@ -156,6 +158,7 @@ def test_contact_force_target_recovers_a_weak_hip_where_the_inertia_inversion_sp
             ResidualConfig(**bad).validate()
 
 
+@pytest.mark.slow
 def test_online_check_keeps_a_residual_that_predicts_and_drops_one_that_does_not() -> None:
     """Each transition is predicted before it is learned: on a weak hip the residual beats the nominal plant
     and stays in use; on transitions whose difference from the nominal plant is noise no force of the action
@@ -180,6 +183,7 @@ def test_online_check_keeps_a_residual_that_predicts_and_drops_one_that_does_not
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.slow
 def test_online_check_margin_asks_the_residual_to_explain_a_share_of_the_error() -> None:
     """gate_margin: the residual stays in use only while its windowed error is below that share of the
     nominal plant's; a margin no residual can meet turns it off once the check has its first transitions."""

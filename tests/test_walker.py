@@ -36,6 +36,7 @@ def short_store(tmp_path_factory):
     return EpisodeStore.open(path)
 
 
+@pytest.mark.slow
 def test_short_collection_is_a_valid_store_of_raw_states(short_store):
     store = EpisodeStore.open(short_store.path)  # opening validates the schema
     assert store.n_episodes == 2 and store.n_rows == int(store.episode_lengths.sum()) > 0
@@ -55,6 +56,7 @@ def test_short_collection_is_a_valid_store_of_raw_states(short_store):
     np.testing.assert_allclose(store.episode_values("return"), [r.sum() for r in np.split(d["reward"][:, 0], store.episode_ends[:-1])])
 
 
+@pytest.mark.slow
 def test_replay_with_set_state_reproduces_the_next_state(short_store):
     d = _all(short_store)
     env = make_env()
@@ -68,6 +70,7 @@ def test_replay_with_set_state_reproduces_the_next_state(short_store):
     env.close()
 
 
+@pytest.mark.slow
 def test_same_seed_same_data_and_resume_equals_uninterrupted(short_store, tmp_path):
     # same seed, other worker count, collected in two calls: the same episodes, none duplicated
     path = tmp_path / "resumed.zarr"
@@ -83,6 +86,7 @@ def test_same_seed_same_data_and_resume_equals_uninterrupted(short_store, tmp_pa
         np.testing.assert_array_equal(resumed.episode_values(key), short_store.episode_values(key))
 
 
+@pytest.mark.slow
 def test_other_seed_other_data_and_mixed_settings_refused(short_store, tmp_path):
     path = tmp_path / "other.zarr"
     _collect(path, 1, envs=1, seed=4)
@@ -158,6 +162,7 @@ def test_integration_errors_trapezoid_beats_euler(short_store):
     assert errs["trapezoid"]["mean"].mean() < errs["forward_euler"]["mean"].mean()
 
 
+@pytest.mark.slow
 def test_render_writes_a_video_of_the_stored_states(short_store, tmp_path):
     import imageio.v2 as imageio
 

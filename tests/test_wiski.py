@@ -181,6 +181,7 @@ def test_checkpoint_round_trip_predicts_and_continues_identically():
         assert torch.equal(got, want)
 
 
+@pytest.mark.slow
 def test_online_learning_improves_the_fit():
     x, y = _data(300, seed=3)
     learner = WISKI(2, 2, grid_size=12, bounds=(-1, 1), lr=0.05, pretrain_iters=30)
@@ -391,6 +392,7 @@ def test_dense_additive_mean_equals_the_gather_at_nodes_cell_edges_and_far_out()
 
 
 @pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")), reason="torch.compile needs a C++ compiler")
+@pytest.mark.slow
 def test_compiled_mean_equals_the_gather_path_across_batch_sizes():
     """compiled_mean=True: the same means as the gather path (float64), for several chunk sizes
     (dynamic shapes), and predict's mean takes it too."""
@@ -468,6 +470,7 @@ def test_additive_checkpoint_round_trip_and_options_through_the_registry(tmp_pat
         other.load_state_dict(a.state_dict())
 
 
+@pytest.mark.slow
 def test_additive_learns_a_non_additive_function_better_than_the_paper_2d():
     """f = x0 x1 + sin(2 x2) on 6-D inputs: the additive kernel over axes and random directions
     (products are sums of squares of projections) beats one learned 2-D projection."""

@@ -123,7 +123,7 @@ def package_versions() -> dict[str, str]:
     from importlib import metadata
 
     versions = {"python": platform.python_version()}
-    for name in ("gpdyn", "numpy", "torch", "zarr", "mujoco", "gymnasium", "stable-baselines3", "sb3-contrib"):
+    for name in ("gpdyn", "numpy", "torch", "zarr", "mujoco", "mujoco-core", "gymnasium", "stable-baselines3", "sb3-contrib"):
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
