@@ -113,6 +113,7 @@ def test_signature_compiled_compiles_once_per_signature_then_falls_back():
     assert calls == [5, 3]
 
 
+@pytest.mark.slow
 def test_traced_compiles_only_what_declares_itself_traceable(monkeypatch):
     from gpdyn.compiled import traced
     from gpdyn.errors import InputError

@@ -191,6 +191,7 @@ def test_a_payload_without_a_payload_body_names_the_option_before_collecting(tmp
         ArmModel(REACHER, joints=REACHER_ARM, payload_body="nowhere")
 
 
+@pytest.mark.slow
 def test_the_rigid_body_prior_of_a_store_takes_its_joints(reacher_learned) -> None:
     store, _ = reacher_learned
     problem = load_problem(store, "arm")

@@ -449,6 +449,7 @@ def test_a_learn_killed_by_sigkill_is_continued_by_the_same_command(straight_lea
     assert _evals(out) == _evals(straight_learn)
 
 
+@pytest.mark.slow
 def test_the_same_learn_on_a_finished_folder_does_no_work(straight_learn, kuka_store):
     seen: list[int] = []
     before = (straight_learn / CHECKPOINT).read_bytes()

@@ -160,6 +160,7 @@ def test_every_run_folder_reports_its_sections_and_plots_the_same_twice(kind, re
 
 
 @pytest.mark.parametrize("kind", ["walker", "kuka", "arm"])
+@pytest.mark.slow
 def test_a_control_report_rewritten_from_its_folder_is_the_one_the_run_wrote(kind, request, tmp_path) -> None:
     folder: Path = request.getfixturevalue(kind)
     copy = shutil.copytree(folder, tmp_path / kind)
