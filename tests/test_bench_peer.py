@@ -19,6 +19,7 @@ from gpdyn.cli import main
 from gpdyn.errors import InputError
 from gpdyn.experiments import bench_learners as bl
 
+NEEDS_GPYTORCH = "needs the peer library GPyTorch: bash scripts/install_peer.sh gpytorch"
 TINY_PEER = {"gpytorch-svgp-16": ("gpytorch-svgp", {"m": 16})}
 
 
@@ -78,7 +79,7 @@ def _sine(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_peer_svgp_learns_a_smooth_function():
-    pytest.importorskip("gpytorch")
+    pytest.importorskip("gpytorch", reason=NEEDS_GPYTORCH)
     gen = torch.Generator().manual_seed(0)
     x, y = _sine(512, gen)
     x_test, y_test = _sine(256, gen)
@@ -101,14 +102,14 @@ def test_peer_svgp_learns_a_smooth_function():
 
 
 def test_peer_step_is_timed_on_the_bench_batch():
-    pytest.importorskip("gpytorch")
+    pytest.importorskip("gpytorch", reason=NEEDS_GPYTORCH)
     r = bl.bench_one("gpytorch-svgp", {"m": 16}, "cpu", torch.float64, 2)
     assert r["learner"] == "gpytorch-svgp" and r["counts"] == {"inducing": 16}
     assert r["step_s"] > 0 and r["step_cpu_s"] > 0 and r["predict_s"] > 0 and r["step_gpu_s"] is None
 
 
 def test_race_gives_every_learner_the_same_budget(kuka_store):
-    pytest.importorskip("gpytorch")
+    pytest.importorskip("gpytorch", reason=NEEDS_GPYTORCH)
     results = {name: bl.race_one(name, str(kuka_store.path), "kuka", "small", 0.4, "cpu", torch.float64, batch=32,
                                  peer_m=16)
                for name in ("svi", "gpytorch-svgp")}
@@ -124,7 +125,7 @@ def test_race_gives_every_learner_the_same_budget(kuka_store):
 
 
 def test_cli_peer_table_and_race(kuka_store, tmp_path, monkeypatch):
-    pytest.importorskip("gpytorch")
+    pytest.importorskip("gpytorch", reason=NEEDS_GPYTORCH)
     # the paper-size peer (M = 1024) takes seconds a step on a small CPU: time a tiny one here
     monkeypatch.setattr(bl, "PEER_CONFIGS", TINY_PEER)
     out = tmp_path / "run"

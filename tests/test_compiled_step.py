@@ -18,7 +18,7 @@ from gpdyn.robots.walker import LAYOUT
 
 D64 = torch.float64
 needs_compiler = pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
-                                    reason="torch.compile needs a C++ compiler")
+                                    reason="needs a C++ compiler (g++, c++ or clang++) for torch.compile")
 
 
 def _wiski(compiled_mean: bool) -> WISKI:

@@ -473,7 +473,7 @@ def test_walker_layout_matches_the_walker_1_problem(walker_zarr: Path) -> None:
     assert names[ACTION_INPUTS] == tuple(f"a{k}[t]" for k in range(NU))
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA (checks the refusal)")
 def test_control_walker_refuses_a_missing_gpu_before_collecting(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["control", "walker", "--learner", "svdgp", "--device", "cuda", "--out", str(tmp_path / "a")]) == 2
     assert "CUDA" in capsys.readouterr().err and not (tmp_path / "a").exists()

@@ -30,7 +30,7 @@ _spec = importlib.util.spec_from_file_location("crash_collectors", Path(__file__
 crash = sys.modules.setdefault(_spec.name, importlib.util.module_from_spec(_spec))  # dataclasses look it up there
 _spec.loader.exec_module(crash)
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds worker processes in /proc")
+pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs /proc (finds the worker processes there)")
 
 
 def _no_problems(counts: dict, lines: list[str]) -> None:

@@ -9,7 +9,7 @@ from gpdyn.cli import main
 from gpdyn.device import MAX_THREADS, dtype_name, resolve_device, resolve_dtype, set_threads, sync
 from gpdyn.errors import InputError
 
-no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA (checks the refusal)")
 
 
 def test_cpu_and_float64_by_default():

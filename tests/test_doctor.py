@@ -25,7 +25,7 @@ def test_doctor_prints_one_ok_or_missing_line_per_tool(capsys):
     assert "MUJOCO_GL" in lines["GL backend"]
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ on this machine")
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 def test_compiler_ok_names_it_and_the_native_kernel(monkeypatch):
     monkeypatch.setenv("CXX", "g++")
     monkeypatch.delenv("GPDYN_NATIVE", raising=False)

@@ -18,6 +18,8 @@ from gpdyn.control.mpc import MPPI, MPCConfig
 from gpdyn.errors import InputError
 from gpdyn.experiments import bench_mpc as bm
 
+NEEDS_PYTORCH_MPPI = "needs the peer library pytorch-mppi: bash scripts/install_peer.sh pytorch-mppi"
+
 
 def step_cost(nxt: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Cost of arriving at ``nxt`` under ``u`` (the form both planners take)."""
@@ -64,7 +66,7 @@ def test_double_integrator_is_the_walker_sized_trivial_model() -> None:
 
 
 def test_both_planners_drive_a_double_integrator_to_its_target() -> None:
-    PeerMPPI = pytest.importorskip("pytorch_mppi").MPPI
+    PeerMPPI = pytest.importorskip("pytorch_mppi", reason=NEEDS_PYTORCH_MPPI).MPPI
     torch.set_num_threads(1)
     torch.manual_seed(3)
     cfg = MPCConfig(horizon=15, samples=200, noise_std=0.5, temperature=0.05, control_cost=1.0)
@@ -83,7 +85,7 @@ def test_both_planners_drive_a_double_integrator_to_its_target() -> None:
 
 
 def test_peer_comparison_times_both_on_the_same_models(tmp_path) -> None:
-    pytest.importorskip("pytorch_mppi")
+    pytest.importorskip("pytorch_mppi", reason=NEEDS_PYTORCH_MPPI)
     torch.set_num_threads(1)
     rows = bm.peer_comparison(["orth"], 8, 3, 1, torch.device("cpu"), torch.float32, progress=lambda _: None)
     assert [r["model"] for r in rows] == [bm.TRIVIAL, "orth"]

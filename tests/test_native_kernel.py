@@ -18,7 +18,7 @@ F32, F64 = torch.float32, torch.float64
 #: of the features' inner products and sums, float64 rounding
 TOLERANCE = {F32: 2e-6, F64: 1e-13}
 needs_compiler = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None or not native.wanted(),
-                                    reason="the native kernel needs a C++ compiler (and GPDYN_NATIVE not off)")
+                                    reason="needs the C++ compiler $CXX (g++ by default) and GPDYN_NATIVE not 0: the native kernel")
 
 
 def _reference(u: torch.Tensor, v: torch.Tensor, vec: torch.Tensor) -> torch.Tensor:

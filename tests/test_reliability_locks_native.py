@@ -41,8 +41,8 @@ REPO = Path(__file__).resolve().parents[1]
 PYTHON = REPO / ".venv" / "bin" / "python"
 COMPILER = os.environ.get("CXX", "g++")
 needs_compiler = pytest.mark.skipif(shutil.which(COMPILER) is None,
-                                    reason=f"building the native kernel needs the C++ compiler {COMPILER} (g++ by default)")
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+                                    reason=f"needs the C++ compiler {COMPILER} ($CXX, g++ by default) to build the native kernel")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (gives a file to another user)")
 PRECIOUS = b"precious notes\n"
 
 
@@ -135,7 +135,7 @@ def _device(path: Path) -> None:
     try:
         os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))  # /dev/null's numbers
     except PermissionError:
-        pytest.skip("making a device file needs root (CAP_MKNOD)")
+        pytest.skip("needs root (CAP_MKNOD) to make a device file")
 
 
 @pytest.mark.parametrize("make, kind", [(_fifo, "a FIFO"), (_directory, "a directory"), (_socket, "a socket"),
@@ -360,7 +360,7 @@ def _plant_a_symbolic_link(planted, library, digest):
 
 def _plant_as_another_user(planted, library, digest):
     if os.geteuid() != 0:
-        pytest.skip("giving a file to another user needs root")
+        pytest.skip("needs root (gives a file to another user)")
     shutil.copy(planted, library)
     digest.write_text(_digest_of(planted))
     os.chown(library, 65534, 65534)
@@ -525,7 +525,7 @@ def _loadable(name: str) -> bool:
     return False
 
 
-@pytest.mark.skipif(_loadable("OSMesa"), reason="libOSMesa is installed here: the osmesa backend loads")
+@pytest.mark.skipif(_loadable("OSMesa"), reason="needs a machine without libOSMesa (checks the error when it is missing)")
 @pytest.mark.slow
 def test_render_with_osmesa_but_no_libosmesa_names_the_variable_and_the_package(tmp_path):
     done = _gpdyn("render", "--store", str(tmp_path / "missing.zarr"), "--episode", "0", "--out",

@@ -391,7 +391,7 @@ def test_dense_additive_mean_equals_the_gather_at_nodes_cell_edges_and_far_out()
     torch.testing.assert_close(dense, learner._fused_mean(xt)[0], rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")), reason="torch.compile needs a C++ compiler")
+@pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")), reason="needs a C++ compiler (g++, c++ or clang++) for torch.compile")
 @pytest.mark.slow
 def test_compiled_mean_equals_the_gather_path_across_batch_sizes():
     """compiled_mean=True: the same means as the gather path (float64), for several chunk sizes
