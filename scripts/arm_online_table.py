@@ -68,10 +68,10 @@ def main(argv: list[str] | None = None) -> int:
             r.update({k: float(r[k]) for k in ("after", "before", "cpu_ms", "cpu_ms_p95")}, seed=int(r["seed"]))
     else:
         rows = run_all(args)
-        with open(args.out / "runs.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+    with open(args.out / "runs.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
     changes, models = list(dict.fromkeys(r["change"] for r in rows)), list(dict.fromkeys(r["model"] for r in rows))
     ran = sorted({r["seed"] for r in rows})
     lines = [f"Seeds {ran[0]}-{ran[-1]} ({len(ran)}), the `online` controller of `control {rows[0]['robot']}`; RMSE after "
@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     for change in changes:
         for model in models:
             rs = [r for r in rows if r["change"] == change and r["model"] == model]
+            if not rs:  # a model run on some changes only
+                continue
             after = [r["after"] for r in rs]
             lines.append(f"| {change} | {model} | {np.median(after):.4f} | {np.max(after):.4f} | "
                          f"{np.median([r['before'] for r in rs]):.4f} | {np.mean([r['cpu_ms'] for r in rs]):.2f} | "
