@@ -97,6 +97,31 @@ def test_sigterm_is_a_flag_inside_the_context_and_the_old_handler_after() -> Non
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+def test_a_signal_before_the_collector_starts_reaches_its_check() -> None:
+    """The command's context (entered before its imports) and the collector's share one flag."""
+    before = signal.getsignal(signal.SIGINT)
+    with StopSignals() as command:
+        signal.raise_signal(signal.SIGINT)  # while torch or MuJoCo would be importing
+        with StopSignals() as collector:
+            assert collector.signum == signal.SIGINT
+            with pytest.raises(CollectionStopped) as stopped:
+                collector.check("0 kept")
+            assert stopped.value.exit_status == 130
+        assert signal.getsignal(signal.SIGINT) == command._handle  # the inner one restored nothing
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_collect_commands_run_inside_a_stop_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpdyn import cli
+
+    handlers = []
+    monkeypatch.setattr(cli, "_run", lambda args: handlers.append(signal.getsignal(signal.SIGINT)) or 0)
+    cli.main(["collect", "kuka", "--store", "unused.zarr"])
+    cli.main(["inspect", "unused"])  # not a collector: the handler it found
+    assert isinstance(getattr(handlers[0], "__self__", None), StopSignals)
+    assert handlers[1] is signal.getsignal(signal.SIGINT) and not isinstance(getattr(handlers[1], "__self__", None), StopSignals)
+
+
 @pytest.mark.slow
 def test_an_exception_in_a_worker_reaches_the_collector_after_it_commits(tmp_path: Path) -> None:
     from gpdyn.sim.policy import PolicyError

@@ -19,6 +19,7 @@ made and left holding nothing but its config is removed (:func:`gpdyn.runs.disca
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import sys
@@ -28,6 +29,7 @@ from gpdyn import __version__
 from gpdyn.cli import collect, control, jobs, logs
 from gpdyn.environment import check as check_environment
 from gpdyn.errors import InputError
+from gpdyn.sim.stopping import StopSignals
 
 EXIT_INPUT = 2
 
@@ -112,6 +114,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(done.code or 0)
     name = " ".join(str(getattr(args, k)) for k in ("command", "source", "format", "target", "robot") if getattr(args, k, None))
     logs.configure(args.log_level, f"gpdyn {name}")
+    # a collector stops between episodes on SIGTERM or SIGINT: from here on, so that one landing while torch or
+    # MuJoCo is imported (a C extension's import or callback aborts the process) waits for its first check too
+    stopping = StopSignals() if args.command == "collect" else contextlib.nullcontext()
+    with stopping:
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command of ``args`` with its errors as exit statuses (see :func:`main`)."""
     removed: list = []  # run folders the failed command made and left bare (gpdyn.runs.discard_empty_new_runs)
     try:
         check_environment()  # MUJOCO_GL and GPDYN_NATIVE, before MuJoCo or the native kernel reads them

@@ -13,7 +13,7 @@ from __future__ import annotations
 import signal
 import threading
 from types import FrameType
-from typing import Any
+from typing import Any, ClassVar
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -42,28 +42,47 @@ class StopSignals:
 
     The previous handlers come back on exit. A signal the process ignores stays ignored.
     Outside the main thread Python cannot install handlers: there the context does
-    nothing and the signals act as before.
+    nothing and the signals act as before. Contexts nest: an inner one shares the outermost
+    one's handlers and flag, so that a command can enter one before its imports (a signal
+    landing inside a C extension's import or callback aborts the process) and the
+    collector's own context still sees a signal that came during them.
     """
 
+    _outermost: ClassVar[StopSignals | None] = None
+
     def __init__(self) -> None:
-        self.signum: int | None = None
+        self._signum: int | None = None
+        self._outer: StopSignals | None = None
         self._previous: dict[int, Any] = {}
 
+    @property
+    def signum(self) -> int | None:
+        return self._outer.signum if self._outer is not None else self._signum
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.signum = signum
+        self._signum = signum
 
     def __enter__(self) -> StopSignals:
+        if StopSignals._outermost is not None:
+            self._outer = StopSignals._outermost
+            return self
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
                 # an ignored signal stays ignored: a shell starts background jobs with SIGINT ignored
                 if signal.getsignal(sig) is not signal.SIG_IGN:
                     self._previous[sig] = signal.signal(sig, self._handle)
+            StopSignals._outermost = self
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._outer is not None:
+            self._outer = None
+            return
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+        if StopSignals._outermost is self:
+            StopSignals._outermost = None
 
     def check(self, kept: str) -> None:
         """Raise :class:`CollectionStopped` if a stop signal came; ``kept`` says what the store holds."""
