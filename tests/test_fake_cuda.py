@@ -51,6 +51,7 @@ import numpy as np
 import pytest
 import torch
 from test_cuda_sync import OPTIONS, SYNC_FREE_OBSERVE
+from test_spline_sampling import SLIDER
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -441,18 +442,6 @@ def test_planner_on_a_fake_gpu(planner_name, options, monkeypatch):
         on_device(roll.actions, (K, H, NU))
 
 
-SLIDER = """
-<mujoco>
-  <option timestep="0.01"/>
-  <worldbody>
-    <body name="cart">
-      <joint name="x" type="slide" axis="1 0 0" damping="0.5"/>
-      <geom type="box" size="0.1 0.1 0.1" mass="1" contype="0" conaffinity="0"/>
-    </body>
-  </worldbody>
-  <actuator><motor joint="x" gear="1" ctrlrange="-1 1"/></actuator>
-</mujoco>
-"""
 #: the sampler plans on the host (numpy): per plan one copy of the start state and the
 #: controls to the device and one of the paths back (gpdyn.control.spline_sampling.LearnedForward)
 FORWARD_SYNCS = {"gpdyn.control.spline_sampling.LearnedForward.__call__":

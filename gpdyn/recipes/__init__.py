@@ -119,17 +119,8 @@ class RecipeText:
 
 
 @dataclass(frozen=True)
-class Recipe:
-    """A loaded, validated recipe; :meth:`build` makes its configs."""
-
-    name: str
-    robot: str
-    title: str
-    description: str
-    use: str
-    result: str
-    path: Path
-    values: dict[str, dict[str, Any]] = field(default_factory=dict)  # section -> key -> checked value
+class Recipe(RecipeText):
+    """A loaded, validated recipe (its ``values`` checked against the configs); :meth:`build` makes its configs."""
 
     def build(self, section: str = "config", **fixed: Any) -> Any:
         """A new config of ``section`` holding the recipe's values (``fixed``: fields the caller sets first)."""
@@ -187,7 +178,7 @@ def load_recipe(name: str, robot: str | None = None) -> Recipe:
     text = read_recipe(name, robot)
     values = {section: _check_section(text.path, text.robot, section, text.values.get(section, {}))
               for section in KINDS[text.robot]}
-    return Recipe(**{key: getattr(text, key) for key in (*METADATA, "path")}, values=values)
+    return Recipe(**{**vars(text), "values": values})
 
 
 def read_recipe(name: str, robot: str | None = None) -> RecipeText:
@@ -353,7 +344,7 @@ def show_value(value: Any) -> str:
     return str(value)
 
 
-def main_settings(recipe: Recipe | RecipeText) -> str:
+def main_settings(recipe: RecipeText) -> str:
     """The recipe's main settings (:data:`MAIN_SETTINGS` of its kind) that it sets, as ``key=value``."""
     shown = []
     for section, key in MAIN_SETTINGS.get(recipe.robot, ()):
@@ -367,7 +358,7 @@ def main_settings(recipe: Recipe | RecipeText) -> str:
     return " ".join(shown) or "the run config's defaults"
 
 
-def recipe_table(recipes: list[Recipe] | list[RecipeText]) -> str:
+def recipe_table(recipes: list[RecipeText]) -> str:
     """One line per recipe: its name (``*`` for a robot's default), robot, title and main settings."""
     header = ("NAME", "ROBOT", "SUMMARY", "MAIN SETTINGS")
     rows = [(r.name + (" *" if DEFAULT_RECIPES.get(r.robot) == r.name else ""), r.robot, r.title, main_settings(r))
@@ -377,7 +368,7 @@ def recipe_table(recipes: list[Recipe] | list[RecipeText]) -> str:
                      for row in (header, *rows))
 
 
-def describe(recipe: Recipe | RecipeText, width: int = 100) -> str:
+def describe(recipe: RecipeText, width: int = 100) -> str:
     """A recipe's listing: name, robot, title, description, use, result and its values."""
     import textwrap
 
