@@ -5,8 +5,10 @@ Algorithm 1, ``--preset cpu``, T iterations of N_m = 1024): once with ``wiski,sv
 additive structure, WISKI's default for D > 2) and once with ``wiski`` alone at
 ``structure=single`` (the paper's learned 2-D projection per output, WISKI Sec. 5.1).
 Every learner therefore sees the same T x 1024 streamed points. It then writes
-``OUT/report.md`` (nMSE and NLL, mean ± std over outputs at the last iteration, the ratio
-of each WISKI's nMSE to SVI's, the training wall seconds of the replay records) and ``OUT/results.json``.
+``OUT/table.md`` (nMSE and NLL, mean ± std over outputs at the last iteration, the ratio
+of each WISKI's nMSE to SVI's, the training wall seconds of the replay records),
+``OUT/results.json`` (those figures and each learner's resolved options) and
+``OUT/commands.txt`` (the commands it ran); the report around the table is written by hand.
 
     .venv/bin/python scripts/wiski_table.py --work /tmp/wiski --out docs/results/wiski-table \
         [--iterations 300] [--datasets sarcos,kuka,walker-1] [--size wiski.components=42 ...]
