@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 from gpdyn.data.store import EpisodeStore
-from gpdyn.sim.walker import collect_walker
+from gpdyn.sim.legged import collect_legged
+from gpdyn.robots.walker import WALKER
 
 
 def _rss_mib(pid: int) -> float:
@@ -72,7 +73,7 @@ def main() -> int:
 
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()
-    result = collect_walker(args.store, args.episodes, envs=args.envs, seed=args.seed, noise=args.noise, mix=args.mix)
+    result = collect_legged(WALKER, args.store, args.episodes, envs=args.envs, seed=args.seed, noise=args.noise, mix=args.mix)
     done.set()
     thread.join()
 

@@ -51,13 +51,14 @@ class Collector:
 
 
 def walker(episodes: int = 12, commit_seconds: float | None = None) -> Collector:
-    from gpdyn.sim.walker import collect_walker
+    from gpdyn.sim.legged import collect_legged
+    from gpdyn.robots.walker import WALKER
 
     options = dict(envs=2, seed=5, noise=0.05)
     args = ["collect", "walker", "--episodes", str(episodes), "--envs", "2", "--seed", "5", "--noise", "0.05"]
     if commit_seconds is not None:
         args += ["--commit-seconds", str(commit_seconds)]
-    return Collector("walker", args, lambda path: collect_walker(path, episodes, progress=False, **options), KINDS)
+    return Collector("walker", args, lambda path: collect_legged(WALKER, path, episodes, progress=False, **options), KINDS)
 
 
 def kuka(offline: int = 2000, online: int = 8000) -> Collector:

@@ -12,13 +12,14 @@ records a run.
 """
 import sys, time, numpy as np, torch
 from scipy.stats import spearmanr
-from gpdyn.control.loop import run_episode
+from gpdyn.sim.loop import run_episode
 from gpdyn.control.spline_sampling import SamplerConfig, SamplingController, SplineSampler, LearnedForward
 from gpdyn.control.dynamics import LearnedDynamics
 from gpdyn.data.problems import Normalizer
 from gpdyn.gp import make_learner
 from gpdyn.gp.training import pretrain_learner
-from gpdyn.robots.walker import DT, LAYOUT, WalkingCost, make_env, state_rows
+from gpdyn.robots.walker import DT, LAYOUT, make_env
+from gpdyn.robots.legged import WalkingCost, state_rows
 torch.set_num_threads(1)
 noise = 0.1
 class Noisy(SamplingController):

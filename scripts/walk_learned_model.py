@@ -8,7 +8,7 @@
 The sampler, cost, learned model, seeds, plant changes and controllers come from a
 ``walker-learned`` recipe (``--recipe``, default ``walker-learned-parameters``: gpdyn/recipes/);
 the options given here override its values. Each ``--changes`` item is CHANGE[:FACTOR] (a name
-of gpdyn.robots.walker.PLANT_CHANGES, or ``none`` for the nominal plant). The learned model is
+of the task's ``plant_changes``, or ``none`` for the nominal plant). The learned model is
 the nominal plant's MuJoCo planning model with its physical parameters identified online
 (``--model parameters``, gpdyn/control/identified_model.py) or plus a GP residual per planning
 step (``--model residual``, gpdyn/control/hybrid_model.py). Writes the run folder's

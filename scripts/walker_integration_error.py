@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gpdyn.data.store import EpisodeStore
 from gpdyn.robots.walker import QPOS_NAMES
-from gpdyn.sim.walker import integration_errors
+from gpdyn.sim.legged import integration_errors
 
 
 def main() -> int:

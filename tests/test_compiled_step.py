@@ -143,8 +143,9 @@ def test_compiled_planner_plans_as_the_eager_one_with_the_walker_cost_and_propos
     """MPC compiled=True: the walker cost and the TRPO proposal as compiled programs; the same plans (float64,
     same seed) as the eager planner, step after step with warm starts, through a learned WISKI model."""
     from gpdyn.control.mpc import MPCConfig, make_planner
-    from gpdyn.robots.walker import ACTION_HIGH, ACTION_LOW, NU, TorchPolicy, WalkerCost
-    from gpdyn.sim.policy import load_policy
+    from gpdyn.robots.walker import NU, WALKER
+    from gpdyn.robots.legged import ACTION_HIGH, ACTION_LOW, TorchPolicy
+    from gpdyn.robots.policy import load_policy
 
     proposal = TorchPolicy(load_policy(), "cpu", D64)
     dynamics = _dynamics(_wiski(True))
@@ -153,7 +154,7 @@ def test_compiled_planner_plans_as_the_eager_one_with_the_walker_cost_and_propos
     plans = []
     for compiled in (False, True):
         cfg = MPCConfig(horizon=6, samples=64, uncertainty="mean", compiled=compiled)
-        planner = make_planner("mppi", dynamics, WalkerCost(), [ACTION_LOW] * NU, [ACTION_HIGH] * NU, cfg,
+        planner = make_planner("mppi", dynamics, WALKER.cost(), [ACTION_LOW] * NU, [ACTION_HIGH] * NU, cfg,
                                proposal=proposal, dtype=D64, seed=4)
         assert (planner.cost is not None) and (type(planner.cost) is WalkerCost) != compiled
         plans.append(torch.stack([planner.plan(state)[0] for _ in range(3)]))

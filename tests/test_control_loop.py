@@ -29,7 +29,7 @@ from gpdyn.data.store import EpisodeStore
 from gpdyn.errors import InputError
 from gpdyn.gp import LEARNERS, make_learner
 from gpdyn.runs import RunDir
-from gpdyn.sim.policy import load_policy
+from gpdyn.robots.policy import load_policy
 
 TINY = {"samples": 8, "sim_samples": 4, "horizon": 3, "pretrain_iterations": 3, "pretrain_batch": 32, "progress": False}
 
@@ -201,14 +201,14 @@ def test_summarize_control_tables_several_seeds(walker_zarr: Path, tmp_path: Pat
 
 
 def test_plant_change_factor_scales_the_change_and_bad_factors_are_refused() -> None:
-    from gpdyn.robots.walker import apply_plant_change, make_env
+    from gpdyn.robots.walker import WALKER, make_env
 
     env = make_env()
     model = env.unwrapped.model
     gear = float(model.actuator_gear[0, 0])
-    assert apply_plant_change(model, "weak_motor", 0.3) == "right hip motor strength x0.3"
+    assert WALKER.apply_plant_change(model, "weak_motor", 0.3) == "right hip motor strength x0.3"
     assert float(model.actuator_gear[0, 0]) == pytest.approx(0.3 * gear)
-    assert apply_plant_change(model, "weak_motor") == "right hip motor strength x0.5"  # the default
+    assert WALKER.apply_plant_change(model, "weak_motor") == "right hip motor strength x0.5"  # the default
     assert float(model.actuator_gear[0, 0]) == pytest.approx(0.15 * gear)
     env.close()
     for bad in (0.0, -1.0, math.nan):
@@ -303,7 +303,8 @@ def test_tracking_cost_asks_a_weakened_motor_for_the_control_that_undoes_it() ->
     import copy
 
     from gpdyn.control.dynamics import SimDynamics, state_of
-    from gpdyn.robots.walker import FRAME_SKIP, NominalTrackingCost, apply_plant_change, make_env
+    from gpdyn.robots.walker import FRAME_SKIP, WALKER, make_env
+    from gpdyn.robots.legged import NominalTrackingCost
 
     env = make_env()
     env.reset(seed=3)
@@ -311,21 +312,21 @@ def test_tracking_cost_asks_a_weakened_motor_for_the_control_that_undoes_it() ->
     for _ in range(5):  # off the reset pose, feet on the ground or not
         env.step(0.3 * np.ones(6))
     nominal = SimDynamics(copy.deepcopy(sim.model), FRAME_SKIP)
-    apply_plant_change(sim.model, "weak_motor", 0.25)
+    WALKER.apply_plant_change(sim.model, "weak_motor", 0.25)
     weak = SimDynamics(sim.model, FRAME_SKIP)
     state = torch.as_tensor(state_of(sim.data))[None].expand(3, -1).contiguous()
     policy_action = torch.tensor([0.2, -0.1, 0.3, -0.2, 0.1, 0.0], dtype=torch.float64)
-    cost = NominalTrackingCost(nominal, lambda x: policy_action.expand(x.shape[0], -1))
+    cost = NominalTrackingCost(nominal, lambda x: policy_action.expand(x.shape[0], -1), WALKER.cost())
     undo = policy_action.clone()
     undo[0] /= 0.25  # four times the control on the hip at a quarter strength: the same torque
     candidates = torch.stack([policy_action, undo, -policy_action])
     costs, done = cost(state, candidates, weak(state, candidates))
     assert float(costs[1]) < 1e-10 < float(costs[0]) < float(costs[2])
     assert not bool(done.any())
-    same, _ = NominalTrackingCost(nominal, lambda x: policy_action.expand(x.shape[0], -1))(
+    same, _ = NominalTrackingCost(nominal, lambda x: policy_action.expand(x.shape[0], -1), WALKER.cost())(
         state, candidates, nominal(state, candidates))
     assert float(same[0]) == 0.0 and float(same[1]) > 0  # on the nominal plant the policy's own action is the best
-    priced, _ = NominalTrackingCost(nominal, lambda x: policy_action.expand(x.shape[0], -1), offset_weight=10.0)(
+    priced, _ = NominalTrackingCost(nominal, lambda x: policy_action.expand(x.shape[0], -1), WALKER.cost(), offset_weight=10.0)(
         state, candidates, weak(state, candidates))
     offsets = (candidates - policy_action).pow(2).sum(-1)
     torch.testing.assert_close(priced, costs + 10.0 * offsets)
@@ -362,9 +363,10 @@ def test_walker_tracking_cost_with_the_frozen_model_is_the_policy(walker_zarr: P
 
 
 def test_run_episode_collects_rows_applies_the_change_and_logs_each_step() -> None:
-    from gpdyn.control.controllers import PolicyController
-    from gpdyn.control.loop import BASE_ROWS, run_episode
-    from gpdyn.robots.walker import make_env, state_rows
+    from gpdyn.sim.loop import PolicyController
+    from gpdyn.sim.loop import BASE_ROWS, run_episode
+    from gpdyn.robots.walker import make_env
+    from gpdyn.robots.legged import state_rows
 
     policy = load_policy()
     logs: list[dict] = []
@@ -392,10 +394,11 @@ def test_run_episode_collects_rows_applies_the_change_and_logs_each_step() -> No
 
 
 def test_sim_dynamics_reproduces_the_environment_step() -> None:
-    from gpdyn.control.controllers import PolicyController
+    from gpdyn.sim.loop import PolicyController
     from gpdyn.control.dynamics import SimDynamics
-    from gpdyn.control.loop import run_episode
-    from gpdyn.robots.walker import FRAME_SKIP, make_env, state_rows
+    from gpdyn.sim.loop import run_episode
+    from gpdyn.robots.walker import FRAME_SKIP, make_env
+    from gpdyn.robots.legged import state_rows
 
     env = make_env()
     out = run_episode(env, PolicyController(load_policy().act), steps=6, reset_seed=5, rows=state_rows,

@@ -124,11 +124,12 @@ def test_collect_commands_run_inside_a_stop_context(monkeypatch: pytest.MonkeyPa
 
 @pytest.mark.slow
 def test_an_exception_in_a_worker_reaches_the_collector_after_it_commits(tmp_path: Path) -> None:
-    from gpdyn.sim.policy import PolicyError
-    from gpdyn.sim.walker import CollectConfig, _collect, collect_walker
+    from gpdyn.robots.policy import PolicyError
+    from gpdyn.sim.legged import CollectConfig, _collect, collect_legged
+    from gpdyn.robots.walker import WALKER
 
     path = tmp_path / "w.zarr"
-    collect_walker(path, 1, envs=1, progress=False)
+    collect_legged(WALKER, path, 1, envs=1, progress=False)
     store = EpisodeStore.open(path, mode="a")
     # the worker, not the collector, meets the missing policy file
     config = CollectConfig(policies=(tmp_path / "gone.pt",))

@@ -41,7 +41,8 @@ from gpdyn.control.dynamics import LearnedDynamics
 from gpdyn.control.mpc import MPCConfig, make_planner
 from gpdyn.data.problems import Normalizer
 from gpdyn.gp import LEARNERS, make_learner
-from gpdyn.robots.walker import ACTION_HIGH, ACTION_LOW, LAYOUT, NU, NX, TorchPolicy, WalkerCost
+from gpdyn.robots.walker import LAYOUT, NU, NX, WALKER
+from gpdyn.robots.legged import ACTION_HIGH, ACTION_LOW, TorchPolicy
 
 D, P = LAYOUT.input_dim, LAYOUT.nv  # the walker-1 model the planner uses: 23 -> 9
 N = 64  # rows per batch
@@ -175,13 +176,13 @@ def walker_planner(name: str, device: torch.device, dtype: torch.dtype, horizon:
     the small preset) with the Walker2d cost and the TRPO proposal, and a standing state.
     ``uncertainty="penalty"`` rolls out through ``predict`` (the cost uses the variance),
     ``"mean"`` through ``predict_mean``."""
-    from gpdyn.sim.policy import load_policy
+    from gpdyn.robots.policy import load_policy
 
     learner, _, _ = build(name, device, dtype)
     normalizer = Normalizer(np.zeros(D), np.ones(D), np.zeros(P), np.ones(P))
     dynamics = LearnedDynamics.from_learner(learner, normalizer, LAYOUT)
     cfg = MPCConfig(horizon=horizon, samples=K, uncertainty=uncertainty, var_weight=1.0)
-    planner = make_planner("mppi", dynamics, WalkerCost(), [ACTION_LOW] * NU, [ACTION_HIGH] * NU, cfg,
+    planner = make_planner("mppi", dynamics, WALKER.cost(), [ACTION_LOW] * NU, [ACTION_HIGH] * NU, cfg,
                            proposal=TorchPolicy(load_policy(), device, dtype), device=device, dtype=dtype, seed=0)
     state = torch.zeros(NX, device=device, dtype=dtype)
     state[1] = 1.25  # standing height

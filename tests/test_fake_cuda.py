@@ -56,12 +56,14 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpdyn.control.dynamics import LearnedDynamics, StateLayout
+from gpdyn.control.dynamics import LearnedDynamics
+from gpdyn.robots.layout import StateLayout
 from gpdyn.control.mpc import PLANNERS, MPCConfig, make_planner
 from gpdyn.control.spline_sampling import LearnedForward, SamplerConfig, SplineSampler
 from gpdyn.data.problems import Normalizer
 from gpdyn.gp import LEARNERS, make_learner
-from gpdyn.robots.walker import ACTION_HIGH, ACTION_LOW, LAYOUT, NU, NX, TorchPolicy, WalkerCost
+from gpdyn.robots.walker import LAYOUT, NU, NX, WALKER
+from gpdyn.robots.legged import ACTION_HIGH, ACTION_LOW, TorchPolicy
 
 DEVICE = torch.device("meta")  # the fake accelerator (module docs)
 DTYPE = torch.float32  # a GPU's default
@@ -412,13 +414,13 @@ PLANNER_CASES = [(name, "penalty", PENALTY) for name in PLANNERS] + [
 def test_planner_on_a_fake_gpu(planner_name, options, monkeypatch):
     """Two plans (the first and a warm-started one) and a rollout through a learned walker model
     with the TRPO proposal and critic; the rollout never syncs."""
-    from gpdyn.sim.policy import load_policy
+    from gpdyn.robots.policy import load_policy
 
     trpo = load_policy()  # read on the host, before the fake mode
     with fake_device() as monitor:
         dynamics = fake_walker_dynamics()
         policy = TorchPolicy(trpo, DEVICE, DTYPE)
-        cost = WalkerCost()
+        cost = WALKER.cost()
         state = torch.zeros(NX, device=DEVICE, dtype=DTYPE)
         state[1] = 1.25  # standing height
         cost(state[None], torch.zeros(1, NU, device=DEVICE, dtype=DTYPE), state[None])  # its per-device constants

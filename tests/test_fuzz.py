@@ -44,8 +44,9 @@ from gpdyn.data.store import EpisodeStore
 from gpdyn.errors import InputError
 from gpdyn.gp import LEARNERS, make_learner
 from gpdyn.gp.online import load_learner, save_learner
-from gpdyn.sim.policy import load_policy, save_policy
-from gpdyn.sim.walker import walker_fields
+from gpdyn.robots.policy import load_policy, save_policy
+from gpdyn.sim.legged import legged_fields
+from gpdyn.robots.walker import WALKER
 
 TIMEOUT = 30  # seconds a case may take before it counts as a hang
 ARM_XML = Path(__file__).parent / "data" / "three_link_arm.xml"
@@ -99,7 +100,7 @@ class World:
 
 
 def _walker_store(path: Path, env_id: str = "Walker2d-v5") -> Path:
-    fields = walker_fields()
+    fields = legged_fields(WALKER)
     store = EpisodeStore.create(path, fields, source="fuzz", env_id=env_id, dt=0.008, seed=0)
     rng = np.random.default_rng(0)
     store.append_episode({k: rng.normal(size=(6, f.width)).astype(f.dtype) for k, f in fields.items()})
@@ -109,7 +110,7 @@ def _walker_store(path: Path, env_id: str = "Walker2d-v5") -> Path:
 def _toy_policy(path: Path, **overrides: Any) -> Path:
     net = torch.nn.Sequential(torch.nn.Linear(17, 8), torch.nn.Tanh(), torch.nn.Linear(8, 6))
     kwargs = dict(hidden=[8], activation="tanh", obs_mean=np.zeros(17), obs_var=np.ones(17), clip_obs=10.0,
-                  epsilon=1e-8, act_low=-np.ones(6), act_high=np.ones(6))
+                  epsilon=1e-8, act_low=-np.ones(6), act_high=np.ones(6), env_id="Walker2d-v5")
     kwargs.update(overrides)
     return save_policy(path, net.state_dict(), **kwargs)
 

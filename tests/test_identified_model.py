@@ -16,7 +16,8 @@ from gpdyn.control.spline_sampling import SamplerConfig, SplineSampler
 from gpdyn.errors import InputError
 from gpdyn.experiments.walk_learned_model import WalkLearnedConfig, nominal_model, plant
 from gpdyn.recipes import load_recipe
-from gpdyn.robots.walker import DT, WalkingCost, apply_plant_change
+from gpdyn.robots.walker import DT, WALKER
+from gpdyn.robots.legged import WalkingCost
 
 FEET = ["foot_geom", "foot_left_geom"]
 
@@ -39,8 +40,8 @@ def test_parameters_name_every_body_gear_and_geom_and_apply_relative_changes() -
     theta[params.names.index("friction:foot_geom")] = -0.5
     changed = params.model(theta)
     expected = copy.deepcopy(model)
-    apply_plant_change(expected, "torso_mass", 1.3)
-    apply_plant_change(expected, "weak_motor", 0.3)
+    WALKER.apply_plant_change(expected, "torso_mass", 1.3)
+    WALKER.apply_plant_change(expected, "weak_motor", 0.3)
     expected.geom_friction[model.geom("foot_geom").id, 0] *= 0.5
     for name in ("body_mass", "body_inertia", "actuator_gear", "geom_friction"):
         np.testing.assert_allclose(getattr(changed, name), getattr(expected, name), rtol=1e-12)
@@ -49,7 +50,7 @@ def test_parameters_name_every_body_gear_and_geom_and_apply_relative_changes() -
 
 def test_identified_plan_is_the_true_models_plan_when_the_parameters_are_right() -> None:
     changed = nominal_model()
-    apply_plant_change(changed, "torso_mass", 1.3)
+    WALKER.apply_plant_change(changed, "torso_mass", 1.3)
     cfg = SamplerConfig()
     truth = SplineSampler(changed, WalkingCost(), DT, -1.0, 1.0, cfg)
     forward = IdentifiedForward(nominal_model(), DT, cfg.stride, cfg.integrator, IdentificationConfig(warmup=1))

@@ -135,9 +135,10 @@ def test_quiet_turns_the_bars_off(caplog) -> None:
 # ---------------------------------------------------------------------------- gpdyn render
 def _gait_store(path: Path, steps: int) -> Path:
     """A Walker2d store of one smooth made-up gait (rootx, rootz, rooty, six joint angles)."""
-    from gpdyn.sim.walker import walker_fields
+    from gpdyn.sim.legged import legged_fields
+    from gpdyn.robots.walker import WALKER
 
-    fields = walker_fields()
+    fields = legged_fields(WALKER)
     store = EpisodeStore.create(path, fields, source="test", env_id="Walker2d-v5", dt=0.008, seed=0)
     t = np.arange(steps + 1)[:, None]
     qpos = np.concatenate([0.01 * t, np.full_like(t, 1.2, dtype=float), 0.05 * np.sin(0.05 * t),
@@ -157,7 +158,7 @@ def _offscreen_or_skip(quality: str):
         from gpdyn.sim import render
     except InputError as err:
         pytest.skip(f"needs an OpenGL backend for MuJoCo (MUJOCO_GL=egl with libEGL, or osmesa): {err}")
-    env = make_env("Walker2d-v5", where="test")
+    env = make_env()
     try:
         return render._Offscreen(env.unwrapped.model, 64, 48, quality), env
     except InputError as err:

@@ -272,7 +272,7 @@ def test_policy_and_checkpoint_loads_refuse_an_old_torch(tmp_path, monkeypatch):
 
     from gpdyn.errors import InputError
     from gpdyn.gp.online import load_learner
-    from gpdyn.sim.policy import load_policy
+    from gpdyn.robots.policy import load_policy
 
     checkpoint = tmp_path / "checkpoint.pt"
     checkpoint.write_bytes(b"not read")

@@ -66,7 +66,7 @@ def test_the_defaults_are_the_documented_ones():
 
 def test_the_walker_sampling_recipe_is_the_planner_reported():
     from gpdyn.control.spline_sampling import SamplerConfig
-    from gpdyn.robots.walker import WalkingCost
+    from gpdyn.robots.legged import WalkingCost
 
     recipe = load_recipe("walker-true-model-walk", "walker-sampling")
     # the sampler's defaults with 14 samples, which plan within the 8 ms control period

@@ -24,8 +24,9 @@ from gpdyn.data.store import EpisodeStore
 from gpdyn.errors import InputError
 from gpdyn.gp import make_learner
 from gpdyn.gp.online import load_learner, save_learner
-from gpdyn.sim.policy import PolicyError, load_policy, save_policy
-from gpdyn.sim.walker import walker_fields
+from gpdyn.robots.policy import PolicyError, load_policy, save_policy
+from gpdyn.sim.legged import legged_fields
+from gpdyn.robots.walker import WALKER
 
 PACKAGE = Path(__file__).resolve().parents[1] / "gpdyn"
 
@@ -45,7 +46,7 @@ def _evil_module(folder: Path, marker: Path, name: str = "evilmod") -> None:
 
 
 def _walker_store(path: Path, env_id: str) -> EpisodeStore:
-    fields = walker_fields()
+    fields = legged_fields(WALKER)
     store = EpisodeStore.create(path, fields, source="test", env_id=env_id, dt=0.008, seed=0)
     rng = np.random.default_rng(0)
     store.append_episode({k: rng.normal(size=(4, f.width)).astype(f.dtype) for k, f in fields.items()})
@@ -66,12 +67,12 @@ def test_render_refuses_an_env_id_that_names_a_module(tmp_path, monkeypatch, cap
     assert not (tmp_path / "v.mp4").exists()
 
 
-@pytest.mark.parametrize("env_id", ["Hopper-v5", "evilmod:Walker2d-v5", "gymnasium.envs:Walker2d-v5", ""])
-def test_only_the_walker_id_makes_an_environment(env_id):
-    from gpdyn.robots.walker import make_env
+@pytest.mark.parametrize("env_id", ["Ant-v5", "evilmod:Walker2d-v5", "gymnasium.envs:Walker2d-v5", ""])
+def test_only_a_registered_tasks_id_makes_an_environment(env_id):
+    from gpdyn.robots.task import task_for_env
 
-    with pytest.raises(InputError, match="only 'Walker2d-v5'"):
-        make_env(env_id, where="test: env_id")
+    with pytest.raises(InputError, match="test: env_id .*no registered task"):
+        task_for_env(env_id, where="test: env_id")
 
 
 def test_a_policy_file_naming_another_environment_is_refused(tmp_path, monkeypatch):
@@ -143,11 +144,11 @@ def test_the_package_has_no_unsafe_loader():
                       r"(?<![\w.])(eval|exec)\(|yaml\.load\(|joblib\.load|dill\.|cloudpickle")
     # gymnasium.make imports the module an id names: only the walker's make_env calls it, with its check
     makes = _calls(r"\bgym(nasium)?\.make\(")
-    assert all(line.startswith(("gpdyn/robots/walker.py", "gpdyn/doctor.py")) for line in makes), makes
+    assert all(line.startswith(("gpdyn/robots/legged.py", "gpdyn/doctor.py")) for line in makes), makes
 
 
 def test_the_shipped_policy_and_checkpoints_still_load():
-    from gpdyn.sim.policy import shipped_checkpoints
+    from gpdyn.robots.walker import shipped_checkpoints
 
     for path in [None, *shipped_checkpoints()]:
         policy = load_policy(path)
@@ -217,7 +218,7 @@ def test_the_online_arm_controller_keeps_tracking_while_its_model_predicts_nan(t
     from synthetic import make_kuka_store
 
     from gpdyn.control.dynamics import LearnedModel
-    from gpdyn.control.loop import run_episode
+    from gpdyn.sim.loop import run_episode
     from gpdyn.experiments.control_arm import ArmRunConfig, _controller, _pretrained
     from gpdyn.robots.arm import pd_gains
     from gpdyn.robots.arm_env import ArmEnv

@@ -9,7 +9,7 @@ import pytest
 from gpdyn.control.spline_sampling import SamplerConfig, SamplingController, SplineSampler, linear_spline_matrix
 from gpdyn.errors import InputError
 from gpdyn.experiments.walk_true_model import walk
-from gpdyn.robots.walker import WalkingCost
+from gpdyn.robots.legged import WalkingCost
 
 # a unit mass on a frictionless slider, pushed by a motor of gear 1 (force in N)
 SLIDER = """

@@ -10,7 +10,8 @@ from gpdyn.control.hybrid_model import HybridForward, ResidualConfig
 from gpdyn.control.spline_sampling import SamplerConfig, SplineSampler
 from gpdyn.errors import InputError
 from gpdyn.experiments.walk_learned_model import WalkLearnedConfig, episode, nominal_model, plant
-from gpdyn.robots.walker import DT, WalkingCost
+from gpdyn.robots.walker import DT
+from gpdyn.robots.legged import WalkingCost
 from walker_transitions import transitions as _transitions
 
 torch.set_num_threads(1)

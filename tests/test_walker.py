@@ -10,17 +10,17 @@ import torch
 
 from gpdyn.data.store import EpisodeStore, StoreError
 from gpdyn.errors import InputError
-from gpdyn.sim.policy import SHIPPED_POLICY, PolicyError, load_policy, save_policy
-from gpdyn.robots.walker import make_env
-from gpdyn.sim.walker import collect_walker, integration_errors, walker_fields
+from gpdyn.robots.policy import SHIPPED_POLICY, PolicyError, load_policy, save_policy
+from gpdyn.robots.walker import WALKER, make_env
+from gpdyn.sim.legged import collect_legged, integration_errors, legged_fields
 
-FIELDS = tuple(walker_fields())
+FIELDS = tuple(legged_fields(WALKER))
 NOISE = 0.1  # exercises the per-episode noise generator in every seeding test
 
 
 def _collect(path, episodes, **kw):
     kw.setdefault("noise", NOISE)
-    return collect_walker(path, episodes, progress=False, **kw)
+    return collect_legged(WALKER, path, episodes, progress=False, **kw)
 
 
 def _all(store: EpisodeStore) -> dict[str, np.ndarray]:
@@ -102,7 +102,7 @@ def _toy_policy(path, obs_dim: int, act_dim: int):
     net = torch.nn.Sequential(torch.nn.Linear(obs_dim, 8), torch.nn.Tanh(), torch.nn.Linear(8, act_dim))
     return save_policy(
         path, net.state_dict(), hidden=[8], activation="tanh", obs_mean=np.zeros(obs_dim), obs_var=np.ones(obs_dim),
-        clip_obs=10.0, epsilon=1e-8, act_low=-np.ones(act_dim), act_high=np.ones(act_dim),
+        clip_obs=10.0, epsilon=1e-8, act_low=-np.ones(act_dim), act_high=np.ones(act_dim), env_id="Walker2d-v5",
     )
 
 
@@ -119,7 +119,7 @@ def test_mismatched_policy_fails_clearly(tmp_path):
         load_policy(path3, env=env)
     env.close()
     with pytest.raises(PolicyError, match="hopper.pt"):
-        collect_walker(tmp_path / "s.zarr", 1, policies=[path], progress=False)
+        collect_legged(WALKER, tmp_path / "s.zarr", 1, policies=[path], progress=False)
     assert not (tmp_path / "s.zarr").exists()
     assert isinstance(PolicyError("x"), InputError)
     with pytest.raises(PolicyError, match="no such policy file"):
@@ -148,9 +148,9 @@ def test_loading_never_unpickles_objects(tmp_path):
 def test_collect_rejects_bad_arguments(tmp_path):
     for kwargs, word in (({"envs": 0}, "envs"), ({"noise": -1.0}, "noise"), ({"noise": float("nan")}, "noise")):
         with pytest.raises(InputError, match=word):
-            collect_walker(tmp_path / "x.zarr", 1, progress=False, **kwargs)
+            collect_legged(WALKER, tmp_path / "x.zarr", 1, progress=False, **kwargs)
     with pytest.raises(InputError, match="episodes"):
-        collect_walker(tmp_path / "x.zarr", 0, progress=False)
+        collect_legged(WALKER, tmp_path / "x.zarr", 0, progress=False)
 
 
 def test_integration_errors_trapezoid_beats_euler(short_store):
@@ -209,7 +209,7 @@ def test_shipped_critic_estimates_the_policys_discounted_return(tmp_path):
 
 
 def test_torch_policy_acts_as_the_numpy_policy_with_its_fast_tanh():
-    from gpdyn.robots.walker import FastTanh, TorchPolicy
+    from gpdyn.robots.legged import FastTanh, TorchPolicy
 
     x = torch.linspace(-20, 20, 4001, dtype=torch.float64)
     torch.testing.assert_close(FastTanh()(x), torch.tanh(x), rtol=0, atol=1e-15)
@@ -232,7 +232,8 @@ def test_torch_policy_acts_as_the_numpy_policy_with_its_fast_tanh():
 def test_walker_cost_and_policy_observation_equal_their_reference_formulas_exactly():
     """WalkerCost's in-place evaluation and TorchPolicy's folded observation clip compute the
     Walker2d-v5 formulas to the last bit, on the interval bounds, at NaN and past the clips."""
-    from gpdyn.robots.walker import OBS_CLIP, TorchPolicy, WalkerCost, observation
+    from gpdyn.robots.walker import WALKER
+    from gpdyn.robots.legged import OBS_CLIP, TorchPolicy
 
     gen = torch.Generator().manual_seed(0)
     policy = load_policy()
@@ -245,7 +246,7 @@ def test_walker_cost_and_policy_observation_equal_their_reference_formulas_exact
         nxt[4:8, 2] = torch.tensor([-1.0, 1.0, float("nan"), 0.0])  # on the angle's bounds, NaN
         state[8, 10], state[9, 12] = 1e4, float("nan")  # past the observation's qvel clip, NaN
         action = torch.randn(400, 6, generator=gen, dtype=dtype)
-        for cost in (WalkerCost(), WalkerCost(forward_reward_weight=0.7, ctrl_cost_weight=0.1, healthy_reward=2.5)):
+        for cost in (WALKER.cost(), WALKER.cost(forward_reward_weight=0.7, ctrl_cost_weight=0.1, healthy_reward=2.5)):
             z, angle = nxt[:, 1], nxt[:, 2]
             ok = ((z > cost.healthy_z[0]) & (z < cost.healthy_z[1])
                   & (angle > cost.healthy_angle[0]) & (angle < cost.healthy_angle[1]))
@@ -258,14 +259,14 @@ def test_walker_cost_and_policy_observation_equal_their_reference_formulas_exact
         torch_policy = TorchPolicy(policy, "cpu", dtype)
         s = state.clone()
         s[s.isnan()] = 0.0
-        want_obs = ((observation(s) - torch_policy.mean) / torch_policy.scale).clamp(-policy.clip_obs, policy.clip_obs)
+        want_obs = ((WALKER.observation(s) - torch_policy.mean) / torch_policy.scale).clamp(-policy.clip_obs, policy.clip_obs)
         assert torch.equal(torch_policy._normalized_obs(s), want_obs)
-        assert bool((observation(s)[:, 8:].abs() == OBS_CLIP).any())  # the qvel clip was exercised
+        assert bool((WALKER.observation(s)[:, 8:].abs() == OBS_CLIP).any())  # the qvel clip was exercised
         assert torch.isnan(torch_policy._normalized_obs(state)[9]).any()  # NaN stays NaN
 
 
 def test_fast_net_folds_tanh_into_the_linear_layers_and_computes_the_same_function():
-    from gpdyn.robots.walker import FastTanh, _fast_net
+    from gpdyn.robots.legged import FastTanh, _fast_net
 
     torch.manual_seed(0)
     x = 3.0 * torch.randn(64, 5, dtype=torch.float64)

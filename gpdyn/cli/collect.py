@@ -1,7 +1,7 @@
 """`gpdyn collect` and `gpdyn import`: the commands that fill an episode store, and their handlers.
 
 The handlers turn parsed options into calls of the stages' plain functions
-(:func:`gpdyn.sim.walker.collect_walker`, :func:`gpdyn.sim.arm.collect_arm`, the
+(:func:`gpdyn.sim.legged.collect_legged`, :func:`gpdyn.sim.arm.collect_arm`, the
 importers); the stages are imported only when a command runs, so ``--help`` stays fast.
 """
 
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpdyn.cli.common import (COUNT, NON_NEGATIVE, NON_NEGATIVE_INT, NON_NEGATIVE_LIST, POSITIVE, POSITIVE_LIST, Number,
+from gpdyn.cli.common import (LEGGED_TASKS, COUNT, NON_NEGATIVE, NON_NEGATIVE_INT, NON_NEGATIVE_LIST, POSITIVE, POSITIVE_LIST, Number,
                               RegistryNames, add_out, add_seed, comma_list)
 
 if TYPE_CHECKING:
@@ -64,16 +64,14 @@ def arm_from_args(args: argparse.Namespace) -> Any:
                     **terms)
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
-    collect = sub.add_parser("collect", help="collect episodes into a store").add_subparsers(
-        dest="source", metavar="SOURCE", required=True, help="what the episodes come from"
-    )
-    p = collect.add_parser("walker", help="Walker2d rollouts of a TRPO policy")
+def _add_legged_parser(collect: argparse._SubParsersAction, task: str) -> None:
+    """``gpdyn collect TASK`` for a legged task: rollouts of its policy."""
+    p = collect.add_parser(task, help=f"{task} rollouts of a policy (the task's shipped TRPO policy by default)")
     p.add_argument("--store", type=Path, required=True, help="zarr store (created, or continued if it exists)")
     p.add_argument("--episodes", type=COUNT, required=True, help="total episodes the store should hold")
     p.add_argument(
         "--policy", type=Path, action="append", default=None,
-        help="policy file (default: the shipped policy); repeat it to cycle episodes over several policies",
+        help="policy file (default: the task's shipped policy); repeat it to cycle episodes over several policies",
     )
     p.add_argument(
         "--mix", action="store_true",
@@ -89,7 +87,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "cost in speed); a crash loses the episodes running and those finished since")
     p.add_argument("--video", type=Path, default=None, help="also write an MP4 of the first episode")
     add_out(p)
-    p.set_defaults(handler="gpdyn.cli.collect:collect_walker")
+    p.set_defaults(handler="gpdyn.cli.collect:collect_legged", task=task)
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    collect = sub.add_parser("collect", help="collect episodes into a store").add_subparsers(
+        dest="source", metavar="SOURCE", required=True, help="what the episodes come from"
+    )
+    for task in LEGGED_TASKS:
+        _add_legged_parser(collect, task)
 
     for robot, text in (("kuka", "simulated KUKA iiwa inverse-dynamics stream"),
                         ("arm", "inverse-dynamics stream of any arm given as an MJCF file")):
@@ -153,21 +159,22 @@ def _report_stop(args: argparse.Namespace, stopped: CollectionStopped) -> int:
     return stopped.exit_status
 
 
-def collect_walker(args: argparse.Namespace) -> int:
-    """``gpdyn collect walker``: fill a store, print a summary, optionally render a video."""
+def collect_legged(args: argparse.Namespace) -> int:
+    """``gpdyn collect walker|hopper``: fill a store, print a summary, optionally render a video."""
     from gpdyn.data.store import EpisodeStore
     from gpdyn.errors import InputError
     from gpdyn.cli.common import run_for_args
     from gpdyn.sim.stopping import CollectionStopped
-    from gpdyn.sim.walker import collect_walker as collect
+    from gpdyn.robots.task import get_task
+    from gpdyn.sim.legged import collect_legged as collect
 
     try:
         every = {} if args.commit_seconds is None else {"commit_seconds": args.commit_seconds}
-        result = collect(args.store, args.episodes, policies=args.policy, mix=args.mix, noise=args.noise,
+        result = collect(get_task(args.task), args.store, args.episodes, policies=args.policy, mix=args.mix, noise=args.noise,
                          envs=args.envs, seed=args.seed, **every)
     except CollectionStopped as stopped:
         return _report_stop(args, stopped)
-    run_for_args("collect-walker", args).log(**result)
+    run_for_args(f"collect-{args.task}", args).log(**result)
     # the summary, the torque table and the per-file lines below are the command's result: stdout, not the log
     print(
         f"{result['store']}: {result['episodes']} episodes, {result['rows']} transitions "
@@ -254,5 +261,5 @@ def import_files(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["FAMILY_NAMES", "IMPORT_UNITS", "add_arm_options", "add_parsers", "arm_from_args", "collect_arm", "collect_walker",
+__all__ = ["FAMILY_NAMES", "IMPORT_UNITS", "add_arm_options", "add_parsers", "arm_from_args", "collect_arm", "collect_legged",
            "import_files"]

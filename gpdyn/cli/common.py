@@ -55,7 +55,10 @@ class RegistryNames(Sequence[str]):
 
 LEARNER_NAMES = RegistryNames("gpdyn.gp", "LEARNERS", ("svdgp", "orth", "orthnat", "svi", "ivsgpr", "vsgpr", "gpr",
                                                         "wiski", "exact", "residual", "ssgp", "rls"))
-PROBLEM_NAMES = RegistryNames("gpdyn.data.problems", "PROBLEMS", ("walker-1", "walker-2", "kuka", "arm"))
+PROBLEM_NAMES = RegistryNames("gpdyn.robots.tasks", "PROBLEMS", ("kuka", "arm", "walker-1", "walker-2", "hopper-1",
+                                                                "hopper-2"))
+#: the legged tasks (``collect``/``control`` subcommands): gpdyn.robots.task.BUILTIN_TASKS
+LEGGED_TASKS = RegistryNames("gpdyn.robots.task", "BUILTIN_TASKS", ("walker", "hopper"))
 PRESET_NAMES = RegistryNames("gpdyn.gp", "PRESETS", ("small", "cpu", "paper"))
 PROTOCOL_NAMES = RegistryNames("gpdyn.data.problems", "PROTOCOLS", ("iid", "ordered", "block", "split", "stream"))
 DTYPE_NAMES = RegistryNames("gpdyn.device", "DTYPES", ("float32", "float64"))

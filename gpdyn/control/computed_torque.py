@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from gpdyn.control.dynamics import LearnedModel
-from gpdyn.control.loop import Controller
+from gpdyn.sim.loop import Controller
 from gpdyn.errors import InputError
 from gpdyn.robots.arm import inverse_dynamics
 

@@ -1,6 +1,6 @@
-"""Controllers for :func:`gpdyn.control.loop.run_episode`: a fixed policy, and MPC on any model.
+"""Controllers for :func:`gpdyn.sim.loop.run_episode` that plan: MPC on any model (the fixed
+policy's, :class:`~gpdyn.sim.loop.PolicyController`, lives with the loop).
 
-- :class:`PolicyController`: a policy ``obs -> action`` (e.g. the TRPO walking policy).
 - :class:`MPCController`: a planner of :mod:`gpdyn.control.mpc` built for each episode from
   its environment (so that a true-model planner plans on the episode's own plant), fed the
   robot's planning state. With a learned forward model (:class:`~gpdyn.control.dynamics.LearnedDynamics`)
@@ -12,7 +12,7 @@
   episode); the episode goes on, and the planner's own checks keep a non-finite
   prediction away from the actuators.
 
-Both log the robot's ``x_position`` after every step where the environment reports it
+It logs the robot's ``x_position`` after every step where the environment reports it
 (Walker2d's step info does): the distance walked, for the control report's plots.
 """
 
@@ -26,26 +26,8 @@ import numpy as np
 import torch
 
 from gpdyn.control.dynamics import LearnedDynamics
-from gpdyn.control.loop import Controller
+from gpdyn.sim.loop import Controller, position
 from gpdyn.control.mpc import MPPI, Planner
-
-
-def _position(info: Mapping[str, Any]) -> dict[str, float]:
-    """The robot's x position after the step, where the environment's step info has it."""
-    return {"x_position": float(info["x_position"])} if "x_position" in info else {}
-
-
-class PolicyController(Controller):
-    """A fixed policy: ``policy(obs) -> action``; it neither plans nor learns."""
-
-    def __init__(self, policy: Callable[[np.ndarray], np.ndarray], name: str = "policy") -> None:
-        self.policy, self.name = policy, name
-
-    def act(self, obs: np.ndarray, info: Mapping[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
-        return self.policy(obs), {}
-
-    def observe(self, obs: np.ndarray, action: np.ndarray, next_obs: np.ndarray, info: Mapping[str, Any]) -> dict[str, Any]:
-        return _position(info)
 
 
 class MPCController(Controller):
@@ -101,14 +83,14 @@ class MPCController(Controller):
 
     def observe(self, obs: np.ndarray, action: np.ndarray, next_obs: np.ndarray, info: Mapping[str, Any]) -> dict[str, Any]:
         if self.model is None:
-            return _position(info)
+            return position(info)
         state, next_state = self._tensor(self._state)[None], self._tensor(self.state(self.env))[None]
         act = self._tensor(action)[None]
         with torch.no_grad():
             velocity, variance = self.model.predict_velocity(state, act)
         err = velocity[0] - next_state[0, self.model.layout.nq :]
         record: dict[str, Any] = {"model_rmse": float(err.pow(2).mean().sqrt()), "pred_variance": float(variance.sum()),
-                                  **_position(info)}
+                                  **position(info)}
         if self.updater is not None:
             t0 = time.perf_counter()
             metrics = self.updater(*self.model.training_pair(state, act, next_state))
@@ -134,4 +116,4 @@ class MPCController(Controller):
         return out
 
 
-__all__ = ["MPCController", "PolicyController"]
+__all__ = ["MPCController"]

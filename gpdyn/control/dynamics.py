@@ -8,9 +8,8 @@
   state persists" instead of reverting to the training mean), and ``predict`` adds them back.
   Every controller's learned model is one: the walker's forward dynamics below, the arm's
   inverse dynamics (computed torque).
-- :class:`StateLayout`: how a robot's planning state ``[qpos (nq), qvel (nv)]`` and action
-  become a model input ``[qpos[position_inputs], qvel, action]``, and the control step ``dt``.
-  Each robot gives its own (e.g. :data:`gpdyn.robots.walker.LAYOUT`).
+- the robot's :class:`~gpdyn.robots.layout.StateLayout` (its own module) says how a planning
+  state and action become a model input.
 - :class:`LearnedDynamics`: forward dynamics from a learned model of the next velocities;
   positions follow by the trapezoid rule ``q' = q + dt/2 (v + v')``.
 - :class:`SimDynamics`: the true simulator as a batched model (``mujoco.rollout`` from
@@ -27,7 +26,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import mujoco
@@ -39,6 +37,7 @@ from gpdyn.compiled import SignatureCompiled, compile_errors
 from gpdyn.data.problems import Normalizer
 from gpdyn.errors import InputError
 from gpdyn.gp.base import Learner, LearnerError, MeanProgram, NonFiniteError
+from gpdyn.robots.layout import StateLayout
 from gpdyn.sim.rollout_states import RolloutStates
 
 # What a forward model's learner predicts: "change" = qvel[t+1] - qvel[t] (delta target),
@@ -161,65 +160,6 @@ class LearnedModel:
     def diagnostics(self) -> dict[str, float]:
         """The learner's counters (see :meth:`gpdyn.gp.base.Learner.diagnostics`)."""
         return self.learner.diagnostics()
-
-
-@dataclass(frozen=True)
-class StateLayout:
-    """A robot's planning state ``[qpos (nq), qvel (nv)]``, its action (nu), control step ``dt``, and
-    the forward model's input ``[qpos[position_inputs], qvel, action]``.
-
-    ``position_inputs`` leaves out positions the dynamics do not depend on (Walker2d's x
-    position: the walker-1 problem drops it).
-    """
-
-    nq: int
-    nv: int
-    nu: int
-    dt: float
-    position_inputs: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        if min(self.nq, self.nv, self.nu) < 1 or not (np.isfinite(self.dt) and self.dt > 0):
-            raise InputError(f"StateLayout: need nq, nv, nu >= 1 and dt > 0, got {self.nq}, {self.nv}, {self.nu}, {self.dt}")
-        if any(not 0 <= i < self.nq for i in self.position_inputs):
-            raise InputError(f"StateLayout: position_inputs {self.position_inputs} outside the {self.nq} positions")
-
-    @property
-    def nx(self) -> int:
-        return self.nq + self.nv
-
-    @property
-    def input_dim(self) -> int:
-        return len(self.position_inputs) + self.nv + self.nu
-
-    @property
-    def velocity_inputs(self) -> slice:
-        """qvel's columns in the model input."""
-        return slice(len(self.position_inputs), len(self.position_inputs) + self.nv)
-
-    @property
-    def action_inputs(self) -> slice:
-        """The action's columns in the model input."""
-        start = len(self.position_inputs) + self.nv
-        return slice(start, start + self.nu)
-
-    def features(self, state: Tensor, action: Tensor) -> Tensor:
-        """The model input ``[qpos[position_inputs], qvel, action]`` of ``state [..., nx]``, ``action [..., nu]``."""
-        return torch.cat([state[..., self._positions], state[..., self.nq :], action.to(state.dtype)], dim=-1)
-
-    def integrate(self, state: Tensor, v1: Tensor) -> Tensor:
-        """The next state ``[q', v1]`` from ``state [..., nx]`` and the next velocities ``v1``, by the
-        trapezoid rule ``q' = q + dt/2 (v + v1)`` (needs ``nq == nv``)."""
-        q1 = state[..., : self.nq] + 0.5 * self.dt * (state[..., self.nq :] + v1)
-        return torch.cat([q1, v1], dim=-1)
-
-    @property
-    def _positions(self) -> slice | list[int]:
-        # a run of columns as a slice: a view, where a list of indices would copy in the planner's hot path
-        cols = list(self.position_inputs)
-        if cols and cols == list(range(cols[0], cols[0] + len(cols))):
-            return slice(cols[0], cols[0] + len(cols))
-        return cols
 
 
 class LearnedDynamics:

@@ -36,7 +36,7 @@ import mujoco
 import numpy as np
 from mujoco import rollout as mj_rollout
 
-from gpdyn.control.loop import Controller
+from gpdyn.sim.loop import Controller
 from gpdyn.errors import InputError
 from gpdyn.sim.rollout_states import RolloutStates
 
@@ -163,7 +163,7 @@ class SplineSampler:
 
 
 class SamplingController(Controller):
-    """:class:`SplineSampler` on the episode's own plant, as a :class:`gpdyn.control.loop.Controller`.
+    """:class:`SplineSampler` on the episode's own plant, as a :class:`gpdyn.sim.loop.Controller`.
 
     At each episode's start the planning model is copied from the environment's ``MjModel``
     (so a plant change made before the episode is in the model; one made during it is not:

@@ -5,9 +5,14 @@ name       x                                                           y
 =========  ==========================================================  =======
 walker-1   [qpos[1:], qvel, action] at t                        (23)   qvel at t+1 (9)
 walker-2   the walker-1 inputs at t-1 and at t                  (46)   qvel at t+1 (9)
+hopper-1   [qpos[1:], qvel, action] at t                        (14)   qvel at t+1 (6)
 kuka       [q, qd, qdd] at t                                    (21)   tau at t (7)
 arm        [q, qd, qdd] at t of any n-joint arm store             (3n)   tau at t (n)
 =========  ==========================================================  =======
+
+The arm problems are defined here; a legged robot's (``walker-1``, ``walker-2``,
+``hopper-1``) are registered by its task (:mod:`gpdyn.robots.tasks`), derived from its state
+layout, so that stored and live data are encoded by one description.
 
 Samples never cross an episode boundary. The protocols (:data:`PROTOCOLS`) differ in
 which samples are held out for testing:
@@ -94,19 +99,21 @@ class ProblemSpec:
         return max(0, length - (self.history - 1) - self.target_shift)
 
 
-_WALKER_IN = (("qpos", 1), ("qvel", 0), ("action", 0))
-_WALKER_WIDTHS = (("qpos", 9), ("qvel", 9), ("action", 6))
 _ARM_IN = (("q", 0), ("qd", 0), ("qdd", 0))
+#: the problems by name: the arms' here; each robot task registers its own (:func:`register_problem`,
+#: from its state layout: :meth:`gpdyn.robots.layout.StateLayout.problem_spec`)
 PROBLEMS: dict[str, ProblemSpec] = {
-    "walker-1": ProblemSpec(
-        "walker-1", _WALKER_IN, "qvel", history=1, target_shift=1, widths=_WALKER_WIDTHS, next_field="next_qvel"
-    ),
-    "walker-2": ProblemSpec(
-        "walker-2", _WALKER_IN, "qvel", history=2, target_shift=1, widths=_WALKER_WIDTHS, next_field="next_qvel"
-    ),
     "kuka": ProblemSpec("kuka", _ARM_IN, "tau", history=1, target_shift=0, widths=tuple((f, 7) for f in ARM_FIELD_NAMES)),
     "arm": ProblemSpec("arm", _ARM_IN, "tau", history=1, target_shift=0, widths=tuple((f, None) for f in ARM_FIELD_NAMES)),
 }
+
+
+def register_problem(spec: ProblemSpec) -> None:
+    """Add ``spec`` to :data:`PROBLEMS`; the same spec again is a no-op, another under a taken name an error."""
+    known = PROBLEMS.get(spec.name)
+    if known is not None and known != spec:
+        raise InputError(f"problem '{spec.name}' is already registered with other fields")
+    PROBLEMS[spec.name] = spec
 
 
 @dataclass
@@ -245,7 +252,8 @@ def load_problem(
     ``progress`` shows a bar over the rows read; ``init_rows``: the stream protocol's rows
     of normalisation statistics."""
     if name not in PROBLEMS:
-        raise InputError(f"unknown problem '{name}'; choose one of {', '.join(PROBLEMS)}")
+        raise InputError(f"unknown problem '{name}'; choose one of {', '.join(PROBLEMS)} (a robot's problems are "
+                         "registered with its task: import gpdyn.robots.tasks)")
     if protocol not in PROTOCOLS:
         raise InputError(f"unknown protocol '{protocol}'; choose one of {', '.join(PROTOCOLS)}")
     if not isinstance(store, EpisodeStore):
@@ -458,4 +466,4 @@ def _input_names(store: EpisodeStore, spec: ProblemSpec) -> tuple[str, ...]:
     return tuple(f"{c}[t-{lag}]" if lag else f"{c}[t]" for lag in reversed(range(spec.history)) for c in row)
 
 
-__all__ = ["PROBLEMS", "PROTOCOLS", "Normalizer", "Problem", "ProblemSpec", "load_problem"]
+__all__ = ["PROBLEMS", "PROTOCOLS", "Normalizer", "Problem", "ProblemSpec", "load_problem", "register_problem"]

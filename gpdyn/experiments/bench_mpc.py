@@ -73,7 +73,8 @@ from gpdyn.errors import InputError
 from gpdyn.gp import LEARNERS, PRESETS, make_learner
 from gpdyn.gp.base import Learner
 from gpdyn.gp.kernels import PREDICT_BLOCK_ELEMENTS
-from gpdyn.robots.walker import ACTION_HIGH, ACTION_LOW, DT, LAYOUT, NQ, NU, NV, NX, TorchPolicy, WalkerCost
+from gpdyn.robots.walker import DT, LAYOUT, NQ, NU, NV, NX, WALKER
+from gpdyn.robots.legged import ACTION_HIGH, ACTION_LOW, TorchPolicy
 from gpdyn.runs import RunDir
 
 log = logging.getLogger(__name__)
@@ -178,7 +179,7 @@ def _state(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
 def planning_seconds(dynamics: Any, proposal: TorchPolicy, cfg: MPCConfig, repeats: int, device: torch.device,
                      dtype: torch.dtype, seed: int = 0) -> float:
     """Seconds per MPPI planning step of ``dynamics`` (after one warm-up step; :func:`gpdyn.device.seconds`)."""
-    planner = make_planner("mppi", dynamics, WalkerCost(), [ACTION_LOW] * NU, [ACTION_HIGH] * NU, cfg, proposal=proposal,
+    planner = make_planner("mppi", dynamics, WALKER.cost(), [ACTION_LOW] * NU, [ACTION_HIGH] * NU, cfg, proposal=proposal,
                            device=device, dtype=dtype, seed=seed)
     state = _state(device, dtype)
     return seconds(lambda: planner.plan(state), device, repeats, warmup=1)
@@ -269,7 +270,7 @@ def bench_mpc(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Planning rows per model and mode, and the ratios (see the module docs; SVDGP's mean
     path is measured at ``ratio_presets``, default ``preset`` and "paper")."""
-    from gpdyn.sim.policy import load_policy
+    from gpdyn.robots.policy import load_policy
 
     proposal = TorchPolicy(load_policy(), device, dtype)
     modes = {"mean": MPCConfig(horizon=horizon, samples=samples, uncertainty="mean"),

@@ -1,7 +1,7 @@
 """Computed-torque tracking of any arm with learned inverse dynamics (``gpdyn control kuka|arm``).
 
 For every controller of :data:`ARM_CONTROLLERS` one episode of
-:func:`gpdyn.control.loop.run_episode` on the arm's :class:`~gpdyn.robots.arm_env.ArmEnv`,
+:func:`gpdyn.sim.loop.run_episode` on the arm's :class:`~gpdyn.robots.arm_env.ArmEnv`,
 with a :class:`~gpdyn.control.computed_torque.ComputedTorqueController` whose
 feed-forward is nothing (``pd``), the plant's own inverse dynamics (``true``), the
 pretrained learner (``frozen``) or a model updated online (``online``, ``adapt``):
@@ -50,7 +50,7 @@ import torch
 
 from gpdyn.control.computed_torque import ComputedTorqueController
 from gpdyn.control.dynamics import LearnedModel
-from gpdyn.control.loop import run_episode
+from gpdyn.sim.loop import run_episode
 from gpdyn.device import DTYPES, MAX_SEED, check_memory, resolve_dtype
 from gpdyn.errors import InputError
 from gpdyn.gp import make_learner

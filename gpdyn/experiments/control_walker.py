@@ -2,7 +2,7 @@
 
 A learner is pretrained on stored rollouts (``walker-1``), then every controller runs
 ``episodes`` consecutive episodes per plant condition, episode k of every controller from
-the same reset seed, each by :func:`gpdyn.control.loop.run_episode`:
+the same reset seed, each by :func:`gpdyn.sim.loop.run_episode`:
 
 ==========  ===============================================================================
 trpo        the TRPO policy alone (:class:`~gpdyn.control.controllers.PolicyController`)
@@ -16,7 +16,7 @@ online      MPC with the same learned model, updated at every step from the tran
 The online model is kept from one episode to the next of a condition, so with
 ``episodes > 1`` it keeps learning while the robot runs, while the frozen model stays as
 pretrained. Conditions: ``nominal`` and ``changed`` (a plant change of
-:data:`~gpdyn.robots.walker.PLANT_CHANGES`, from the start or at step
+:data:`~the task's ``plant_changes```, from the start or at step
 ``change_at``). Logs per step (reward, planning time, model prediction error, predictive
 variance, fallbacks) and per episode (return, length) go to ``metrics.jsonl``; every
 episode is also stored in ``episodes.zarr`` (the Walker2d store layout), from which the
@@ -36,9 +36,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpdyn.control.controllers import MPCController, PolicyController
+from gpdyn.control.controllers import MPCController
+from gpdyn.sim.loop import PolicyController
 from gpdyn.control.dynamics import TARGETS, LearnedDynamics, SimDynamics, env_state
-from gpdyn.control.loop import Controller, Episode, run_episode
+from gpdyn.sim.loop import Controller, Episode, run_episode
 from gpdyn.control.mpc import MPCConfig, make_planner
 from gpdyn.device import MAX_SEED, resolve_device, resolve_dtype
 from gpdyn.errors import InputError
@@ -46,23 +47,8 @@ from gpdyn.gp import LEARNERS, PRESETS, Learner, learner_class, learner_options,
 from gpdyn.gp.online import nmse
 from gpdyn.gp.residual import RESIDUAL_KERNELS, ResidualGP
 from gpdyn.gp.training import OnlineUpdater, pretrain_learner
-from gpdyn.robots.walker import (
-    ACTION_INPUTS,
-    DT,
-    ENV_ID,
-    FRAME_SKIP,
-    LAYOUT,
-    NU,
-    NX,
-    QVEL_INPUTS,
-    NominalTrackingCost,
-    TorchPolicy,
-    WalkerCost,
-    apply_plant_change,
-    make_env,
-    plant_change_factor,
-    state_rows,
-)
+from gpdyn.robots.walker import ACTION_INPUTS, DT, ENV_ID, FRAME_SKIP, LAYOUT, NU, NX, QVEL_INPUTS, WALKER, make_env
+from gpdyn.robots.legged import NominalTrackingCost, TorchPolicy, state_rows
 from gpdyn.runs import RunDir
 
 log = logging.getLogger(__name__)
@@ -174,7 +160,7 @@ class WalkerRunConfig:
                              f"{self.online_batch}")
         if self.scale not in PRESETS:
             raise InputError(f"control walker: scale must be one of {', '.join(PRESETS)}, got '{self.scale}'")
-        plant_change_factor(self.change, self.change_factor)
+        WALKER.plant_change_factor(self.change, self.change_factor)
         if not 0 <= self.change_at < self.steps:
             raise InputError(f"control walker: --change-at must be in [0, steps={self.steps}), got {self.change_at}")
         for name, given, allowed in (("controllers", self.controllers, CONTROLLERS), ("conditions", self.conditions, CONDITIONS)):
@@ -234,11 +220,11 @@ def _walker_store(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None) -
         if not path.exists():
             raise InputError(f"control walker: --store {path} does not exist")
         return path
-    from gpdyn.sim.walker import collect_walker
+    from gpdyn.sim.legged import collect_legged
 
     path = run.path / "walker.zarr"
     seed = cfg.seed if cfg.store_seed is None else cfg.store_seed
-    collect_walker(path, cfg.store_episodes, envs=1, seed=seed, progress=cfg.progress)
+    collect_legged(WALKER, path, cfg.store_episodes, envs=1, seed=seed, progress=cfg.progress)
     return path
 
 
@@ -324,7 +310,7 @@ def walker_planner(cfg: WalkerRunConfig, model: Any, sim: Any, policy: Any, samp
     the horizon) or, with ``cost="track"``, the distance to what the nominal model ``reference``
     does under the policy."""
     proposal = TorchPolicy(policy, cfg.device, cfg.torch_dtype)
-    task = WalkerCost(dt=float(sim.dt))
+    task = WALKER.cost(dt=float(sim.dt))
     if cfg.cost == "track":
         if reference is None:
             raise InputError("control walker: --cost track needs a nominal reference model")
@@ -364,10 +350,10 @@ def walker_controller(name: str, cfg: WalkerRunConfig, policy: Any, model: Learn
 # ---------------------------------------------------------------------------- episodes
 def _walker_store_for_episodes(path: Path, cfg: WalkerRunConfig):
     from gpdyn.data.store import EpisodeStore
-    from gpdyn.sim.walker import walker_fields
+    from gpdyn.sim.legged import legged_fields
 
     return EpisodeStore.create(
-        path, walker_fields(), source="gpdyn-control", env_id=ENV_ID, dt=DT, seed=cfg.seed,
+        path, legged_fields(WALKER), source="gpdyn-control", env_id=ENV_ID, dt=DT, seed=cfg.seed,
         episode_keys={"controller": "int64", "condition": "int64", "episode": "int64", "return": "float64"},
         extra_attrs={"controllers": list(CONTROLLERS), "conditions": list(CONDITIONS), "change": cfg.change,
                      "change_at": cfg.change_at},
@@ -393,7 +379,7 @@ def run_walker_episode(run: RunDir, cfg: WalkerRunConfig, controller: Controller
     """
 
     def change(t: int, env: Any) -> str | None:
-        return apply_plant_change(env.unwrapped.model, cfg.change, cfg.change_factor) if t == change_step else None
+        return WALKER.apply_plant_change(env.unwrapped.model, cfg.change, cfg.change_factor) if t == change_step else None
 
     env = make_env()
     try:
@@ -408,7 +394,7 @@ def run_walker_episode(run: RunDir, cfg: WalkerRunConfig, controller: Controller
 def run_walker(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None = None) -> dict[str, Any]:
     """The whole Walker2d experiment into ``run``: pretrain, every controller x condition, report."""
     from gpdyn.experiments.control_report import write_walker_report
-    from gpdyn.sim.policy import load_policy
+    from gpdyn.robots.policy import load_policy
 
     cfg.validate()
     torch.manual_seed(cfg.seed)

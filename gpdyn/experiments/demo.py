@@ -57,9 +57,10 @@ def _stage(run: RunDir, name: str, fn, *args: Any) -> Any:
 
 
 def _collect_walker(run: RunDir, seed: int) -> dict[str, Any]:
-    from gpdyn.sim.walker import collect_walker
+    from gpdyn.sim.legged import collect_legged
+    from gpdyn.robots.walker import WALKER
 
-    info = collect_walker(
+    info = collect_legged(WALKER, 
         run.path / "walker.zarr", DEMO["walker_episodes"], envs=DEMO["walker_envs"], seed=seed, progress=True
     )
     log.info(f"   {info['episodes']} episodes, {info['rows']} steps -> {info['store']}")

@@ -1,8 +1,8 @@
 """Walker2d walking by predictive sampling on a learned (hybrid) model, after a plant change (``scripts/walk_learned_model.py``).
 
-For each plant change (``gpdyn.robots.walker.PLANT_CHANGES``, e.g. the right hip motor at
+For each plant change (``the task's ``plant_changes````, e.g. the right hip motor at
 30 %) and each seed, one episode of Walker2d-v5 on the CHANGED plant under three
-spline-sampling controllers (:mod:`gpdyn.control.spline_sampling`, :class:`gpdyn.robots.walker.WalkingCost`):
+spline-sampling controllers (:mod:`gpdyn.control.spline_sampling`, :class:`gpdyn.robots.legged.WalkingCost`):
 
 - ``true``: the changed plant's own ``MjModel`` as the planning model (the reference);
 - ``frozen``: the learned model never updated, i.e. the NOMINAL plant's planning model;
@@ -39,11 +39,12 @@ import numpy as np
 
 from gpdyn.control.hybrid_model import HybridForward, HybridSamplingController, ResidualConfig
 from gpdyn.control.identified_model import IdentificationConfig, IdentifiedForward
-from gpdyn.control.loop import run_episode
+from gpdyn.sim.loop import run_episode
 from gpdyn.control.spline_sampling import SamplerConfig, SamplingController, SplineSampler
 from gpdyn.errors import InputError
 from gpdyn.progress import progress_bar
-from gpdyn.robots.walker import DT, WalkingCost, apply_plant_change, make_env, plant_change_factor, state_rows
+from gpdyn.robots.walker import DT, WALKER, make_env
+from gpdyn.robots.legged import WalkingCost, state_rows
 from gpdyn.runs import RunDir
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class WalkLearnedConfig:
             raise InputError("walk_learned_model: need at least one plant change")
         for change in self.changes:
             if change != NOMINAL:
-                plant_change_factor(change, self.factors.get(change))
+                WALKER.plant_change_factor(change, self.factors.get(change))
         unknown = [c for c in self.controllers if c not in CONTROLLERS]
         if unknown or not self.controllers:
             raise InputError(f"walk_learned_model: controllers must be among {', '.join(CONTROLLERS)}, got {self.controllers}")
@@ -123,7 +124,7 @@ def plant(change: str, factor: float | None) -> tuple[Any, str]:
     env = make_env()
     if change == NOMINAL:
         return env, "nominal"
-    return env, apply_plant_change(env.unwrapped.model, change, factor)
+    return env, WALKER.apply_plant_change(env.unwrapped.model, change, factor)
 
 
 def nominal_model() -> Any:
@@ -137,7 +138,7 @@ def nominal_model() -> Any:
 class Diagnostics:
     """The online model's ranking and open-loop checks at every ``every``-th step (module docs).
 
-    ``before_step`` of :func:`gpdyn.control.loop.run_episode`: at a checkpoint it scores
+    ``before_step`` of :func:`gpdyn.sim.loop.run_episode`: at a checkpoint it scores
     ``K`` spline samples drawn as the sampler draws them (its nominal knots plus noise)
     through the changed plant's planning model, the nominal model and the current hybrid
     model, and keeps a snapshot of the hybrid model and the state for :meth:`open_loop`.

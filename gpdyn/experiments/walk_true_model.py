@@ -3,7 +3,7 @@
 The check that the planner and its cost can walk before any learned model is involved:
 for each seed, one episode of Walker2d-v5 (up to ``steps`` control steps) under
 :class:`gpdyn.control.spline_sampling.SamplingController` with the plant's own
-``MjModel`` as the planning model and :class:`gpdyn.robots.walker.WalkingCost`. Reported
+``MjModel`` as the planning model and :class:`gpdyn.robots.legged.WalkingCost`. Reported
 per seed: steps survived, distance, mean forward speed, Gym return and the planner's CPU
 time per control step (``time.process_time``, one thread), in the run folder's
 ``report.md`` and ``metrics.jsonl``.
@@ -16,10 +16,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from gpdyn.control.loop import run_episode
+from gpdyn.sim.loop import run_episode
 from gpdyn.control.spline_sampling import SamplerConfig, SamplingController
 from gpdyn.errors import InputError
-from gpdyn.robots.walker import DT, WalkingCost, make_env, state_rows
+from gpdyn.robots.walker import DT, make_env
+from gpdyn.robots.legged import WalkingCost, state_rows
 from gpdyn.runs import RunDir
 
 log = logging.getLogger(__name__)

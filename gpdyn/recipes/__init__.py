@@ -10,7 +10,7 @@ A recipe is data, never code: a TOML file (read with :mod:`tomllib`) with
   dataclass: ``[config]`` for ``walker`` (:class:`~gpdyn.experiments.control_walker.WalkerRunConfig`)
   and ``kuka`` (:class:`~gpdyn.experiments.control_arm.ArmRunConfig`); ``[sampler]``
   (:class:`~gpdyn.control.spline_sampling.SamplerConfig`), ``[cost]``
-  (:class:`~gpdyn.robots.walker.WalkingCost`) and ``[run]`` (:class:`WalkRun`) for
+  (:class:`~gpdyn.robots.legged.WalkingCost`) and ``[run]`` (:class:`WalkRun`) for
   ``walker-sampling`` (``scripts/walk_true_model.py``); the same ``[sampler]`` and ``[cost]``,
   ``[residual]`` (:class:`~gpdyn.control.hybrid_model.ResidualConfig`), ``[identification]``
   (:class:`~gpdyn.control.identified_model.IdentificationConfig`) and ``[run]``
@@ -52,10 +52,10 @@ KINDS: dict[str, dict[str, str]] = {
     "walker": {"config": "gpdyn.experiments.control_walker:WalkerRunConfig"},
     "kuka": {"config": "gpdyn.experiments.control_arm:ArmRunConfig"},
     "walker-sampling": {"sampler": "gpdyn.control.spline_sampling:SamplerConfig",
-                        "cost": "gpdyn.robots.walker:WalkingCost",
+                        "cost": "gpdyn.robots.legged:WalkingCost",
                         "run": "gpdyn.recipes:WalkRun"},
     "walker-learned": {"sampler": "gpdyn.control.spline_sampling:SamplerConfig",
-                       "cost": "gpdyn.robots.walker:WalkingCost",
+                       "cost": "gpdyn.robots.legged:WalkingCost",
                        "residual": "gpdyn.control.hybrid_model:ResidualConfig",
                        "identification": "gpdyn.control.identified_model:IdentificationConfig",
                        "run": "gpdyn.experiments.walk_learned_model:WalkLearnedConfig"},

@@ -180,7 +180,7 @@ def render_episode(
     """
     import imageio.v2 as imageio
 
-    from gpdyn.robots.walker import make_env
+    from gpdyn.robots.task import task_for_env
 
     out = Path(out)
     if out.suffix.lower() not in VIDEO_SUFFIXES:
@@ -197,11 +197,16 @@ def render_episode(
     if quality not in QUALITIES:
         raise InputError(f"render: quality must be one of {', '.join(QUALITIES)}, got {quality!r}")
     for field in ("qpos", "qvel", "next_qpos", "next_qvel"):
-        store.columns(field)  # StoreError naming the field for a store that is not a Walker2d one
+        store.columns(field)  # StoreError naming the field for a store that is not a legged task's
     qpos, qvel = episode_states(store, index)
     fps = 1.0 / (float(store.attrs["dt"]) * every)
     out.parent.mkdir(parents=True, exist_ok=True)
-    env = make_env(store.attrs.get("env_id"), where=f"{store.path}: attribute env_id")
+    env_id = str(store.attrs.get("env_id"))
+    task = task_for_env(env_id, where=f"{store.path}: attribute env_id")
+    if (qpos.shape[1], qvel.shape[1]) != (task.layout.nq, task.layout.nv):
+        raise InputError(f"{store.path}: attribute env_id {env_id!r}: the store's qpos/qvel have {qpos.shape[1]}/"
+                         f"{qvel.shape[1]} columns, the {task.name}'s model {task.layout.nq}/{task.layout.nv}")
+    env = task.make_env()
     sim = env.unwrapped
     vis = sim.model.vis.global_
     if width > vis.offwidth or height > vis.offheight:

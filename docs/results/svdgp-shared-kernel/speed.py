@@ -30,8 +30,8 @@ import torch
 from gpdyn.control.mpc import MPCConfig
 from gpdyn.device import device_name, set_threads
 from gpdyn.experiments.bench_mpc import filled_learner, filled_model, planning_seconds
-from gpdyn.robots.walker import TorchPolicy
-from gpdyn.sim.policy import load_policy
+from gpdyn.robots.legged import TorchPolicy
+from gpdyn.robots.policy import load_policy
 
 N, ROUNDS, CALLS, PLAN_ROUNDS, PLAN_REPEATS = 1000, 15, 5, 5, 2
 MODELS = {"per output": (True, None), "fresh": (False, None), "shared kernel": (True, {"shared_kernel": True})}

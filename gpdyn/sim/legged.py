@@ -1,4 +1,7 @@
-"""Walker2d rollouts of a TRPO policy into an episode store (``gpdyn collect walker``).
+"""Rollouts of a legged task's policy into an episode store (``gpdyn collect walker|hopper``).
+
+Each episode is one :func:`gpdyn.sim.loop.run_episode` of a
+:class:`~gpdyn.sim.loop.PolicyController` (the episode loop of control too), in worker processes.
 
 Every row of the store is one transition: the raw simulator state ``qpos``/``qvel``
 at step t (from ``env.unwrapped.data``, not the observation, whose ``qvel`` is clipped
@@ -28,11 +31,12 @@ import numpy as np
 
 from gpdyn.data.store import DEFAULT_CHUNK_ROWS, EpisodeStore, FieldSpec, StoreError, numbered_columns
 from gpdyn.errors import InputError
-from gpdyn.robots.walker import ENV_ID, FRAME_SKIP, NOBS, NQ, NU, OBS_CLIP, QPOS_NAMES, make_env
-from gpdyn.sim.policy import SHIPPED_POLICY, PolicyError, WalkerPolicy, load_policy, shipped_checkpoints
+from gpdyn.robots.legged import OBS_CLIP, LeggedTask
+from gpdyn.robots.policy import Policy, PolicyError, load_policy
+from gpdyn.robots.task import register_task
+from gpdyn.sim.loop import PolicyController, run_episode
 from gpdyn.sim.stopping import CollectionStopped, StopSignals, signal_name
 
-SOURCE = "walker-trpo"
 # Finished episodes wait at most this long before they are committed. A commit costs
 # tens of milliseconds whatever its size (a write per field and the commit record), so
 # committing every episode as it comes would take that from the workers' cores.
@@ -40,18 +44,23 @@ COMMIT_SECONDS = 1.0
 POLL_SECONDS = 0.2  # how often the parent looks at the stop flag while it waits for workers
 
 
-def walker_fields() -> dict[str, FieldSpec]:
-    """The per-step fields of a Walker2d store."""
-    qvel_names = tuple(f"d{n}" for n in QPOS_NAMES)
+def source(task: LeggedTask) -> str:
+    """The ``source`` attribute of the task's rollout stores."""
+    return f"{task.name}-trpo"
+
+
+def legged_fields(task: LeggedTask) -> dict[str, FieldSpec]:
+    """The per-step fields of a legged task's store."""
+    qvel_names = tuple(f"d{n}" for n in task.qpos_names)
     return {
-        "qpos": FieldSpec(QPOS_NAMES, unit="m or rad"),
+        "qpos": FieldSpec(task.qpos_names, unit="m or rad"),
         "qvel": FieldSpec(qvel_names, unit="m/s or rad/s"),
-        "obs": FieldSpec(numbered_columns("obs", NOBS), unit=f"observation (qpos[1:], clip(qvel, ±{OBS_CLIP:g}))"),
-        "action": FieldSpec(numbered_columns("u", NU), unit="normalised control in [-1, 1] (gear 100)"),
+        "obs": FieldSpec(numbered_columns("obs", task.nobs), unit=f"observation (qpos[1:], clip(qvel, ±{OBS_CLIP:g}))"),
+        "action": FieldSpec(numbered_columns("u", task.layout.nu), unit="normalised control in [-1, 1] (times the gear)"),
         "reward": FieldSpec(("reward",)),
         "terminated": FieldSpec(("terminated",), dtype="bool"),
         "truncated": FieldSpec(("truncated",), dtype="bool"),
-        "next_qpos": FieldSpec(QPOS_NAMES, unit="m or rad"),
+        "next_qpos": FieldSpec(task.qpos_names, unit="m or rad"),
         "next_qvel": FieldSpec(qvel_names, unit="m/s or rad/s"),
     }
 
@@ -61,12 +70,17 @@ EPISODE_KEYS = {"reset_seed": "int64", "policy": "int64", "return": "float64"}
 
 @dataclass(frozen=True)
 class CollectConfig:
-    """What decides the data of every episode; stored in the store's attributes."""
+    """What decides the data of every episode; stored in the store's attributes. The task
+    travels to the worker processes with it (a task registered by a script or a test too)."""
 
+    task: LeggedTask
     policies: tuple[Path, ...]
     seed: int = 0
     noise: float = 0.0
-    env_id: str = ENV_ID
+
+    @property
+    def env_id(self) -> str:
+        return self.task.env_id
 
 
 def _sha256(path: Path) -> str:
@@ -79,49 +93,26 @@ def episode_rng(seed: int, index: int) -> tuple[int, np.random.Generator]:
     return int(rng.integers(2**31 - 1)), rng
 
 
-def rollout(env: Any, policy: WalkerPolicy, reset_seed: int, noise: float = 0.0, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
-    """One episode as a dict of per-step arrays (the fields of :func:`walker_fields`).
+def rollout(task: LeggedTask, env: Any, policy: Policy, reset_seed: int, noise: float = 0.0,
+            rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+    """One episode as a dict of per-step arrays (the fields of :func:`legged_fields`), by the
+    episode loop of control (:func:`gpdyn.sim.loop.run_episode`) under the policy.
 
     The action is the policy's deterministic action plus ``N(0, noise²)`` noise,
     clipped to the action box: the stored action is the control the simulator applied.
     """
     if noise and rng is None:
         raise InputError("rollout: noise needs a random generator")
-    sim = env.unwrapped
-    data = sim.data
-    horizon = env.spec.max_episode_steps or 1000
-    out = {
-        "qpos": np.empty((horizon, sim.model.nq)),
-        "qvel": np.empty((horizon, sim.model.nv)),
-        "obs": np.empty((horizon,) + env.observation_space.shape),
-        "action": np.empty((horizon,) + env.action_space.shape),
-        "reward": np.empty((horizon, 1)),
-        "terminated": np.zeros((horizon, 1), dtype=bool),
-        "truncated": np.zeros((horizon, 1), dtype=bool),
-        "next_qpos": np.empty((horizon, sim.model.nq)),
-        "next_qvel": np.empty((horizon, sim.model.nv)),
-    }
     low, high = env.action_space.low, env.action_space.high
-    obs, _ = env.reset(seed=reset_seed)
-    t = 0
-    while True:
-        out["qpos"][t] = data.qpos
-        out["qvel"][t] = data.qvel
-        out["obs"][t] = obs
+
+    def act(obs: np.ndarray) -> np.ndarray:
         action = policy.act(obs)
-        if noise:
-            action = np.clip(action + noise * rng.standard_normal(action.shape), low, high)
-        out["action"][t] = action
-        obs, reward, terminated, truncated, _ = env.step(action)
-        out["reward"][t] = reward
-        out["terminated"][t] = terminated
-        out["truncated"][t] = truncated
-        out["next_qpos"][t] = data.qpos
-        out["next_qvel"][t] = data.qvel
-        t += 1
-        if terminated or truncated:
-            break
-    return {k: v[:t] for k, v in out.items()}
+        return np.clip(action + noise * rng.standard_normal(action.shape), low, high) if noise else action
+
+    steps = env.spec.max_episode_steps or task.episode_steps
+    episode = run_episode(env, PolicyController(act), steps=steps, reset_seed=reset_seed, rows=task.state_rows,
+                          next_rows=("qpos", "qvel"))
+    return episode.rows
 
 
 # ---------------------------------------------------------------- worker processes
@@ -137,7 +128,9 @@ def _init_worker(config: CollectConfig) -> None:
     import torch
 
     torch.set_num_threads(1)  # one process per core; more threads only contend
-    _WORKER["env"] = make_env(config.env_id)
+    task = register_task(config.task)
+    _WORKER["task"] = task
+    _WORKER["env"] = task.make_env()
     _WORKER["policies"] = [load_policy(p) for p in config.policies]
     _WORKER["config"] = config
 
@@ -147,7 +140,7 @@ def _run_episode(index: int) -> tuple[int, dict[str, np.ndarray]]:
     policies = _WORKER["policies"]
     reset_seed, rng = episode_rng(config.seed, index)
     policy_index = index % len(policies)
-    episode = rollout(_WORKER["env"], policies[policy_index], reset_seed, config.noise, rng)
+    episode = rollout(_WORKER["task"], _WORKER["env"], policies[policy_index], reset_seed, config.noise, rng)
     return index, episode
 
 
@@ -181,7 +174,7 @@ class _Worker:
 
     def __init__(self, ctx: Any, config: CollectConfig, number: int) -> None:
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_worker_main, args=(config, child), name=f"collect-walker-{number}",
+        self.process = ctx.Process(target=_worker_main, args=(config, child), name=f"collect-{config.task.name}-{number}",
                                    daemon=True)
         self.process.start()
         child.close()
@@ -224,13 +217,13 @@ class _Worker:
 # ---------------------------------------------------------------- collection
 def _config_attrs(config: CollectConfig) -> dict[str, Any]:
     return {
-        "collector": "gpdyn collect walker",
+        "collector": f"gpdyn collect {config.task.name}",
         "noise": config.noise,
         "policies": [
             {"file": str(p), "name": p.name, "sha256": _sha256(p), "timesteps": load_policy(p).meta.get("timesteps")}
             for p in config.policies
         ],
-        "frame_skip": FRAME_SKIP,
+        "frame_skip": config.task.frame_skip,
         "row": "transition t -> t+1: state, obs and action at t, reward and state after the step",
     }
 
@@ -239,14 +232,14 @@ def _open_or_create(path: Path, config: CollectConfig) -> EpisodeStore:
     """Create the store, or reopen it and check it was collected with the same settings."""
     attrs = _config_attrs(config)
     if not path.exists():
-        env = make_env(config.env_id)
+        env = config.task.make_env()
         try:
             dt = float(env.unwrapped.dt)
         finally:
             env.close()
         try:
             return EpisodeStore.create(
-                path, walker_fields(), source=SOURCE, env_id=config.env_id, dt=dt, seed=config.seed,
+                path, legged_fields(config.task), source=source(config.task), env_id=config.env_id, dt=dt, seed=config.seed,
                 episode_keys=EPISODE_KEYS, extra_attrs=attrs,
             )
         except StoreError:
@@ -272,8 +265,9 @@ def _hashes(policies: Any) -> Any:
 def _check_settings(store: EpisodeStore, config: CollectConfig, attrs: dict[str, Any]) -> None:
     """Refuse to continue a store collected with other settings."""
     path, old = store.path, store.attrs
-    if old.get("source") != SOURCE or old.get("env_id") != config.env_id:
-        raise StoreError(f"{path}: holds {old.get('source')}/{old.get('env_id')} data, not {SOURCE}/{config.env_id}")
+    want = source(config.task)
+    if old.get("source") != want or old.get("env_id") != config.env_id:
+        raise StoreError(f"{path}: holds {old.get('source')}/{old.get('env_id')} data, not {want}/{config.env_id}")
     mismatched = [
         name
         for name, have, want in (
@@ -290,18 +284,22 @@ def _check_settings(store: EpisodeStore, config: CollectConfig, attrs: dict[str,
         )
 
 
-def resolve_policies(policy: Sequence[Path] | None = None, mix: bool = False) -> tuple[Path, ...]:
-    """The policy files of a collection: the named ones, plus the shipped checkpoints with ``mix``.
+def resolve_policies(task: LeggedTask, policy: Sequence[Path] | None = None, mix: bool = False) -> tuple[Path, ...]:
+    """The policy files of a collection: the named ones, plus the task's shipped checkpoints with ``mix``.
 
-    Nothing named and no ``mix``: the shipped policy.
+    Nothing named and no ``mix``: the task's shipped policy.
     """
     paths = [Path(p) for p in (policy or [])]
     if mix:
-        paths += shipped_checkpoints()
-        if SHIPPED_POLICY not in paths:
-            paths.append(SHIPPED_POLICY)
+        if task.checkpoint_files is None:
+            raise InputError(f"collect {task.name}: --mix needs training checkpoints, and this task ships none")
+        paths += task.checkpoint_files()
+        if task.policy_file not in paths:
+            paths.append(task.policy_file)
     if not paths:
-        paths = [SHIPPED_POLICY]
+        if task.policy_file is None:
+            raise InputError(f"collect {task.name}: the task has no policy; name one with --policy")
+        paths = [task.policy_file]
     for p in paths:
         if not p.is_file():
             raise PolicyError(f"{p}: no such policy file")
@@ -416,7 +414,8 @@ def _collect(store: EpisodeStore, config: CollectConfig, episodes: int, envs: in
         )
 
 
-def collect_walker(
+def collect_legged(
+    task: LeggedTask,
     store_path: str | Path,
     episodes: int,
     *,
@@ -428,7 +427,7 @@ def collect_walker(
     progress: bool = True,
     commit_seconds: float = COMMIT_SECONDS,
 ) -> dict[str, Any]:
-    """Fill ``store_path`` up to ``episodes`` episodes with Walker2d rollouts.
+    """Fill ``store_path`` up to ``episodes`` episodes with rollouts of ``task``'s policy.
 
     A store that exists is continued (same seed, noise and policies required).
     Episodes run in ``envs`` worker processes and are committed in order, whole
@@ -447,8 +446,8 @@ def collect_walker(
         raise InputError(f"--noise must be a finite std >= 0, got {noise}")
     if not np.isfinite(commit_seconds) or commit_seconds < 0:
         raise InputError(f"--commit-seconds must be a finite time >= 0, got {commit_seconds}")
-    config = CollectConfig(policies=resolve_policies(policies, mix), seed=int(seed), noise=float(noise))
-    probe = make_env(config.env_id)
+    config = CollectConfig(task=task, policies=resolve_policies(task, policies, mix), seed=int(seed), noise=float(noise))
+    probe = task.make_env()
     try:  # fail in the parent, with the file named, before any worker starts
         for p in config.policies:
             load_policy(p, env=probe)
@@ -460,7 +459,7 @@ def collect_walker(
         try:
             start, rows_before = store.n_episodes, store.n_rows
             if start < episodes:
-                with progress_bar(total=episodes - start, unit="ep", desc=f"collect walker ({envs} envs)",
+                with progress_bar(total=episodes - start, unit="ep", desc=f"collect {task.name} ({envs} envs)",
                           disable=not progress) as bar:
                     _collect(store, config, episodes, envs, stop, bar, commit_seconds)
         finally:
@@ -479,13 +478,13 @@ def collect_walker(
     }
 
 
-def integration_errors(store: EpisodeStore, positions: slice = slice(1, NQ)) -> dict[str, dict[str, np.ndarray]]:
+def integration_errors(store: EpisodeStore, positions: slice = slice(1, None)) -> dict[str, dict[str, np.ndarray]]:
     """Error of recovering positions from velocities over one step, per position.
 
     For each transition, ``q_{t+1}`` is predicted from ``q_t`` and the velocities by the
     trapezoid rule ``q_t + dt/2 (v_t + v_{t+1})`` and, for comparison, by forward
     (``dt v_t``) and backward (``dt v_{t+1}``) Euler. Returns, per rule, the mean and
-    max absolute error per position (default the 8 positions ``qpos[1:]``).
+    max absolute error per position (default the positions ``qpos[1:]``).
     """
     dt = float(store.attrs["dt"])
     sums: dict[str, np.ndarray] = {}
@@ -509,12 +508,5 @@ def integration_errors(store: EpisodeStore, positions: slice = slice(1, NQ)) -> 
     return {rule: {"mean": sums[rule] / n, "max": maxes[rule]} for rule in sums}
 
 
-__all__ = [
-    "CollectConfig",
-    "collect_walker",
-    "episode_rng",
-    "integration_errors",
-    "resolve_policies",
-    "rollout",
-    "walker_fields",
-]
+__all__ = ["CollectConfig", "collect_legged", "episode_rng", "integration_errors", "legged_fields", "resolve_policies",
+           "rollout", "source"]

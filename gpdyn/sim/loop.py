@@ -1,8 +1,9 @@
-"""The one online control loop: act -> step the simulator -> observe (learn) -> act again.
+"""The one episode loop: act -> step the simulator -> observe (learn) -> act again.
 
 A :class:`Controller` is anything with a ``name`` and ``reset``/``act``/``observe``/``summary``;
 :func:`run_episode` runs one episode of any gymnasium-style environment under it, for
-every robot (Walker2d MPC, arm computed torque). Robot- and experiment-specific parts come
+every robot and every use: collecting rollouts of a policy (:class:`PolicyController`),
+MPC on a learned model, arm computed torque (:mod:`gpdyn.control`). Robot- and experiment-specific parts come
 in as arguments: a plant change (``before_step``), extra columns per step (``rows``),
 where logs go (``log``) and what labels them (``tags``). The loop knows no controller by name.
 """
@@ -45,6 +46,25 @@ class Controller(Protocol):
 
     def summary(self) -> dict[str, Any]:
         return {}
+
+
+def position(info: Mapping[str, Any]) -> dict[str, float]:
+    """The robot's x position after the step, where the environment's step info has it."""
+    return {"x_position": float(info["x_position"])} if "x_position" in info else {}
+
+
+class PolicyController(Controller):
+    """A fixed policy: ``policy(obs) -> action``; it neither plans nor learns. Logs the robot's
+    ``x_position`` after every step where the environment reports it (the distance walked)."""
+
+    def __init__(self, policy: Callable[[np.ndarray], np.ndarray], name: str = "policy") -> None:
+        self.policy, self.name = policy, name
+
+    def act(self, obs: np.ndarray, info: Mapping[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
+        return self.policy(obs), {}
+
+    def observe(self, obs: np.ndarray, action: np.ndarray, next_obs: np.ndarray, info: Mapping[str, Any]) -> dict[str, Any]:
+        return position(info)
 
 
 class Episode(NamedTuple):
@@ -138,4 +158,4 @@ def run_episode(
     return Episode(summary, arrays)
 
 
-__all__ = ["BASE_ROWS", "Controller", "Episode", "run_episode"]
+__all__ = ["BASE_ROWS", "Controller", "Episode", "PolicyController", "position", "run_episode"]

@@ -1,6 +1,6 @@
-"""Walker2d walking policies: a safe, self-contained file format and a torch actor.
+"""Policies of the legged tasks: a safe, self-contained file format and a numpy actor.
 
-A TRPO policy trained with sb3-contrib (``scripts/train_walker.py``) is exported to a
+A TRPO policy trained with sb3-contrib (``scripts/train_policy.py``) is exported to a
 single ``.pt`` file holding plain tensors and scalars only: the actor MLP weights, the
 observation-normalisation statistics of ``VecNormalize`` and the spaces it was trained
 on. Loading uses ``torch.load(weights_only=True)``, so no pickled Python object is ever
@@ -11,7 +11,7 @@ The actor reproduces sb3's ``ActorCriticPolicy`` deterministic action:
 ``clip(action_net(mlp_pi(clip((obs - mean) / sqrt(var + eps), ±clip_obs))), low, high)``.
 A file may also hold the critic, ``value_net(mlp_vf(...))`` on the same normalised
 observation, with ``value_scale`` = VecNormalize's reward scale ``sqrt(ret_var + eps)``,
-so that :meth:`WalkerPolicy.value` is in raw reward units (discounted by the training
+so that :meth:`Policy.value` is in raw reward units (discounted by the training
 ``gamma``); the MPC uses it as a terminal value.
 """
 
@@ -28,15 +28,14 @@ import torch
 from torch import nn
 
 from gpdyn.errors import InputError
-from gpdyn.robots.walker import ENV_ID, make_env
+from gpdyn.robots.task import task_for_env
+from gpdyn.robots.walker import WALKER
 from gpdyn.torch_check import require_safe_torch_load
 
 POLICY_FORMAT = "gpdyn.policy"
 POLICY_VERSION = 1
-#: the folder of the shipped policy and its training checkpoints
-POLICY_DIR = Path(__file__).resolve().parents[1] / "policies"  # package data
-SHIPPED_POLICY = POLICY_DIR / "walker2d_trpo.pt"
-CHECKPOINT_DIR = POLICY_DIR / "checkpoints"
+#: the Walker2d's shipped policy: what a policy argument defaults to
+SHIPPED_POLICY = WALKER.policy_file
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -46,7 +45,7 @@ class PolicyError(InputError):
 
 
 @dataclass
-class WalkerPolicy:
+class Policy:
     """A deterministic MLP actor with observation normalisation (numpy in, numpy out)."""
 
     net: nn.Sequential
@@ -98,7 +97,7 @@ class WalkerPolicy:
     def value(self, obs: np.ndarray) -> np.ndarray:
         """The critic's discounted return estimate for observations ``[..., obs_dim]``, raw reward units."""
         if self.value_net is None:
-            raise PolicyError(f"policy {self.name}: the file holds no critic (re-export it with scripts/train_walker.py)")
+            raise PolicyError(f"policy {self.name}: the file holds no critic (re-export it with scripts/train_policy.py)")
         z = torch.as_tensor(self.normalize(np.asarray(obs, dtype=np.float64)), dtype=torch.float32)
         with torch.no_grad():
             return self.value_scale * self.value_net(z)[..., 0].double().numpy()
@@ -153,7 +152,7 @@ def save_policy(
     epsilon: float,
     act_low: np.ndarray,
     act_high: np.ndarray,
-    env_id: str = ENV_ID,
+    env_id: str,
     meta: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write a policy file of plain tensors and scalars (loadable with ``weights_only=True``).
@@ -239,14 +238,14 @@ def _check_layers(state: Any, sizes: Sequence[int], key: str, path: Path) -> Non
 _PROBES = 16
 
 
-def load_policy(path: str | Path | None = None, env: Any | None = None) -> WalkerPolicy:
-    """Load a policy file (default: the shipped policy), never unpickling objects.
+def load_policy(path: str | Path | None = None, env: Any | None = None) -> Policy:
+    """Load a policy file (default: the Walker2d's shipped policy), never unpickling objects.
 
     Raises :class:`PolicyError` naming the file for a missing, foreign or malformed file
-    (every tensor is checked for its shape and for NaN or inf, the environment id must be
-    :data:`~gpdyn.robots.walker.ENV_ID`, and the actor must give finite actions on probe
-    observations), and, when ``env`` is given, for observation or action spaces that
-    differ from the environment's (:meth:`WalkerPolicy.check_env`).
+    (every tensor is checked for its shape and for NaN or inf, the environment id must be a
+    registered task's (:func:`gpdyn.robots.task.task_for_env`), and the actor must give finite
+    actions on probe observations), and, when ``env`` is given, for observation or action
+    spaces that differ from the environment's (:meth:`Policy.check_env`).
     """
     path = Path(path) if path is not None else SHIPPED_POLICY
     if not path.is_file():
@@ -257,7 +256,7 @@ def load_policy(path: str | Path | None = None, env: Any | None = None) -> Walke
     except Exception as err:  # a zip from sb3, a pickle, a truncated file ...
         raise PolicyError(
             f"{path}: not a gpdyn policy file ({type(err).__name__}); export sb3 models with "
-            "scripts/train_walker.py"
+            "scripts/train_policy.py"
         ) from err
     if not isinstance(payload, dict) or payload.get("format") != POLICY_FORMAT:
         raise PolicyError(f"{path}: not a gpdyn policy file (format {payload.get('format') if isinstance(payload, dict) else type(payload).__name__!r})")
@@ -267,9 +266,11 @@ def load_policy(path: str | Path | None = None, env: Any | None = None) -> Walke
         meta = payload.get("meta", {})
         if not isinstance(meta, Mapping):
             raise PolicyError(f"{path}: 'meta' must be a dict, got {_describe(meta)}")
-        meta = {"env_id": payload.get("env_id"), **dict(meta)}
-        if meta["env_id"] not in (None, ENV_ID):  # gymnasium would import the module an id names
-            raise PolicyError(f"{path}: env_id {meta['env_id']!r}: a Walker2d policy is for {ENV_ID!r}")
+        meta = {**dict(meta), "env_id": payload.get("env_id") or WALKER.env_id}  # files before the id: Walker2d's
+        try:  # only a registered task's id: gymnasium would import the module an id names
+            task_for_env(meta["env_id"])
+        except InputError as err:
+            raise PolicyError(f"{path}: {err}") from None
         obs_mean, obs_var = _vector(payload, "obs_mean", path), _vector(payload, "obs_var", path)
         act_low, act_high = _vector(payload, "act_low", path), _vector(payload, "act_high", path)
         if obs_var.shape != obs_mean.shape or (obs_var < 0).any():
@@ -295,7 +296,7 @@ def load_policy(path: str | Path | None = None, env: Any | None = None) -> Walke
     except KeyError as err:
         raise PolicyError(f"{path}: malformed policy file (no {err})") from err
     net.eval()
-    policy = WalkerPolicy(
+    policy = Policy(
         net=net, obs_mean=obs_mean, obs_var=obs_var, clip_obs=clip_obs, epsilon=epsilon, act_low=act_low,
         act_high=act_high, meta=meta, path=path, value_net=value_net, value_scale=value_scale,
     )
@@ -305,7 +306,7 @@ def load_policy(path: str | Path | None = None, env: Any | None = None) -> Walke
     return policy
 
 
-def _probe(policy: WalkerPolicy) -> None:
+def _probe(policy: Policy) -> None:
     """Refuse a policy whose actor (or critic) gives NaN or inf on the probe observations.
 
     Finite weights can still overflow (float32 weights near 1e38) or subtract infinities;
@@ -325,16 +326,8 @@ def _probe(policy: WalkerPolicy) -> None:
         raise PolicyError(f"{policy.path}: the critic gives NaN or inf on probe observations")
 
 
-def shipped_checkpoints() -> list[Path]:
-    """The committed training checkpoints, earliest first (for a mix of gaits)."""
-    files = sorted(CHECKPOINT_DIR.glob("*.pt"), key=lambda p: (len(p.stem), p.stem))
-    if not files:
-        raise PolicyError(f"{CHECKPOINT_DIR}: no checkpoint files (*.pt)")
-    return files
-
-
-def export_sb3(model: Any, vecnormalize: Any, path: str | Path, meta: Mapping[str, Any] | None = None) -> Path:
-    """Export an sb3 ``ActorCriticPolicy`` model and its ``VecNormalize`` to a policy file."""
+def export_sb3(model: Any, vecnormalize: Any, path: str | Path, env_id: str, meta: Mapping[str, Any] | None = None) -> Path:
+    """Export an sb3 ``ActorCriticPolicy`` model of environment ``env_id`` and its ``VecNormalize`` to a policy file."""
     policy = model.policy
     hidden = [m.out_features for m in policy.mlp_extractor.policy_net if isinstance(m, nn.Linear)]
     activation = next(
@@ -368,13 +361,14 @@ def export_sb3(model: Any, vecnormalize: Any, path: str | Path, meta: Mapping[st
         epsilon=vecnormalize.epsilon,
         act_low=space.low,
         act_high=space.high,
+        env_id=env_id,
         meta=meta,
     )
 
 
-def evaluate_policy(policy: WalkerPolicy, episodes: int = 10, seed: int = 0) -> np.ndarray:
-    """Undiscounted returns of ``episodes`` deterministic Walker2d episodes (reset seeds ``seed + i``)."""
-    env = make_env(policy.meta.get("env_id") or ENV_ID, where=f"{policy.path}: env_id")
+def evaluate_policy(policy: Policy, episodes: int = 10, seed: int = 0) -> np.ndarray:
+    """Undiscounted returns of ``episodes`` deterministic episodes of the policy's environment (reset seeds ``seed + i``)."""
+    env = task_for_env(policy.meta["env_id"], where=f"{policy.path}: env_id").make_env()
     policy.check_env(env)
     returns = np.zeros(episodes)
     try:
