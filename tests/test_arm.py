@@ -20,7 +20,7 @@ from gpdyn.cli import main
 from gpdyn.data.problems import load_problem
 from gpdyn.data.store import EpisodeStore, StoreError
 from gpdyn.robots.arm import ArmModel, ArmModelError, inverse_dynamics
-from gpdyn.robots.arm_env import ArmEnv
+from gpdyn.sim.arm_env import ArmEnv
 from gpdyn.runs import RunDir
 
 THREE_LINK = Path(__file__).parent / "data" / "three_link_arm.xml"

@@ -45,7 +45,7 @@ def test_kuka_tracking_runs_and_reports_rmse(tmp_path: Path) -> None:
 def test_kuka_pd_gains_keep_the_sampled_loop_stable() -> None:
     """Gains on the diagonal of M made the 100 Hz loop unstable (the old 0.05 rad 'true model' error)."""
     from gpdyn.robots.arm import inertia_matrix, pd_gains, sampled_loop_radius
-    from gpdyn.robots.arm_env import ArmEnv
+    from gpdyn.sim.arm_env import ArmEnv
 
     env = ArmEnv(family="kuka1", pattern_seed=0)
     poses = env.pattern.evaluate(np.arange(0.0, 4.0, 0.05), 1.0)[0]

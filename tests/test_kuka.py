@@ -9,7 +9,7 @@ import mujoco
 import numpy as np
 import pytest
 
-import gpdyn.robots.arm_env  # noqa: F401  (registers gpdyn/KukaIiwa-v0)
+import gpdyn.sim.arm_env  # noqa: F401  (registers gpdyn/KukaIiwa-v0)
 from gpdyn.cli import main
 from gpdyn.data.problems import load_problem
 from gpdyn.data.store import EpisodeStore

@@ -92,7 +92,7 @@ def test_run_online_records_and_errors():
 
 @pytest.mark.slow
 def test_gpdyn_learn_writes_a_run_that_load_restores(walker_store, tmp_path, capsys):
-    from gpdyn.experiments.learn import load
+    from gpdyn.experiments.learned import load_learned as load
 
     out = tmp_path / "run"
     argv = ["learn", "--store", str(walker_store.path), "--problem", "walker-1", "--learner", "svdgp", "--iterations", "4",

@@ -16,7 +16,7 @@ from gpdyn.experiments.control_arm import CHANGES, ArmRunConfig, apply_change, r
 from gpdyn.gp import make_learner
 from gpdyn.gp.base import LearnerError
 from gpdyn.robots.arm import inverse_dynamics
-from gpdyn.robots.arm_env import ArmEnv
+from gpdyn.sim.arm_env import ArmEnv
 from gpdyn.robots.kuka import kuka_arm
 from gpdyn.robots.regressor import InertialRegressor
 from gpdyn.runs import RunDir

@@ -38,7 +38,9 @@ from gpdyn.data.problems import load_problem
 from gpdyn.data.store import STORE_ID, EpisodeStore
 from gpdyn.errors import InputError
 from gpdyn.experiments import resume
-from gpdyn.experiments.learn import CHECKPOINT, LearnConfig, learn, load
+from gpdyn.experiments.learn import LearnConfig, learn
+from gpdyn.experiments.learned import CHECKPOINT
+from gpdyn.experiments.learned import load_learned as load
 from gpdyn.experiments.replay import ReplayConfig, open_run, replay
 from gpdyn.experiments.report import write_report
 from gpdyn.runs import COMPLETION_KEY, FINISHED_FILE, RunDir

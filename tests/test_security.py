@@ -221,7 +221,7 @@ def test_the_online_arm_controller_keeps_tracking_while_its_model_predicts_nan(t
     from gpdyn.sim.loop import run_episode
     from gpdyn.experiments.control_arm import ArmRunConfig, _controller, _pretrained
     from gpdyn.robots.arm import pd_gains
-    from gpdyn.robots.arm_env import ArmEnv
+    from gpdyn.sim.arm_env import ArmEnv
     from gpdyn.runs import RunDir
     from gpdyn.sim.arm import get_family
 

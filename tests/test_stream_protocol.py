@@ -218,7 +218,7 @@ def test_the_rigid_body_prior_leaves_friction_and_damping_to_the_learner(tmp_pat
     iid_plain, iid_prior = _final_csv(tmp_path / "iid-plain"), _final_csv(tmp_path / "iid-prior")
     assert iid_prior["svi", "nmse"] < 0.5 * iid_plain["svi", "nmse"]
     assert main(["learn", *iid, "--learner", "svi", "--prior-mean", "rigid-body", "--out", str(tmp_path / "learn")]) == 0
-    from gpdyn.experiments.learn import load
+    from gpdyn.experiments.learned import load_learned as load
 
     with pytest.raises(InputError, match="residual of the prior mean 'rigid-body'"):
         load(tmp_path / "learn")  # its mean alone would be silently wrong

@@ -10,7 +10,7 @@ import torch
 
 from gpdyn.data.store import EpisodeStore, StoreError
 from gpdyn.errors import InputError
-from gpdyn.robots.policy import SHIPPED_POLICY, PolicyError, load_policy, save_policy
+from gpdyn.robots.policy import PolicyError, load_policy, save_policy
 from gpdyn.robots.walker import WALKER, make_env
 from gpdyn.sim.legged import collect_legged, integration_errors, legged_fields
 
@@ -181,7 +181,7 @@ def test_render_writes_a_video_of_the_stored_states(short_store, tmp_path):
 
 
 def test_shipped_policy_is_in_the_repository():
-    assert SHIPPED_POLICY.is_file(), "policies/walker2d_trpo.pt is missing"
+    assert WALKER.policy_file.is_file(), "policies/walker2d_trpo.pt is missing"
     meta = load_policy().meta
     assert meta["env_id"] == "Walker2d-v5" and meta["timesteps"] >= 1_000_000
 

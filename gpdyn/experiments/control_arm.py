@@ -1,7 +1,7 @@
 """Computed-torque tracking of any arm with learned inverse dynamics (``gpdyn control kuka|arm``).
 
 For every controller of :data:`ARM_CONTROLLERS` one episode of
-:func:`gpdyn.sim.loop.run_episode` on the arm's :class:`~gpdyn.robots.arm_env.ArmEnv`,
+:func:`gpdyn.sim.loop.run_episode` on the arm's :class:`~gpdyn.sim.arm_env.ArmEnv`,
 with a :class:`~gpdyn.control.computed_torque.ComputedTorqueController` whose
 feed-forward is nothing (``pd``), the plant's own inverse dynamics (``true``), the
 pretrained learner (``frozen``) or a model updated online (``online``, ``adapt``):
@@ -279,7 +279,7 @@ def _problem(run: RunDir, cfg: ArmRunConfig, arm: ArmModel, store: str | Path | 
 
 def _pretrained(run: RunDir, cfg: ArmRunConfig, arm: ArmModel, store: str | Path | None) -> tuple[LearnedModel, torch.Tensor]:
     """The frozen model and the normalised inputs it was trained on (the residual GP's lengthscales come from them)."""
-    from gpdyn.experiments.learn import load
+    from gpdyn.experiments.learned import load_learned as load
 
     if cfg.from_run is not None:
         learner, normalizer = load(cfg.from_run, device=cfg.device)
@@ -346,7 +346,7 @@ def _controller(name: str, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.nda
 
 
 def apply_change(cfg: ArmRunConfig, env: Any) -> str | None:
-    """Apply ``cfg.change`` to the plant of ``env`` (an :class:`~gpdyn.robots.arm_env.ArmEnv`); its description,
+    """Apply ``cfg.change`` to the plant of ``env`` (an :class:`~gpdyn.sim.arm_env.ArmEnv`); its description,
     or None where the change is nothing (no payload)."""
     if cfg.change == "payload":
         if cfg.payload == 0:
@@ -364,7 +364,7 @@ def apply_change(cfg: ArmRunConfig, env: Any) -> str | None:
 def run_arm(run: RunDir, cfg: ArmRunConfig, store: str | Path | None = None) -> dict[str, Any]:
     """Get the model, track with every controller (the plant changed mid-run), write the report."""
     from gpdyn.experiments.control_report import write_arm_report
-    from gpdyn.robots.arm_env import ArmEnv
+    from gpdyn.sim.arm_env import ArmEnv
     from gpdyn.sim.arm import get_family
 
     cfg.validate()

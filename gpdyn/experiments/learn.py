@@ -15,30 +15,27 @@ bases are capped at the training-set size.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from gpdyn.data.problems import PROTOCOLS, Normalizer, load_problem
+from gpdyn.data.problems import PROTOCOLS, load_problem
 from gpdyn.data.streams import IIDStream
 from gpdyn.device import dtype_name, resolve_device, resolve_dtype
 from gpdyn.errors import InputError
 from gpdyn.gp import Learner, learner_class, learner_options, make_learner
-from gpdyn.gp.online import load_learner
+from gpdyn.experiments.learned import CHECKPOINT
 from gpdyn.experiments.prior_mean import load_prior_mean, split_tensors
 from gpdyn.experiments.report import write_report
 from gpdyn.experiments.resume import Phase, open_run, segments, train
 from gpdyn.experiments.stream import finished_streams, stream_learner
 from gpdyn.gp.prequential import StreamProtocol
 from gpdyn.progress import progress_bar
-from gpdyn.runs import RunDir, is_run_dir
+from gpdyn.runs import RunDir
 
-CHECKPOINT = "checkpoint.pt"
 
 
 @dataclass
@@ -180,27 +177,3 @@ def learn(
     run.finish(iterations=final["iteration"], record=final)  # first: the report of a finished run has no notice
     write_report(run.path)
     return run, final
-
-
-def load(run_dir: str | Path, device: str | torch.device | None = None) -> tuple[Learner, Normalizer]:
-    """The learner of a ``gpdyn learn`` run folder, exactly as saved, and its normaliser
-    (InputError naming the file and the statistic when it is damaged)."""
-    path = Path(run_dir) / CHECKPOINT
-    if is_run_dir(run_dir):  # the checkpoint of a stopped run holds a learner part way through
-        status = RunDir(run_dir).status()
-        if status is not None and not status.finished:
-            raise InputError(f"{run_dir}: an unfinished learn run ({status.describe()}); its learner is not final")
-    learner, extra = load_learner(path, device=device, extra_keys={"normalizer": dict})
-    if extra.get("prior_mean"):
-        # its mean alone would be silently wrong: the targets are the prior plus it
-        raise InputError(f"{path}: the learner models the residual of the prior mean {extra['prior_mean']!r}; "
-                         "its mean alone does not predict the targets")
-    widths = {"x_mean": learner.input_dim, "x_std": learner.input_dim, "y_mean": learner.output_dim,
-              "y_std": learner.output_dim}
-    stats = extra["normalizer"]
-    for key, n in widths.items():
-        value = np.asarray(stats.get(key), dtype=object)
-        ok = value.shape == (n,) and all(isinstance(v, (int, float)) and math.isfinite(v) for v in value)
-        if not ok or key.endswith("std") and not (value.astype(float) > 0).all():
-            raise InputError(f"{path}: extra normalizer.{key} must be {n} finite numbers{' > 0' * key.endswith('std')}")
-    return learner, Normalizer.from_json({key: stats[key] for key in widths})

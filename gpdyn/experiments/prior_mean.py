@@ -98,7 +98,7 @@ def rigid_body_prior(model_file: str | Path, joints: int, joint_names: list[str]
 
 def learner_prior(run_dir: str | Path) -> PriorMean:
     """The mean of the frozen learner of a ``gpdyn learn`` run folder."""
-    from gpdyn.experiments.learn import load
+    from gpdyn.experiments.learned import load_learned as load
 
     learner, normalizer = load(run_dir)  # refuses a learner trained on the residual of its own prior mean
 

@@ -53,14 +53,16 @@ prediction and update makes a host round trip.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from gpdyn.gp.base import LOG_2PI, Learner, LearnerError
-from gpdyn.robots.regressor import InertialRegressor
+
+if TYPE_CHECKING:  # the caller builds it from the arm (robots sit above the learners)
+    from gpdyn.robots.regressor import InertialRegressor
 
 # rows of a batch taken into one Kalman update: its innovation covariance is (rows x joints)^2
 UPDATE_ROWS = 16

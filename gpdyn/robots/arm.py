@@ -33,7 +33,7 @@ compiled model, so that a new arm needs no code:
 Torque commands. gpdyn's controllers command joint torques. :meth:`ArmModel.torque_model`
 gives the plant they act on: each joint's actuator becomes a direct torque source
 (gain 1, gear 1, no bias) whose command range is that joint's torque range, so the
-action of :class:`~gpdyn.robots.arm_env.ArmEnv` is the joint torque itself. A motor
+action of :class:`~gpdyn.sim.arm_env.ArmEnv` is the joint torque itself. A motor
 keeps exactly its behaviour; a position or velocity servo is replaced by a torque
 source with the servo's force range (its stiffness, damping and target range are
 dropped): computed-torque control assumes torque-controlled joints, as a simulation

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from gpdyn.robots.arm import ArmModel
 
-ENV_ID = "gpdyn/KukaIiwa-v0"  # registered with gymnasium by gpdyn.robots.arm_env
+ENV_ID = "gpdyn/KukaIiwa-v0"  # registered with gymnasium by gpdyn.sim.arm_env
 VELOCITY_LIMITS = (1.484, 1.484, 1.745, 1.309, 2.269, 2.356, 2.356)  # rad/s, iiwa 14 data sheet
 CAMERA = "side"  # the file's camera for rendering
 

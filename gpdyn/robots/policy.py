@@ -28,14 +28,11 @@ import torch
 from torch import nn
 
 from gpdyn.errors import InputError
-from gpdyn.robots.task import task_for_env
-from gpdyn.robots.walker import WALKER
+from gpdyn.robots.task import get_task, task_for_env
 from gpdyn.torch_check import require_safe_torch_load
 
 POLICY_FORMAT = "gpdyn.policy"
 POLICY_VERSION = 1
-#: the Walker2d's shipped policy: what a policy argument defaults to
-SHIPPED_POLICY = WALKER.policy_file
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -247,7 +244,7 @@ def load_policy(path: str | Path | None = None, env: Any | None = None) -> Polic
     actions on probe observations), and, when ``env`` is given, for observation or action
     spaces that differ from the environment's (:meth:`Policy.check_env`).
     """
-    path = Path(path) if path is not None else SHIPPED_POLICY
+    path = Path(path) if path is not None else get_task("walker").policy_file
     if not path.is_file():
         raise PolicyError(f"{path}: no such policy file")
     require_safe_torch_load()
@@ -266,7 +263,7 @@ def load_policy(path: str | Path | None = None, env: Any | None = None) -> Polic
         meta = payload.get("meta", {})
         if not isinstance(meta, Mapping):
             raise PolicyError(f"{path}: 'meta' must be a dict, got {_describe(meta)}")
-        meta = {**dict(meta), "env_id": payload.get("env_id") or WALKER.env_id}  # files before the id: Walker2d's
+        meta = {**dict(meta), "env_id": payload.get("env_id") or get_task("walker").env_id}  # files before the id: Walker2d's
         try:  # only a registered task's id: gymnasium would import the module an id names
             task_for_env(meta["env_id"])
         except InputError as err:

@@ -154,7 +154,7 @@ class ArmEnv(MujocoEnv):
 
 
 if ENV_ID not in gymnasium.registry:  # gymnasium.make("gpdyn/KukaIiwa-v0") after importing this module
-    gymnasium.register(id=ENV_ID, entry_point="gpdyn.robots.arm_env:ArmEnv",
+    gymnasium.register(id=ENV_ID, entry_point="gpdyn.sim.arm_env:ArmEnv",
                        max_episode_steps=1000)  # 10 s at the default 100 Hz control rate
 
 __all__ = ["ArmEnv"]
