@@ -69,11 +69,15 @@ def test_wheel_holds_every_module_and_the_package_data(source, wheel):
         "gpdyn/policies/walker2d_trpo.pt",
         "gpdyn/policies/checkpoints/walker2d_trpo_100000.pt",
         "gpdyn/policies/checkpoints/walker2d_trpo_1000000.pt",
+        "gpdyn/policies/hopper_trpo.pt",
+        "gpdyn/policies/checkpoints/hopper_trpo_200000.pt",
+        "gpdyn/policies/checkpoints/hopper_trpo_1000000.pt",
         "gpdyn/robots/assets/kuka_iiwa.xml",
     }
     assert shipped <= names
     checkpoints = {n for n in names if n.startswith("gpdyn/policies/checkpoints/")}
-    assert len(checkpoints) == len(list((source / "gpdyn/policies/checkpoints").glob("*.pt"))) == 10
+    # 10 Walker2d checkpoints (every 100,000 steps) and 5 Hopper ones (every 200,000)
+    assert len(checkpoints) == len(list((source / "gpdyn/policies/checkpoints").glob("*.pt"))) == 15
     packages = {
         p.parent.relative_to(source).as_posix() for p in (source / "gpdyn").rglob("__init__.py") if "__pycache__" not in p.parts
     }
