@@ -109,7 +109,7 @@ def test_corrupt_store_exits_2_naming_the_field(walker_store, capsys):
 @pytest.mark.slow
 def test_console_script_and_doctor():
     exe = Path(sys.executable).parent / "gpdyn"
-    result = subprocess.run([str(exe), "doctor"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([str(exe), "doctor", "--deep"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "torch threads  1" in result.stdout and "Walker2d-v5    ok" in result.stdout
 

@@ -10,8 +10,9 @@ its stage only when it runs, so that ``--help`` needs neither torch nor MuJoCo.
 
 Before any handler runs, :func:`main` applies ``--threads`` and checks ``--device``
 through :mod:`gpdyn.device`, except for the commands that only read files or print
-(``inspect``, ``report``, ``control recipes``: ``reads_only`` in their parser's defaults),
-which never import torch or MuJoCo. Bad input (:class:`gpdyn.errors.InputError`) exits 2
+(``inspect``, ``report``, ``control recipes``, ``doctor``: ``reads_only`` in their parser's
+defaults), which never import torch or MuJoCo (``doctor --deep`` loads both itself). Bad
+input (:class:`gpdyn.errors.InputError`) exits 2
 with its message, as argparse does for a malformed option; a run folder the failed command
 made and left holding nothing but its config is removed (:func:`gpdyn.runs.discard_empty_new_runs`).
 """

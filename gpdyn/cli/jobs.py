@@ -387,15 +387,20 @@ def run_bench_mpc(args: argparse.Namespace) -> int:
 
 
 def add_report(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="rewrite the report (tables and plots) of a learn, replay or control run folder")
+    p = sub.add_parser("report", help="rewrite the report (tables and plots) of a learn, replay or control run folder",
+                       description="Rewrite report.md and the CSV files of a run folder from its config.json and "
+                                   "metrics.jsonl. A plot is drawn again only when it is missing or not newer than "
+                                   "those two files (drawing takes about a CPU second); --redraw draws every one.")
     p.add_argument("run_dir", type=Path, help="the run folder (a finished one, or a stopped replay or control run)")
+    p.add_argument("--redraw", action="store_true",
+                   help="draw every plot again, also those newer than the run's records (e.g. after a gpdyn upgrade)")
     p.set_defaults(handler=run_report, reads_only=True)
 
 
 def run_report(args: argparse.Namespace) -> int:
     from gpdyn.experiments.report import write_report
 
-    report = write_report(args.run_dir)
+    report = write_report(args.run_dir, redraw=args.redraw)
     print(report.read_text())  # the command's result: stdout; messages go to the log (stderr)
     print(f"gpdyn report: wrote {report}")
     return 0
@@ -425,15 +430,23 @@ def run_render(args: argparse.Namespace) -> int:
 
 
 def add_doctor(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("doctor", help="versions, devices, threads")
-    p.set_defaults(handler=run_doctor)
+    p = sub.add_parser("doctor", help="versions, devices, threads",
+                       description="What this install can do: versions, devices, threads, and the C++ compiler, "
+                                   "ffmpeg and OpenGL backend gpdyn uses, each 'ok' or 'missing' with what it "
+                                   "affects. By default without loading torch or MuJoCo (a fraction of a second): "
+                                   "tools are found, not tried. --deep (seconds) loads both and tries everything.")
+    p.add_argument("--deep", action="store_true",
+                   help="load torch and MuJoCo: the devices and dtypes torch sees, a C++ program compiled, a GL "
+                        "context created, Walker2d-v5 made (exit 1 when that fails)")
+    # the default report imports neither torch nor MuJoCo; --deep sets torch's threads itself
+    p.set_defaults(handler=run_doctor, reads_only=True)
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    """Exit 1 when the Walker2d smoke check fails."""
+    """Exit 1 when the Walker2d smoke check (``--deep``) fails."""
     from gpdyn.doctor import report
 
-    info = report()
+    info = report(deep=args.deep, threads=args.threads)
     width = max(len(k) for k in info)
     for key, value in info.items():
         if isinstance(value, dict):

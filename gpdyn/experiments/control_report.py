@@ -3,7 +3,8 @@
 Everything is read back from the run folder: the settings from ``config.json`` (the run's
 config object while it runs: both give the same report), the rest from ``metrics.jsonl``.
 So ``gpdyn report RUN`` (:func:`write_control_report`) rewrites the report of a finished
-run, or of a stopped one from the episodes it recorded, without torch or MuJoCo. Plots per controller over the control
+run, or of a stopped one from the episodes it recorded, without torch or MuJoCo; a plot newer
+than the run's records is kept (:func:`gpdyn.experiments.report.draw_plot`). Plots per controller over the control
 steps: the walker's return, torso x position (falls marked), one-step model error and
 CPU time per step against the 8 ms period; an arm's tracking error, feed-forward error
 against the plant's inverse dynamics and CPU time per step against ``1 / rate_hz``.
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from gpdyn.errors import InputError
+from gpdyn.experiments.report import draw_plot, new_figure, save_figure
 from gpdyn.runs import METRICS_FILE, RunDir
 
 #: the Walker2d control period, s: Walker2d-v5's timestep 0.002 x frame skip 4 (gpdyn.robots.walker.DT, which imports
@@ -28,23 +30,6 @@ WALKER_PERIOD_S = 0.008
 #: the file of the shipped iiwa, the arm of a run that names no model (gpdyn.robots.kuka.model_path, which imports
 #: MuJoCo)
 KUKA_FILE = "kuka_iiwa.xml"
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, out: Path) -> Path:
-    """Lay out, write as PNG and close a figure."""
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    _plt().close(fig)
-    return out
 
 
 def _series(records: list[dict[str, Any]], kind: str, robot: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
@@ -83,12 +68,13 @@ def walker_planner_text(config: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def write_walker_report(run: RunDir, cfg: Any) -> Path:
+def write_walker_report(run: RunDir, cfg: Any, redraw: bool = False) -> Path:
     """Return table (controller x condition), distance and falls, CPU time per step, and the plots over time:
     return, distance, one-step model error, CPU ms per step against the control period.
 
     ``cfg``: the run's :class:`~gpdyn.experiments.control_walker.WalkerRunConfig`, or its
-    ``config.json`` as a dict (:func:`write_control_report`): both give the same report.
+    ``config.json`` as a dict (:func:`write_control_report`): both give the same report. A plot newer than the
+    run's records is kept unless ``redraw`` (:func:`gpdyn.experiments.report.draw_plot`).
     """
     c = _settings(cfg, WALKER_SETTINGS, run.path / "config.json")
     numbered = run.numbered_metrics()
@@ -152,20 +138,27 @@ def write_walker_report(run: RunDir, cfg: Any) -> Path:
             lines.append(f"| {cond} | {ctrl} | {np.mean(e):.3f} | {np.mean(v) if v else float('nan'):.4f} |")
     falls = _falls(episodes, c["steps"])
     change_at = c["change_at"]
-    plots = [_plot_walker(run.path, steps, conditions, controllers, change_at, change_label, falls)]
-    if any("x_position" in r for rs in steps.values() for r in rs):
-        plots.append(_plot_walker(run.path, steps, conditions, controllers, change_at, change_label, falls,
-                                  quantity="distance"))
+    quantities = ["return"] + (["distance"] if any("x_position" in r for rs in steps.values() for r in rs) else [])
+    plots = [draw_plot(run.path / WALKER_QUANTITIES[quantity][1],
+                       lambda out, quantity=quantity: _plot_walker(out, steps, conditions, controllers, change_at,
+                                                                   change_label, falls, quantity), redraw)
+             for quantity in quantities]
     if c["episodes"] > 1:
-        plots.append(_plot_walker_episodes(run.path, returns, conditions, controllers))
+        plots.append(draw_plot(run.path / "walker_episode_returns.png",
+                               lambda out: _plot_walker_episodes(out, returns, conditions, controllers), redraw))
     if errs:
-        plots.append(_plot_walker_error(run.path, errs, c["steps"], change_at, change_label))
-    colors, styles = _colors(controllers), dict(zip(conditions, ("-", "--")))  # a colour per controller, as above
-    timed = [(f"{cond}/{ctrl}", colors[ctrl], styles.get(cond, ":"), steps[(cond, ctrl)]) for cond in conditions
+        plots.append(draw_plot(run.path / "walker_model_error.png",
+                               lambda out: _plot_walker_error(out, errs, c["steps"], change_at, change_label), redraw))
+    styles = dict(zip(conditions, ("-", "--")))
+    timed = [(f"{cond}/{ctrl}", ctrl, styles.get(cond, ":"), steps[(cond, ctrl)]) for cond in conditions
              for ctrl in controllers if any("cpu_ms" in r for r in steps.get((cond, ctrl), []))]
     if timed:
-        plots.append(_plot_cpu(run.path / "walker_cpu.png", timed, WALKER_PERIOD_S, c["steps"], change_at,
-                               change_label))
+        def draw_cpu(out: Path) -> Path:
+            colors = _colors(controllers)  # a colour per controller, as in the plots above
+            return _plot_cpu(out, [(name, colors[ctrl], style, rs) for name, ctrl, style, rs in timed],
+                             WALKER_PERIOD_S, c["steps"], change_at, change_label)
+
+        plots.append(draw_plot(run.path / "walker_cpu.png", draw_cpu, redraw))
     lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     path = run.path / "report.md"
     path.write_text("\n".join(lines) + "\n")
@@ -209,13 +202,12 @@ WALKER_QUANTITIES = {"return": ("return so far", "walker_return.png"),
                      "distance": ("torso x position [m]", "walker_distance.png")}
 
 
-def _plot_walker(path: Path, steps, conditions, controllers, change_at: int, label: str,
+def _plot_walker(out: Path, steps, conditions, controllers, change_at: int, label: str,
                  falls: set[tuple[str, str, int]], quantity: str = "return") -> Path:
     """Return so far (or the torso's x position, ``quantity="distance"``) against the control step: a panel per
     condition, a colour per controller, later episodes drawn darker, an x where an episode ended in a fall."""
-    ylabel, name = WALKER_QUANTITIES[quantity]
-    plt = _plt()
-    fig, axes = plt.subplots(1, len(conditions), figsize=(5.5 * len(conditions), 3.8), squeeze=False)
+    ylabel = WALKER_QUANTITIES[quantity][0]
+    fig, axes = new_figure(len(conditions), figsize=(5.5 * len(conditions), 3.8), squeeze=False)
     colors = _colors(controllers)
     for ax, cond in zip(axes[0], conditions):
         for ctrl in controllers:
@@ -240,7 +232,7 @@ def _plot_walker(path: Path, steps, conditions, controllers, change_at: int, lab
         ax.legend(fontsize=8)
         if cond == "changed":
             _mark_change(ax, change_at, label)
-    return _save(fig, path / name)
+    return save_figure(fig, out)
 
 
 def _falls(episodes: dict[tuple[str, str], list[dict[str, Any]]], steps: int) -> set[tuple[str, str, int]]:
@@ -280,8 +272,10 @@ def _unfinished(recorded: int, planned: int, unit: str) -> list[str]:
 
 
 def _colors(names: list[str]) -> dict[str, str]:
-    """A colour per name (controller), the same in every plot of a report."""
-    cycle = _plt().rcParams["axes.prop_cycle"].by_key()["color"]
+    """A colour per name (controller), the same in every plot of a report: matplotlib's colour cycle."""
+    from matplotlib import rcParams
+
+    cycle = rcParams["axes.prop_cycle"].by_key()["color"]
     return {name: cycle[i % len(cycle)] for i, name in enumerate(names)}
 
 
@@ -292,10 +286,9 @@ def _by_episode(rows: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
     return dict(sorted(out.items()))
 
 
-def _plot_walker_episodes(path: Path, returns: dict[tuple[str, str], list[float]], conditions, controllers) -> Path:
+def _plot_walker_episodes(out: Path, returns: dict[tuple[str, str], list[float]], conditions, controllers) -> Path:
     """Return per consecutive episode: does the online model's return climb while the frozen one's stays?"""
-    plt = _plt()
-    fig, axes = plt.subplots(1, len(conditions), figsize=(5.5 * len(conditions), 3.8), squeeze=False)
+    fig, axes = new_figure(len(conditions), figsize=(5.5 * len(conditions), 3.8), squeeze=False)
     for ax, cond in zip(axes[0], conditions):
         for ctrl in controllers:
             r = returns.get((cond, ctrl))
@@ -306,14 +299,15 @@ def _plot_walker_episodes(path: Path, returns: dict[tuple[str, str], list[float]
         ax.set_ylabel("return")
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.legend(fontsize=8)
-    return _save(fig, path / "walker_episode_returns.png")
+    return save_figure(fig, out)
 
 
-def _plot_walker_error(path: Path, errs, steps: int, change_at: int, label: str) -> Path:
+def _plot_walker_error(out: Path, errs, steps: int, change_at: int, label: str) -> Path:
     """One-step model error over the control steps of all consecutive episodes (episode k from k x steps)."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 3.8))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    from matplotlib import rcParams
+
+    fig, ax = new_figure(figsize=(6, 3.8))
+    colors = rcParams["axes.prop_cycle"].by_key()["color"]
     for i, ((cond, ctrl), rs) in enumerate(sorted(errs.items())):
         # one line per episode, so that a fall leaves a gap instead of a line to the next episode
         for k, (episode, ers) in enumerate(_by_episode([r for r in rs if "model_rmse" in r]).items()):
@@ -327,7 +321,7 @@ def _plot_walker_error(path: Path, errs, steps: int, change_at: int, label: str)
     for k in range(1, n_episodes):
         ax.axvline(k * steps, color="0.6", linestyle=":", linewidth=1)
     _mark_change(ax, change_at, label)  # once: the plant stays changed in the episodes after
-    return _save(fig, path / "walker_model_error.png")
+    return save_figure(fig, out)
 
 
 def _plot_cpu(out: Path, series: list[tuple[str, str, str, list[dict[str, Any]]]], period_s: float, steps: int,
@@ -335,8 +329,7 @@ def _plot_cpu(out: Path, series: list[tuple[str, str, str, list[dict[str, Any]]]
     """The controller's CPU time of every control step (``cpu_ms``) against the control period, a line per series
     ``(label, colour, line style, step records)`` (consecutive episodes laid end to end, episode k from k x
     ``steps``)."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 3.8))
+    fig, ax = new_figure(figsize=(6, 3.8))
     several = False
     for name, color, style, rs in series:
         by_episode = _by_episode([r for r in rs if "cpu_ms" in r])
@@ -350,7 +343,7 @@ def _plot_cpu(out: Path, series: list[tuple[str, str, str, list[dict[str, Any]]]
     ax.set_ylabel("controller CPU time per step [ms]")
     ax.legend(fontsize=8)
     _mark_change(ax, change_at, label)
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def compute_section(episodes: list[dict[str, Any]], period_s: float) -> list[str]:
@@ -378,14 +371,15 @@ def compute_section(episodes: list[dict[str, Any]], period_s: float) -> list[str
     return lines
 
 
-def write_arm_report(run: RunDir, cfg: Any, arm: Any = None, joint_rmse: dict[str, dict[str, list[float]]] | None = None
-                     ) -> Path:
+def write_arm_report(run: RunDir, cfg: Any, arm: Any = None, joint_rmse: dict[str, dict[str, list[float]]] | None = None,
+                     redraw: bool = False) -> Path:
     """Tracking RMSE per joint before/after the plant change, the feed-forward error, CPU time per step, and the
     plots over time: tracking error, feed-forward error, CPU ms per step against the control period (any arm).
 
     ``cfg``: the run's :class:`~gpdyn.experiments.control_arm.ArmRunConfig`, or its ``config.json`` as a dict
     (:func:`write_control_report`); ``arm`` and ``joint_rmse`` (the ``tracking`` records) are read from the run
-    folder when not given: both give the same report.
+    folder when not given: both give the same report. A plot newer than the run's records is kept unless
+    ``redraw`` (:func:`gpdyn.experiments.report.draw_plot`).
     """
     c = _settings(cfg, ARM_SETTINGS, run.path / "config.json")
     robot = c["robot"]
@@ -438,16 +432,23 @@ def write_arm_report(run: RunDir, cfg: Any, arm: Any = None, joint_rmse: dict[st
         by_ctrl[r["controller"]].append(r)
     mark = c["change"] != "payload" or bool(c["payload"])  # a payload of 0 kg changes nothing
     window = max(1, c["steps"] // 50)
-    colors = _colors(list(dict.fromkeys([*c["controllers"], *by_ctrl])))  # a controller's colour in every plot
-    plots = [_plot_arm_error(run.path / f"{robot}_tracking.png", by_ctrl, colors, "tracking_error", window,
-                             "joint-position error norm [rad]", change_at if mark else 0)]
+    names = list(dict.fromkeys([*c["controllers"], *by_ctrl]))  # a controller's colour in every plot (_colors)
+    plots = [draw_plot(run.path / f"{robot}_tracking.png",
+                       lambda out: _plot_arm_error(out, by_ctrl, _colors(names), "tracking_error", window,
+                                                   "joint-position error norm [rad]", change_at if mark else 0), redraw)]
     if ff:
-        plots.append(_plot_arm_error(run.path / f"{robot}_ff_error.png", by_ctrl, colors, "ff_error", window,
-                                     "feed-forward error norm [N m]", change_at if mark else 0))
-    timed = [(ctrl, colors[ctrl], "-", rs) for ctrl, rs in by_ctrl.items() if any("cpu_ms" in r for r in rs)]
+        plots.append(draw_plot(run.path / f"{robot}_ff_error.png",
+                               lambda out: _plot_arm_error(out, by_ctrl, _colors(names), "ff_error", window,
+                                                           "feed-forward error norm [N m]", change_at if mark else 0),
+                               redraw))
+    timed = [ctrl for ctrl, rs in by_ctrl.items() if any("cpu_ms" in r for r in rs)]
     if timed:
-        plots.append(_plot_cpu(run.path / f"{robot}_cpu.png", timed, period, c["steps"], change_at if mark else 0,
-                               "change"))
+        def draw_cpu(out: Path) -> Path:
+            colors = _colors(names)
+            return _plot_cpu(out, [(ctrl, colors[ctrl], "-", by_ctrl[ctrl]) for ctrl in timed], period, c["steps"],
+                             change_at if mark else 0, "change")
+
+        plots.append(draw_plot(run.path / f"{robot}_cpu.png", draw_cpu, redraw))
     lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     path = run.path / "report.md"
     path.write_text("\n".join(lines) + "\n")
@@ -458,8 +459,7 @@ def _plot_arm_error(out: Path, by_ctrl: dict[str, list[dict[str, Any]]], colors:
                     window: int, ylabel: str, change_at: int) -> Path:
     """The norm over the joints of each step's ``key`` (a number or a list per joint), as a moving RMS over
     ``window`` steps, a line per controller that records it."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 3.8))
+    fig, ax = new_figure(figsize=(7, 3.8))
     for ctrl, rs in by_ctrl.items():
         rs = [r for r in rs if key in r]
         if not rs:
@@ -473,7 +473,7 @@ def _plot_arm_error(out: Path, by_ctrl: dict[str, list[dict[str, Any]]], colors:
     ax.legend(fontsize=8)
     ax.autoscale()
     _mark_change(ax, change_at, "change")
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def arm_change_text(config: dict[str, Any]) -> str:
@@ -504,15 +504,16 @@ def _joint_count(joint_rmse: dict[str, dict[str, list[float]]], steps: list[dict
 
 
 # --------------------------------------------------------------------------------- a run folder's report
-def write_control_report(run: RunDir) -> Path:
+def write_control_report(run: RunDir, redraw: bool = False) -> Path:
     """(Re)generate the report of a ``gpdyn control walker|kuka|arm`` run folder from its ``config.json`` and
-    ``metrics.jsonl``: the report the run wrote, and for a stopped run the episodes it recorded."""
+    ``metrics.jsonl``: the report the run wrote, and for a stopped run the episodes it recorded (a plot newer than
+    the records kept unless ``redraw``)."""
     config = run.config()
     job = config.get("job")
     if job == "control-walker":
-        return write_walker_report(run, config)
+        return write_walker_report(run, config, redraw=redraw)
     if job in ("control-kuka", "control-arm"):
-        return write_arm_report(run, config)
+        return write_arm_report(run, config, redraw=redraw)
     raise InputError(f"{run.path / 'config.json'}: job {job!r:.40} is not a control run (control-walker, control-kuka, "
                      "control-arm)")
 

@@ -15,19 +15,27 @@ and evaluation point::
 shows "–" for it). ``seconds`` is the learner's cumulative training wall-clock time
 (evaluation excluded). Output, in the run folder: ``report.md``, ``curves.csv``,
 ``final.csv`` and a plot per score of :data:`PLOTS` (against iterations and against time).
+
+Plots (here, in the stream and the control reports) are drawn by :func:`draw_plot`: only when
+the PNG is missing or not newer than the run's ``metrics.jsonl`` and ``config.json`` (the
+records it is drawn from), or when asked to (``redraw``, ``gpdyn report --redraw``).
+Matplotlib's import and drawing take about a CPU second, and a report of unchanged records
+has the same plots. They are drawn on a :class:`matplotlib.figure.Figure` with the Agg
+canvas, not through pyplot: no global figure state, nothing imported until a plot is drawn.
 """
 
 from __future__ import annotations
 
 import csv
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from gpdyn.errors import InputError
-from gpdyn.runs import RunDir, is_run_dir, read_json
+from gpdyn.runs import METRICS_FILE, RunDir, is_run_dir, read_json
 
 STEP_SIZE_FILE = "step_size.json"  # gamma_0 per learner, when replay chose it
 #: the held-out scores (gpdyn.gp.online.SCORES) and their titles
@@ -107,9 +115,10 @@ NO_REPORT = {
 }
 
 
-def write_report(run_dir: str | Path) -> Path:
+def write_report(run_dir: str | Path, redraw: bool = False) -> Path:
     """(Re)generate the report of a run folder: its tables, CSV files and plots (replay, learn,
-    stream, control runs); return the path of its ``report.md``."""
+    stream, control runs); return the path of its ``report.md``. A plot newer than the records
+    it shows is kept unless ``redraw`` (:func:`draw_plot`)."""
     run_dir = Path(run_dir)
     if not is_run_dir(run_dir):
         raise InputError(f"{run_dir}: not a run folder (no config.json)")
@@ -119,7 +128,7 @@ def write_report(run_dir: str | Path) -> Path:
     if isinstance(job, str) and job.startswith("control-"):
         from gpdyn.experiments.control_report import write_control_report
 
-        return write_control_report(run)
+        return write_control_report(run, redraw=redraw)
     if job == "demo":
         inside = sorted(str(p) for p in run_dir.iterdir() if is_run_dir(p))
         raise InputError(f"{run_dir}: a demo folder, whose stages are run folders of their own: "
@@ -129,7 +138,7 @@ def write_report(run_dir: str | Path) -> Path:
             raise InputError(f"{run_dir}: a {job} run has no report ({held}); gpdyn report reads learn, replay and "
                              "control run folders")
     if job == "learn" and config.get("protocol") != "stream":
-        return _learn_report(run, config)
+        return _learn_report(run, config, redraw)
     records = run.numbered_metrics()
     curves = eval_curves(records, run_dir / "metrics.jsonl")
     if not curves:
@@ -137,7 +146,7 @@ def write_report(run_dir: str | Path) -> Path:
 
         streams = stream_curves(records, run_dir / "metrics.jsonl")
         if streams:
-            return write_stream_report(run_dir, config, streams)
+            return write_stream_report(run_dir, config, streams, redraw=redraw)
         raise InputError(f"{run_dir}/metrics.jsonl: no evaluation records to report")
     width = len(next(iter(curves.values()))[-1]["nmse"])
     outputs = config.get("outputs") or [f"y{i}" for i in range(width)]
@@ -150,7 +159,8 @@ def write_report(run_dir: str | Path) -> Path:
     _write_curves_csv(run_dir / "curves.csv", curves, outputs)
     final = {name: rows[-1] for name, rows in curves.items()}
     _write_final_csv(run_dir / "final.csv", final, outputs)
-    plots = [_plot(run_dir, curves, metric) for metric in PLOTS if any(metric in r for r in final.values())]
+    plots = [draw_plot(run_dir / f"{metric}.png", lambda out, metric=metric: _plot(out, curves, metric), redraw)
+             for metric in PLOTS if any(metric in r for r in final.values())]
 
     lines = [
         f"# Replay: {config.get('problem', '?')} ({config.get('protocol', '?')} protocol)",
@@ -202,7 +212,7 @@ def finish_report(run_dir: Path, lines: list[str], config: dict[str, Any], plots
     return report
 
 
-def _learn_report(run: RunDir, config: dict[str, Any]) -> Path:
+def _learn_report(run: RunDir, config: dict[str, Any], redraw: bool) -> Path:
     """The report of a finished ``gpdyn learn`` run: the final evaluation per output (the table the
     run wrote when it finished), the curves over its evaluations, ``curves.csv`` and ``final.csv``.
     An unfinished run has no report yet and says how to continue it."""
@@ -224,7 +234,8 @@ def _learn_report(run: RunDir, config: dict[str, Any]) -> Path:
                          f"is {outputs!r:.80}")
     _write_curves_csv(run.path / "curves.csv", curves, outputs)
     _write_final_csv(run.path / "final.csv", {name: final}, outputs)
-    plots = [_plot(run.path, curves, metric) for metric in PLOTS if metric in final]
+    plots = [draw_plot(run.path / f"{metric}.png", lambda out, metric=metric: _plot(out, curves, metric), redraw)
+             for metric in PLOTS if metric in final]
     protocol = problem.get("protocol", config.get("protocol", "?"))
     lines = [f"# {name} on {problem.get('name', '?')} ({protocol} protocol), iteration {final['iteration']}", ""]
     if problem.get("held_out"):
@@ -350,13 +361,46 @@ def _write_final_csv(path: Path, final: dict[str, dict[str, Any]], outputs: list
                     w.writerow([name, metric, f"{v.mean():.8g}", f"{v.std():.8g}"] + [f"{x:.8g}" for x in v])
 
 
-def _plot(run_dir: Path, curves: dict[str, list[dict[str, Any]]], metric: str) -> Path:
-    import matplotlib
+# --------------------------------------------------------------------------------------------- plots
+#: the files a run's plots are drawn from: a plot newer than both shows the records as they are
+PLOT_SOURCES = (METRICS_FILE, "config.json")
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+def draw_plot(out: Path, draw: Callable[[Path], Any], redraw: bool = False) -> Path:
+    """``out``, drawn by ``draw(out)`` unless it is newer than the ``metrics.jsonl`` and
+    ``config.json`` beside it (and ``redraw`` is false): then it shows the same records and
+    is kept. Newer means a strictly later modification time, so a plot written in the same
+    clock tick as the records is drawn again."""
+    if not redraw and out.is_file():
+        sources = [out.parent / name for name in PLOT_SOURCES]
+        newest = max((p.stat().st_mtime_ns for p in sources if p.is_file()), default=None)
+        if newest is not None and out.stat().st_mtime_ns > newest:
+            return out
+    draw(out)
+    return out
+
+
+def new_figure(ncols: int = 1, figsize: tuple[float, float] = (6, 3.8), **subplots: Any):
+    """A figure of ``ncols`` axes side by side on the Agg canvas (no pyplot): ``(figure, axes)``,
+    ``axes`` as :meth:`matplotlib.figure.Figure.subplots` returns them."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(1, ncols, **subplots)
+
+
+def save_figure(fig: Any, out: Path) -> Path:
+    """Lay out and write a figure of :func:`new_figure` as PNG."""
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    return out
+
+
+def _plot(out: Path, curves: dict[str, list[dict[str, Any]]], metric: str) -> Path:
+    """``metric``'s mean over outputs (a band from their min to max) per learner, against iterations and time."""
+    fig, axes = new_figure(2, figsize=(11, 4), sharey=True)
     for name, rows in curves.items():
         rows = [r for r in rows if metric in r]
         it = [r["iteration"] for r in rows]
@@ -381,8 +425,4 @@ def _plot(run_dir: Path, curves: dict[str, list[dict[str, Any]]], metric: str) -
         ax.grid(alpha=0.3)
     axes[1].legend()
     fig.suptitle(f"{METRICS[metric]} on the held-out split")
-    fig.tight_layout()
-    path = run_dir / f"{metric}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out)

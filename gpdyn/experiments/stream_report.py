@@ -19,8 +19,11 @@ from typing import Any
 import numpy as np
 
 from gpdyn.errors import InputError
-from gpdyn.experiments.report import finish_report
-from gpdyn.experiments.stream import KIND
+from gpdyn.experiments.report import draw_plot, finish_report, new_figure, save_figure
+
+#: the kind of the records :mod:`gpdyn.experiments.stream` writes (``gpdyn.experiments.stream.KIND``, whose module
+#: imports torch: a report needs none)
+KIND = "stream"
 
 SCORES = ("nmse", "nll", "coverage")  # per output
 TIMES = ("update_ms_per_row", "predict_ms_per_row", "cpu_s")  # one number per learner
@@ -55,15 +58,18 @@ def _mean_std(values: list[float]) -> str:
     return f"{v.mean():.4g} ± {v.std():.2g}"
 
 
-def write_stream_report(run_dir: Path, config: dict[str, Any], curves: dict[str, list[dict[str, Any]]]) -> Path:
-    """Write ``report.md``, ``final.csv``, ``curves.csv`` and the plots of a stream run; return the report."""
+def write_stream_report(run_dir: Path, config: dict[str, Any], curves: dict[str, list[dict[str, Any]]],
+                        redraw: bool = False) -> Path:
+    """Write ``report.md``, ``final.csv``, ``curves.csv`` and the plots of a stream run (a plot newer than the
+    run's records kept unless ``redraw``: :func:`gpdyn.experiments.report.draw_plot`); return the report."""
     final = {name: rows[-1] for name, rows in curves.items()}
     width = max(len(r["nmse"]) for r in final.values())
     summary = config.get("problem") if isinstance(config.get("problem"), dict) else {}
     outputs = config.get("outputs") or summary.get("outputs") or [f"y{i}" for i in range(width)]
     _write_final_csv(run_dir / "final.csv", final, outputs)
     _write_curves_csv(run_dir / "curves.csv", curves, outputs)
-    plots = [_plot_nmse(run_dir, curves), _plot_calibration(run_dir, curves)]
+    plots = [draw_plot(run_dir / "stream_nmse.png", lambda out: _plot_nmse(out, curves), redraw),
+             draw_plot(run_dir / "stream_calibration.png", lambda out: _plot_calibration(out, curves), redraw)]
     stream = config.get("stream", {})
     # replay records the problem's name and the store; learn the problem's summary
     summary = config.get("problem") if isinstance(config.get("problem"), dict) else {}
@@ -138,25 +144,8 @@ def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[flo
     return [r["rows"] for r in kept], [r["cpu_s"] for r in kept], [float(np.mean(r[key])) for r in kept]
 
 
-def _figure(ncols: int):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, ncols, figsize=(5.5 * ncols, 4))
-    return plt, fig, axes
-
-
-def _save(plt, fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def _plot_nmse(run_dir: Path, curves: dict[str, list[dict[str, Any]]]) -> Path:
-    plt, fig, axes = _figure(3)
+def _plot_nmse(out: Path, curves: dict[str, list[dict[str, Any]]]) -> Path:
+    fig, axes = new_figure(3, figsize=(16.5, 4))
     for name, rows in curves.items():
         x, t, cumulative = _series(rows, "nmse")
         (line,) = axes[0].plot(x, cumulative, label=name)
@@ -173,11 +162,13 @@ def _plot_nmse(run_dir: Path, curves: dict[str, list[dict[str, Any]]]) -> Path:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("nMSE, mean over outputs (1 = the targets' mean)")
     axes[2].legend()
-    return _save(plt, fig, run_dir / "stream_nmse.png")
+    return save_figure(fig, out)
 
 
-def _plot_calibration(run_dir: Path, curves: dict[str, list[dict[str, Any]]]) -> Path:
-    plt, fig, axes = _figure(3)
+def _plot_calibration(out: Path, curves: dict[str, list[dict[str, Any]]]) -> Path:
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = new_figure(3, figsize=(16.5, 4))
     for name, rows in curves.items():
         x, _, nll = _series(rows, "nll")
         axes[0].plot(x, nll, label=name)
@@ -193,10 +184,10 @@ def _plot_calibration(run_dir: Path, curves: dict[str, list[dict[str, Any]]]) ->
     axes[2].set_yscale("log")
     for ax in axes:
         ax.set_xlabel("rows seen")
-        ax.xaxis.set_major_locator(plt.MaxNLocator(5))
+        ax.xaxis.set_major_locator(MaxNLocator(5))
         ax.grid(alpha=0.3)
     axes[1].legend()
-    return _save(plt, fig, run_dir / "stream_calibration.png")
+    return save_figure(fig, out)
 
 
 __all__ = ["stream_curves", "write_stream_report"]
