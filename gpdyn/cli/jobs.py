@@ -199,7 +199,8 @@ def add_learn(sub: argparse._SubParsersAction) -> None:
 
 
 def run_learn(args: argparse.Namespace) -> int:
-    from gpdyn.experiments.learn import CHECKPOINT, LearnConfig, learn
+    from gpdyn.experiments.learn import LearnConfig, learn
+    from gpdyn.experiments.learned import CHECKPOINT
 
     cfg = LearnConfig(
         store=str(args.store), problem=args.problem, learner=args.learner, iterations=args.iterations,
