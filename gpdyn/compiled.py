@@ -1,9 +1,9 @@
 """Pure tensor functions compiled by TorchInductor per input signature, with no per-call guards.
 
 :func:`torch.compile` evaluates TorchDynamo's guards on every call: for a model step with
-a dozen tensor arguments that is ~80 us of a 0.55 ms WISKI step (K = 1000, one CPU
-thread), 2.4 ms of every 30-step plan. A planner calls its model with the same shapes
-every time, so :class:`SignatureCompiled` traces the function once per signature (the
+a dozen tensor arguments that is a noticeable part of a sub-millisecond WISKI step, paid
+at every step of every plan (docs/results/implementation-timings.md). A planner calls its
+model with the same shapes every time, so :class:`SignatureCompiled` traces the function once per signature (the
 shapes, strides and dtypes of its arguments) with ``make_fx`` and compiles the graph with
 TorchInductor directly: a call is then a dictionary lookup and the compiled code, whose
 own entry checks each argument's size and stride. Past ``max_signatures`` distinct

@@ -222,7 +222,8 @@ class LearnedDynamics:
 
     def _program_step(self, state: Tensor, action: Tensor, program: MeanProgram) -> Tensor:
         """:meth:`predict_mean` through :func:`_compiled_mean_step`: one compiled call where the
-        eager path runs ~20 small ops (0.3 ms of a 0.9 ms WISKI step at K = 1000). The inputs
+        eager path runs about 20 small ops, a large part of a WISKI step
+        (docs/results/implementation-timings.md). The inputs
         are checked as the learner checks them, from the sum of the features the program returns
         (a NaN or inf anywhere makes it non-finite)."""
         model = self.model
@@ -235,7 +236,7 @@ class LearnedDynamics:
                             LearnerError):
             nxt, feature_sum = step(state, action, model._x_mean, model._x_std, model._y_mean, model._y_std,
                                     *program.operands)
-        if not math.isfinite(feature_sum.item()):  # a Python float: torch.isfinite on one number costs ~10 us
+        if not math.isfinite(feature_sum.item()):  # a Python float: cheaper than torch.isfinite on one number
             model.learner.check_finite("predict_mean", x=self.layout.features(state, action))
         return nxt
 

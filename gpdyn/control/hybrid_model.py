@@ -7,9 +7,10 @@ a joint-velocity change), learned online from the controller's own executed tran
 Zeng et al. 2020, "TossingBot"; Johannink et al. 2019, "Residual Reinforcement Learning
 for Robot Control"; with a GP residual as in Deisenroth & Rasmussen 2011's GP dynamics
 and Nguyen-Tuong & Peters 2010, "Using model knowledge for learning inverse dynamics").
-A pure 17-D GP of contact-rich walking does not rank 0.5 s plans
-(``scripts/sampler_learned_model.py``: sample-cost Spearman 0.03-0.17); the physics prior
-carries the contacts and the GP only the difference a plant change makes.
+A pure 17-D GP of contact-rich walking does not rank 0.5 s plans as the plant does
+(``scripts/sampler_learned_model.py``; docs/control.md, "Walker2d: a learned model under the
+planner"); the physics prior carries the contacts and the GP only the difference a plant
+change makes.
 
 One planning step from ``s = (qpos, qvel)`` under control ``u`` (held for ``stride``
 control steps), ``space="force"`` (the default):
@@ -37,11 +38,11 @@ the default) ``qvel_nominal`` is the NOMINAL PLANT simulated at its own resoluti
 2 ms for Walker2d) under the executed controls: what the plant change did, and nothing
 else. ``target="planning"`` takes the nominal planning model's one coarse step under
 ``mean(a)`` instead; its residual then also carries the coarse model's own error (implicit
-16 ms steps against RK4 2 ms), which through contacts is large (0.45 rad/s RMS per planning
-step on Walker2d) and, measured on held-out transitions, unpredictable from ``x``
-(nMSE 0.97-1.0): it drowns the plant change. The true-model planner plans with the same
-coarse model of the changed plant, so the plant-resolution target is the one that makes
-the hybrid model approach it. The residual GP is gpdyn's :class:`gpdyn.gp.residual.ResidualGP`
+16 ms steps against RK4 2 ms), which through contacts is large and unpredictable from ``x``
+on held-out transitions (docs/results/walk-learned-model/report.md): it drowns the plant
+change. The true-model planner plans with the same coarse model of the changed plant, so
+the plant-resolution target is the one that makes the hybrid model approach it. The
+residual GP is gpdyn's :class:`gpdyn.gp.residual.ResidualGP`
 with a zero prior (a sliding-window exact SE-ARD GP, rank-q Cholesky updates, or a
 linear-kernel GP), on inputs and targets scaled by the first ``warmup`` transitions'
 spread. Its predictions are batched over the ``K`` samples at each planning step.
@@ -107,8 +108,9 @@ class ResidualConfig:
     # change the residual's form cannot express (feet that slip: foot friction x0.5) otherwise makes it worse than none
     gate_window: int = 100
     # ... and below gate_margin times it: a residual that explains less than (1 - gate_margin) of the nominal plant's
-    # squared error is noise the planner pays for (1.0: any improvement). 0.9 chosen on seeds 200-207: with the feet's
-    # friction halved the online walker fell once of 8 at 1.0 and never at 0.9; a hip at 10 % is unchanged (never off)
+    # squared error is noise the planner pays for (1.0: any improvement). 0.9 keeps a residual that cannot express the
+    # change (halved foot friction) out without switching off one that can (a weak hip): the development runs that chose
+    # it are in docs/results/walk-learned-model/report.md
     gate_margin: float = 0.9
 
     def validate(self) -> None:
@@ -231,7 +233,8 @@ class HybridForward:
                                            control_spec=spec)
             return states[..., self.states.qpos], states[..., self.states.qvel]
         # one planning step at a time (the residual enters between steps) through a persistent Rollout without
-        # its per-call checks and allocations: 32 calls cost about one whole-horizon call (~1.1x), not 1.5-3x
+        # its per-call checks and allocations, so that H one-step calls cost about one whole-horizon call
+        # (docs/results/implementation-timings.md)
         if self._runner is None:
             self._runner = mj_rollout.Rollout(nthread=0)
         if len(self._models) != k:
@@ -282,8 +285,8 @@ class HybridForward:
         kept (the chord method: one rollout per further iteration), each step the damped least squares
         ``(J^T J + lambda I)^-1 J^T (next_qvel - qvel'(force))``. With a foot on the ground the plant's response to
         a force is not ``M^-1 force dt``: the contact takes up part of it, so the inertia inversion spreads a
-        weakened hip's torque over the other joints (Walker2d, hip at 30 %, 150 transitions: its hip-column
-        estimate -27 against the true -70, and +34 on the other thigh; -62 and +2 with these targets)."""
+        weakened hip's torque over the other joints, which these targets do not (the fitted hip columns of both:
+        docs/results/walk-learned-model/report.md)."""
         k, nv = qvel.shape
         dofs = self.force_dofs  # the force acts on these coordinates only (config.force_dofs)
         m = len(dofs)

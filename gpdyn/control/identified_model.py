@@ -4,10 +4,10 @@ The hybrid model (:mod:`gpdyn.control.hybrid_model`) learns what a plant change 
 generalized force linear in the action. A weakened motor is such a force; a heavier torso is
 not: it is a force ``ΔM(q) qdd + Δh(q, qd)`` that grows with the accelerations, and fitted as
 ``b + W u`` over a gait its inertial part is regressed onto the actions that caused the
-accelerations, so the fitted ``W`` misstates what the actions do (Walker2d, torso mass x1.3, seeds
-456-471: the residual walker walked at 0.88 m/s against the true model's 0.95 and returned 129 ± 47
-less than the frozen one). Halved foot friction is no force of
-the action at all.
+accelerations, so the fitted ``W`` misstates what the actions do (with a heavier torso the
+residual walker walked slower than the true-model planner and returned less than the frozen
+model: docs/results/walk-learned-model/report.md). Halved foot friction is no force of the
+action at all.
 
 Here the learned part is the plant's own parameters instead, ``theta``: relative changes of
 each body's mass and inertia (scaled together: the same shape, another density), each

@@ -288,9 +288,9 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     # step() must be given the batch just observed (WISKI eq. (18)), not any recent minibatch
     "step_on_observed": (),
 }
-#: the named scales of every learner's size table (``presets``): "small", the control runs
-#: (minutes on 2 cores); "cpu", the steps of a 2000-iteration replay at N_m = 1024 in 2.5 to
-#: 6 minutes of one core (measured in CPU time, float64, D = 23, P = 9); "paper", the
+#: the named scales of every learner's size table (``presets``): "small", sized for the control
+#: runs (minutes on 2 cores); "cpu", sized so that a 2000-iteration replay at N_m = 1024 takes
+#: minutes of one core (the times: docs/results/implementation-timings.md); "paper", the
 #: papers' sizes (SVDGP Section 4 and Appendix B)
 PRESETS = ("small", "cpu", "paper")
 

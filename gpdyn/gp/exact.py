@@ -54,8 +54,8 @@ class ExactOnlineGP(Learner):
 
     name = "exact"
     capabilities = frozenset({"point_limit"})
-    # small: the control runs; cpu: a refit (20 Adam steps of O(P n^3)) in about 6 s of one
-    # core; paper: the constructor's default
+    # small: the control runs; cpu: a refit (20 Adam steps of O(P n^3)) in seconds of one core
+    # (docs/results/implementation-timings.md); paper: the constructor's default
     presets = {"small": {"max_points": 1500}, "cpu": {"max_points": 512}, "paper": {"max_points": 2000}}
     # the data buffers are preallocated (buffer_size rows) and only their first n rows
     # are state; a checkpoint keeps buffer_size so that a restored learner computes on

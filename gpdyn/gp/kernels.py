@@ -13,12 +13,12 @@ chunks, so no ``[P, N, M]`` tensor is ever stored and memory stays linear in M.
 
 Prediction (no gradient) goes through :func:`exp2_matvec` on base-2 features: the basis
 side is scaled by ``log2(e)`` once, when a learner caches its features
-(``basis_features(..., base2=True)``), so each kernel entry costs one ``exp2``, about
-1.7x faster than ``exp`` on the CPU, and the kernel is built in blocks of test points
-and basis functions that stay in the cache through the matmul, the ``exp2`` and the
-matvec (:data:`PREDICT_BLOCK_ELEMENTS`). Where the kernel is the same for every output
-(equal length scales, amplitudes and bases: :func:`same_across_outputs`), one block
-serves all P outputs.
+(``basis_features(..., base2=True)``), so each kernel entry costs one ``exp2``, which is
+cheaper than ``exp`` on the CPU (docs/results/implementation-timings.md), and the kernel
+is built in blocks of test points and basis functions that stay in the cache through the
+matmul, the ``exp2`` and the matvec (:data:`PREDICT_BLOCK_ELEMENTS`). Where the kernel
+is the same for every output (equal length scales, amplitudes and bases:
+:func:`same_across_outputs`), one block serves all P outputs.
 """
 
 from __future__ import annotations
@@ -32,14 +32,13 @@ from torch.utils.checkpoint import checkpoint
 from gpdyn.gp import native
 
 #: elements of one ``[P, N, chunk]`` kernel block in :func:`kernel_matvec` (8 MiB of float64):
-#: each block goes through about ten passes, and blocks that stay in the L2/L3 caches
-#: made an SVDGP step 2-3x faster than 64 MiB blocks on the 2-core CPU
+#: each block goes through about ten passes, so blocks sized to stay in the L2/L3 caches
+#: (docs/results/implementation-timings.md has the comparison with larger blocks)
 CHUNK_ELEMENTS = 2**20
 #: elements of one ``[P, rows, cols]`` block in :func:`exp2_matvec` (prediction): 2 MiB of
-#: float32 (227 test points x 256 basis functions x 9 outputs). Measured in CPU time on the
-#: 2-core EPYC (512 KiB L2 per core, 32 MiB L3) at N = 1000, P = 9, D = 23 and M = 512 or
-#: 4096, against 2^16 to 2^20: blocks of one L2 (2^17 floats) lose 10-30 % to the per-block
-#: dispatch of the three torch calls; 2^19 was fastest or level with the best
+#: float32 (227 test points x 256 basis functions x 9 outputs), larger than one L2 so that
+#: the per-block dispatch of the three torch calls is amortised while the block stays in
+#: L3 (the block sizes compared: docs/results/implementation-timings.md)
 PREDICT_BLOCK_ELEMENTS = 2**19
 #: basis functions per block of :func:`exp2_matvec` (the matmul's output width)
 PREDICT_BLOCK_COLUMNS = 256
@@ -280,7 +279,7 @@ def _columns_per_chunk(p: int, n: int, m: int, chunk_elements: int) -> int:
 
 def _mv(k: Tensor, v: Tensor) -> Tensor:
     """``k @ v`` for ``k [P, N, C]``, ``v [P, C]``, as ``v^T k^T``: MKL's batched gemv on
-    row-major blocks is about 3x slower than this transposed form."""
+    row-major blocks is slower than this transposed form (docs/results/implementation-timings.md)."""
     return torch.matmul(v.unsqueeze(-2), k.transpose(-1, -2)).squeeze(-2)
 
 

@@ -48,8 +48,8 @@ until its outputs' length scales part.
 Stream regime (``stream=True``, off by default). Algorithm 1 samples i.i.d. minibatches and adds
 ``N_Delta`` basis functions per iteration; under the prequential protocol
 (:mod:`gpdyn.gp.prequential`) each row comes once, in time order, and is predicted before it is
-learned. Measured on the SARCOS stream (docs/results/stream-svdgp-study.md), the i.i.d. regime
-fails there because the mean basis lags the data (N_Delta of each 256-row chunk join alpha, and a
+learned. There the i.i.d. regime fails (docs/results/stream-svdgp-study.md) because the mean
+basis lags the data (N_Delta of each 256-row chunk join alpha, and a
 new function starts at ``a = 0``, from where Adam moves each coefficient by at most about gamma_t
 per step) and because the bound's N is the whole stream while a few rows were seen. The regime:
 
@@ -64,8 +64,8 @@ per step) and because the bound's N is the whole stream while a few rows were se
 - beta takes the newest rows until full (``N_Delta`` per observe), each started as above.
 
 Adam's first steps on a freshly fitted coefficient have size about gamma_t whatever the gradient,
-so the regime wants a smaller gamma_0 than the i.i.d. presets (0.01-0.03 measured). The regime is
-experimental: it helps on SARCOS and on a stationary stream, not on walker-1 or KUKA (the study).
+so the regime wants a smaller gamma_0 than the i.i.d. presets (the values tried are in the study).
+The regime is experimental: it helps on some streams and not on others (the study).
 """
 
 
@@ -100,8 +100,8 @@ class SVDGP(VariationalLearner):
             False (default): one GP per output, as the paper.
         stream: the stream regime of the module docs (the bound's N = rows seen, every observed
             row joins alpha with its residual-GPR coefficient, least-norm replacement).
-            Experimental: better than the default on the SARCOS stream, worse on walker-1 and
-            KUKA (docs/results/stream-svdgp-study.md), so it is off by default. False (default): Algorithm 1 (i.i.d.).
+            Experimental: it does not beat the default on every stream
+            (docs/results/stream-svdgp-study.md), so it is off by default. False (default): Algorithm 1 (i.i.d.).
         **kwargs: see :class:`~gpdyn.gp.variational.VariationalLearner`.
     """
 

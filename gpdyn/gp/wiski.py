@@ -151,7 +151,7 @@ def additive_mean_dense(x: Tensor, proj_t: Tensor, shift: Tensor, offset: Tensor
     ``coef_t [P, C g]``: the mean cache's grid part; ``linear_t [P, D + 1]``: its linear part.
     """
     # tanh(z) = 1 - 2 / (exp(2 z) + 1), exact at both limits (exp overflows to inf: 1; underflows to 0: -1):
-    # compiled, this runs ~3x faster than the tanh kernel it would otherwise take (0.1 ms of 0.6 at N = 1000)
+    # compiled, this is faster than the tanh kernel it would otherwise take (docs/results/implementation-timings.md)
     z = torch.addmm(shift.unsqueeze(-1), proj_t, x.T)
     s = offset + (1.0 - 2.0 / (torch.exp(2.0 * z) + 1.0)) * inv_spacing  # [C, N], grid units
     d = (s.unsqueeze(1) - nodes.unsqueeze(-1)).abs()  # [C, g, N]
@@ -387,10 +387,9 @@ class WISKI(Learner):
         predict_chunk: test points per gather block in ``predict`` (default 4096).
         compiled_mean: :meth:`predict_mean` through a :func:`torch.compile`'d dense kernel
             (:func:`additive_mean_dense`; CPU, additive structure with shared 1-D
-            projections; default False). About 3x faster than the gather on this
-            project's CPU (``gpdyn bench wiski``), at the price of a C++ compile of some
-            seconds at the first call of the process; a planner calls ``predict_mean``
-            thousands of times.
+            projections; default False). Faster than the gather on the CPU (docs/wiski.md,
+            ``gpdyn bench wiski``), at the price of a C++ compile at the first call of the
+            process; a planner calls ``predict_mean`` thousands of times.
         incremental_rows: 0 (default) refreshes the prediction caches in full (one LU,
             ``O(P M^3)``) at the first prediction after any ``observe``. ``R > 0``: between
             hyperparameter changes, ``observe`` keeps ``B^{-1}`` and the mean cache current by
@@ -464,7 +463,7 @@ class WISKI(Learner):
         if proj_dim is None:
             proj_dim = 1 if additive else 2
         # the additive structure learns its projections faster and from a batch phase on the
-        # first data (docs/wiski.md, measured); the single structure keeps WISKI Table C.1's rate
+        # first data (the comparison in docs/wiski.md); the single structure keeps WISKI Table C.1's rate
         if proj_lr is None:
             proj_lr = 5e-2 if additive else 5e-4
         if init_iters is None:
