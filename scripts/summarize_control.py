@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpdyn.experiments.control_report import mean_se, walker_planner_text
+from gpdyn.experiments.control_report import mean_se, planner_text
 
 
 Episodes = dict[tuple[str, str], list[dict]]  # (condition, controller) -> episode records in episode order
@@ -92,7 +92,7 @@ def summarize(folders: list[Path]) -> str:
         f"Plant change: {change}; {len(runs)} seeds"
         + (f" x {n_episodes} consecutive episodes (the online model kept across them)" if n_episodes > 1 else "")
         + f"; learner `{config['learner']}` (target `{config.get('target', 'velocity')}`), "
-        f"{walker_planner_text(config)}, {steps} steps.",
+        f"{planner_text(config)}, {steps} steps.",
         "",
         "| seed | " + ("episode | " if n_episodes > 1 else "") + " | ".join(f"{ctrl} {cond}" for ctrl, cond in columns) + " |",
         "|---|" + ("---|" if n_episodes > 1 else "") + "---|" * len(columns),

@@ -97,15 +97,15 @@ def test_the_config_defaults_read_from_source_are_the_dataclasses():
 def control_runs(monkeypatch, tmp_path):
     """The config each ``gpdyn control ROBOT`` command builds with no option given, without running it."""
     import gpdyn.experiments.control_arm as arm
-    import gpdyn.experiments.control_walker as walker
+    import gpdyn.experiments.control_legged as walker
 
     seen = {}
-    monkeypatch.setattr(walker, "run_walker", lambda run, cfg, store=None: seen.setdefault("walker", cfg) and {
+    monkeypatch.setattr(walker, "run_legged", lambda run, cfg, store=None: seen.setdefault(cfg.task, cfg) and {
         "report": str(run.path / "report.md")})
     monkeypatch.setattr(arm, "run_arm", lambda run, cfg, store=None: seen.setdefault(cfg.robot, cfg) and {
         "report": str(run.path / "report.md")})
     model = ["--model", str(ROOT / "tests" / "data" / "three_link_arm.xml")]
-    for robot, extra in (("walker", []), ("kuka", []), ("arm", model)):
+    for robot, extra in (("walker", []), ("hopper", []), ("kuka", []), ("arm", model)):
         assert main(["control", robot, *extra, "--out", str(tmp_path / robot)]) == 0
     return seen
 
@@ -135,9 +135,9 @@ def test_control_help_states_the_default_the_command_runs(robot, control_runs):
             assert said.split(", from recipe")[0] in _shown(value), (action.dest, said, value)
         assert said in formatter._expand_help(action)
         stated += 1
-    assert stated >= {"walker": 30, "kuka": 15, "arm": 15}[robot]
+    assert stated >= {"walker": 30, "hopper": 30, "kuka": 15, "arm": 15}[robot]
     recipe = str(next(a for a in parser._actions if a.dest == "recipe").effective)
-    assert recipe == {"walker": "walker-weak-motor", "kuka": "kuka-payload"}.get(robot, recipe)
+    assert recipe == {"walker": "walker-weak-motor", "hopper": "hopper-weak-motor", "kuka": "kuka-payload"}.get(robot, recipe)
 
 
 # --- failed commands leave no run folder --------------------------------------------

@@ -16,13 +16,12 @@ from synthetic import make_walker_store
 
 from gpdyn.cli import main
 from gpdyn.control.dynamics import LearnedDynamics
-from gpdyn.experiments.control_walker import (
-    WalkerRunConfig,
+from gpdyn.experiments.control_legged import (
+    LeggedRunConfig,
     plant_change_step,
-    pretrained_walker_model,
-    run_walker,
-    run_walker_episode,
-    walker_controller,
+    pretrained_model,
+    run_legged,
+    legged_controller,
 )
 from gpdyn.robots.walker import LAYOUT
 from gpdyn.data.store import EpisodeStore
@@ -30,6 +29,7 @@ from gpdyn.errors import InputError
 from gpdyn.gp import LEARNERS, make_learner
 from gpdyn.runs import RunDir
 from gpdyn.robots.policy import load_policy
+from gpdyn.sim.loop import run_episode
 
 TINY = {"samples": 8, "sim_samples": 4, "horizon": 3, "pretrain_iterations": 3, "pretrain_batch": 32, "progress": False}
 
@@ -57,10 +57,10 @@ def _script(name: str):
 @pytest.mark.parametrize("learner", sorted(LEARNERS))
 @pytest.mark.slow
 def test_walker_loop_runs_with_each_learner(learner: str, walker_zarr: Path, tmp_path: Path) -> None:
-    cfg = WalkerRunConfig(learner=learner, steps=3, change_at=1, controllers=("frozen", "online"), conditions=("changed",),
+    cfg = LeggedRunConfig(learner=learner, steps=3, change_at=1, controllers=("frozen", "online"), conditions=("changed",),
                           adapt="steps", **TINY)  # each learner's own observe/step
     run = RunDir.create("t", {}, out=tmp_path / "run")
-    result = run_walker(run, cfg, walker_zarr)
+    result = run_legged(run, cfg, walker_zarr)
     episodes = _records(run, "episode")
     assert [e["controller"] for e in episodes] == ["frozen", "online"]
     steps = _records(run, "step")
@@ -75,9 +75,9 @@ def test_walker_loop_runs_with_each_learner(learner: str, walker_zarr: Path, tmp
 
 @pytest.mark.slow
 def test_walker_baselines_both_conditions(walker_zarr: Path, tmp_path: Path) -> None:
-    cfg = WalkerRunConfig(learner="svdgp", steps=3, change="weak_motor", **TINY)
+    cfg = LeggedRunConfig(learner="svdgp", steps=3, change="weak_motor", **TINY)
     run = RunDir.create("t", {}, out=tmp_path / "run")
-    run_walker(run, cfg, walker_zarr)
+    run_legged(run, cfg, walker_zarr)
     got = {(e["condition"], e["controller"]) for e in _records(run, "episode")}
     assert got == {(c, k) for c in ("nominal", "changed") for k in ("trpo", "true", "frozen", "online")}
     changed = [e for e in _records(run, "episode") if e["condition"] == "changed"]
@@ -88,8 +88,8 @@ def test_walker_baselines_both_conditions(walker_zarr: Path, tmp_path: Path) -> 
 
 
 def test_nan_model_falls_back_to_the_policy_and_logs_it(walker_zarr: Path, tmp_path: Path) -> None:
-    cfg = WalkerRunConfig(learner="svdgp", steps=3, conditions=("nominal",), **TINY)
-    _, dyn, _ = pretrained_walker_model(cfg, walker_zarr)
+    cfg = LeggedRunConfig(learner="svdgp", steps=3, conditions=("nominal",), **TINY)
+    _, dyn, _ = pretrained_model(cfg, walker_zarr)
 
     class Broken(LearnedDynamics):
         def predict_velocity(self, state, action):
@@ -99,7 +99,7 @@ def test_nan_model_falls_back_to_the_policy_and_logs_it(walker_zarr: Path, tmp_p
     broken = Broken(dyn.model, dyn.layout)
     run = RunDir.create("t", {}, out=tmp_path / "run")
     policy = load_policy()
-    out = run_walker_episode(run, cfg, walker_controller("frozen", cfg, policy, broken), "nominal", reset_seed=3)
+    out = run_episode(cfg.legged_task.make_env(), legged_controller("frozen", cfg, policy, broken), steps=cfg.steps, reset_seed=3, log=run.log)
     steps = _records(run, "step")
     assert out.record["fallbacks"] == len(steps) == 3
     assert all(s["fallback"] for s in steps)
@@ -118,12 +118,12 @@ def test_cli_control_bad_options_exit_2(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_a_plant_changed_in_mid_episode_stays_changed(walker_zarr: Path, tmp_path: Path) -> None:
-    cfg = WalkerRunConfig(steps=4, episodes=2, change_at=2, controllers=("trpo",), conditions=("changed",), **TINY)
+    cfg = LeggedRunConfig(steps=4, episodes=2, change_at=2, controllers=("trpo",), conditions=("changed",), **TINY)
     # change_at counts the condition's steps over its episodes: after a fall at step 1 it comes at step 1
     assert [plant_change_step(cfg, "changed", elapsed) for elapsed in (0, 1, 4)] == [2, 1, 0]
     assert plant_change_step(cfg, "nominal", 0) is None
     run = RunDir.create("t", {}, out=tmp_path / "run")
-    run_walker(run, cfg, walker_zarr)
+    run_legged(run, cfg, walker_zarr)
     changed = [(s["episode"], s["t"], s["changed"]) for s in _records(run, "step")]
     assert changed == [(0, 0, False), (0, 1, False), (0, 2, True), (0, 3, True)] + [(1, t, True) for t in range(4)]
 
@@ -131,18 +131,18 @@ def test_a_plant_changed_in_mid_episode_stays_changed(walker_zarr: Path, tmp_pat
 @pytest.mark.parametrize("kernel", ["se", "linear"])
 @pytest.mark.slow
 def test_walker_loop_with_residual_adaptation(kernel: str, walker_zarr: Path, tmp_path: Path) -> None:
-    cfg = WalkerRunConfig(learner="svdgp", steps=4, change_at=1, adapt="residual", window=8, residual_kernel=kernel,
+    cfg = LeggedRunConfig(learner="svdgp", steps=4, change_at=1, adapt="residual", window=8, residual_kernel=kernel,
                           residual_gate=True, residual_gate_z=1.0, controllers=("online",), conditions=("changed",), **TINY)
     run = RunDir.create("t", {}, out=tmp_path / "run")
-    run_walker(run, cfg, walker_zarr)
+    run_legged(run, cfg, walker_zarr)
     steps = _records(run, "step")
     assert len(steps) == 4 and all(math.isfinite(s["model_rmse"]) for s in steps)
     assert all("update_seconds" in s for s in steps)
     with pytest.raises(InputError, match="adapt"):
-        WalkerRunConfig(adapt="nope").validate()
+        LeggedRunConfig(adapt="nope").validate()
     for bad in ({"residual_kernel": "nope"}, {"residual_forget": 0.0}, {"residual_gate_z": -1.0}, {"scale": "huge"}):
         with pytest.raises(InputError, match=next(iter(bad))):
-            WalkerRunConfig(**bad).validate()
+            LeggedRunConfig(**bad).validate()
 
 
 @pytest.mark.parametrize("target", ["change", "velocity"])
@@ -184,9 +184,9 @@ def test_summarize_control_tables_several_seeds(walker_zarr: Path, tmp_path: Pat
     summarize_control = _script("summarize_control")
     runs = []
     for seed in (0, 1):
-        cfg = WalkerRunConfig(learner="svi", steps=3, seed=seed, controllers=("trpo", "frozen", "online"), **TINY)
+        cfg = LeggedRunConfig(learner="svi", steps=3, seed=seed, controllers=("trpo", "frozen", "online"), **TINY)
         run = RunDir.create("t", {"robot": "walker", **asdict(cfg)}, out=tmp_path / f"s{seed}")
-        run_walker(run, cfg, walker_zarr)
+        run_legged(run, cfg, walker_zarr)
         runs.append(run)
     text = summarize_control.summarize([r.path for r in runs])
     assert "| mean ± se |" in text and "online wins" in text
@@ -213,19 +213,19 @@ def test_plant_change_factor_scales_the_change_and_bad_factors_are_refused() -> 
     env.close()
     for bad in (0.0, -1.0, math.nan):
         with pytest.raises(InputError, match="factor"):
-            WalkerRunConfig(change="torso_mass", change_factor=bad).validate()
+            LeggedRunConfig(change="torso_mass", change_factor=bad).validate()
     with pytest.raises(InputError, match="unknown plant change"):
-        WalkerRunConfig(change="gravity").validate()
+        LeggedRunConfig(change="gravity").validate()
 
 
 @pytest.mark.slow
 def test_walker_planning_relative_to_the_policy_runs_and_is_reported(walker_zarr: Path, tmp_path: Path) -> None:
-    cfg = WalkerRunConfig(learner="svdgp", steps=3, relative_to_proposal=True, terminal_value=True, noise_std=0.1,
+    cfg = LeggedRunConfig(learner="svdgp", steps=3, relative_to_proposal=True, terminal_value=True, noise_std=0.1,
                           temperature=5.0, control_cost=1.0, proposal_tail=2, warm_start=False,
                           controllers=("true", "frozen", "online"),
                           conditions=("changed",), **TINY)
     run = RunDir.create("t", {}, out=tmp_path / "run")
-    run_walker(run, cfg, walker_zarr)
+    run_legged(run, cfg, walker_zarr)
     steps = _records(run, "step")
     assert len(steps) == 9 and not any(s.get("fallback") for s in steps)
     for s in steps:  # MPPI's weights rest on between one sample and all of them
@@ -237,17 +237,17 @@ def test_walker_planning_relative_to_the_policy_runs_and_is_reported(walker_zarr
     assert "then 2 steps of the TRPO policy through the model" in report and "no warm start" in report
     for bad in ({"residual_lengthscale": 0.0}, {"residual_noise": -1.0}):
         with pytest.raises(InputError, match="residual"):
-            WalkerRunConfig(**bad).validate()
+            LeggedRunConfig(**bad).validate()
 
 
 @pytest.mark.slow
 def test_walker_consecutive_episodes_keep_the_online_model(walker_zarr: Path, tmp_path: Path) -> None:
     from dataclasses import asdict
 
-    cfg = WalkerRunConfig(learner="svdgp", steps=3, episodes=2, controllers=("trpo", "frozen", "online"),
+    cfg = LeggedRunConfig(learner="svdgp", steps=3, episodes=2, controllers=("trpo", "frozen", "online"),
                           conditions=("changed",), **TINY)
     run = RunDir.create("t", {"robot": "walker", **asdict(cfg)}, out=tmp_path / "run")
-    run_walker(run, cfg, walker_zarr)
+    run_legged(run, cfg, walker_zarr)
     episodes = _records(run, "episode")
     assert [(e["controller"], e["episode"]) for e in episodes] == [
         (c, k) for c in ("trpo", "frozen", "online") for k in (0, 1)]
@@ -342,11 +342,11 @@ def test_tracking_cost_asks_a_weakened_motor_for_the_control_that_undoes_it() ->
 def test_walker_tracking_cost_with_the_frozen_model_is_the_policy(walker_zarr: Path, tmp_path: Path) -> None:
     # CEM returns its best sample; with the pretrained model tracking itself, zero offsets cost
     # exactly 0, so the frozen controller acts as the TRPO policy does, step for step
-    cfg = WalkerRunConfig(learner="svdgp", steps=4, planner="cem", cost="track", relative_to_proposal=True,
+    cfg = LeggedRunConfig(learner="svdgp", steps=4, planner="cem", cost="track", relative_to_proposal=True,
                           warm_start=False, controllers=("trpo", "true", "frozen", "online"), conditions=("changed",),
                           change="weak_motor", change_factor=0.3, **{**TINY, "horizon": 1})
     run = RunDir.create("t", {}, out=tmp_path / "run")
-    run_walker(run, cfg, walker_zarr)
+    run_legged(run, cfg, walker_zarr)
     store = EpisodeStore.open(run.path / "episodes.zarr")
     actions = [store.episode(i, ["action"])["action"] for i in range(4)]
     np.testing.assert_allclose(actions[2], actions[0], atol=1e-12)
@@ -355,11 +355,11 @@ def test_walker_tracking_cost_with_the_frozen_model_is_the_policy(walker_zarr: P
     assert not any(s.get("fallback") for s in steps)
     assert "`--cost track`), action offsets priced x10" in (run.path / "report.md").read_text()
     with pytest.raises(InputError, match="terminal-value"):
-        WalkerRunConfig(cost="track", terminal_value=True).validate()
+        LeggedRunConfig(cost="track", terminal_value=True).validate()
     with pytest.raises(InputError, match="cost must be one of"):
-        WalkerRunConfig(cost="regret").validate()
+        LeggedRunConfig(cost="regret").validate()
     with pytest.raises(InputError, match="track_offset_weight"):
-        WalkerRunConfig(cost="track", track_offset_weight=-1.0).validate()
+        LeggedRunConfig(cost="track", track_offset_weight=-1.0).validate()
 
 
 def test_run_episode_collects_rows_applies_the_change_and_logs_each_step() -> None:
@@ -448,8 +448,8 @@ def test_learned_model_adds_back_its_delta_columns_for_any_batch_shape() -> None
 
 
 def test_learned_dynamics_integrates_positions_by_the_trapezoid_rule(walker_zarr: Path) -> None:
-    cfg = WalkerRunConfig(learner="svdgp", **TINY)
-    _, dyn, _ = pretrained_walker_model(cfg, walker_zarr)
+    cfg = LeggedRunConfig(learner="svdgp", **TINY)
+    _, dyn, _ = pretrained_model(cfg, walker_zarr)
     store = EpisodeStore.open(walker_zarr)
     ep = store.episode(1, ["qpos", "qvel", "action"])
     state, action = torch.as_tensor(np.concatenate([ep["qpos"], ep["qvel"]], 1)), torch.as_tensor(ep["action"])
@@ -482,5 +482,5 @@ def test_control_walker_refuses_a_missing_gpu_before_collecting(tmp_path: Path, 
     assert "CUDA" in capsys.readouterr().err and not (tmp_path / "a").exists()
     run = RunDir.create("t", {}, out=tmp_path / "b")
     with pytest.raises(InputError, match="CUDA"):
-        run_walker(run, WalkerRunConfig(device="cuda", **TINY))
+        run_legged(run, LeggedRunConfig(device="cuda", **TINY))
     assert not (run.path / "walker.zarr").exists()

@@ -171,7 +171,7 @@ def test_learner_hot_paths_cpu(name):
 K = 32  # sampled sequences
 
 
-def walker_planner(name: str, device: torch.device, dtype: torch.dtype, horizon: int, uncertainty: str = "penalty"):
+def legged_planner(name: str, device: torch.device, dtype: torch.dtype, horizon: int, uncertainty: str = "penalty"):
     """MPPI through a learned walker-1 model of learner ``name`` (as bench mpc builds one, at
     the small preset) with the Walker2d cost and the TRPO proposal, and a standing state.
     ``uncertainty="penalty"`` rolls out through ``predict`` (the cost uses the variance),
@@ -190,7 +190,7 @@ def walker_planner(name: str, device: torch.device, dtype: torch.dtype, horizon:
 
 
 def plan_and_roll(name: str, device: torch.device, dtype: torch.dtype, uncertainty: str, horizon: int = 4):
-    planner, state = walker_planner(name, device, dtype, horizon, uncertainty)
+    planner, state = legged_planner(name, device, dtype, horizon, uncertainty)
     action, info = planner.plan(state)  # the warm start and the caches exist after it
     mean = planner.nominal
     std = planner.noise_std.expand(horizon, NU)
@@ -231,7 +231,7 @@ def test_plan_syncs_do_not_grow_with_the_horizon(name):
     device = torch.device("cuda")
     counts = {}
     for horizon in (2, 8):
-        planner, state = walker_planner(name, device, torch.float32, horizon)
+        planner, state = legged_planner(name, device, torch.float32, horizon)
         planner.plan(state)  # first plan: the initial nominal
         counts[horizon] = count_syncs(lambda: planner.plan(state), device)  # a control step
     assert counts[2] == counts[8], f"{name}: plan's host syncs grow with H: {counts}"

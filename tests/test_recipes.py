@@ -54,7 +54,7 @@ def test_every_shipped_recipe_loads_validates_and_points_at_its_result(name):
 
 
 def test_the_defaults_are_the_documented_ones():
-    assert DEFAULT_RECIPES == {"walker": "walker-weak-motor", "kuka": "kuka-payload"}
+    assert DEFAULT_RECIPES == {"walker": "walker-weak-motor", "hopper": "hopper-weak-motor", "kuka": "kuka-payload"}
     assert default_recipe("walker").name == "walker-weak-motor" and default_recipe("kuka").name == "kuka-payload"
     text = CONTROL_MD.read_text()
     for robot, name in DEFAULT_RECIPES.items():
@@ -85,7 +85,7 @@ def test_the_walker_sampling_recipe_is_the_planner_reported():
     ("[config]\nchange_factor = nan\n", "change_factor", "finite"),
     ("[config]\nconditions = \"changed\"\n", "conditions", "list"),
     ("[config]\nconditions = [\"changed\", 3]\n", "conditions[1]", "string"),
-    ("[config]\nhorizon = 5000\n", "horizon", "longer than a Walker2d episode"),
+    ("[config]\nhorizon = 5000\n", "horizon", "longer than an episode (1000 steps)"),
     ("[config]\nnoise_std = -0.1\n", "noise_std", ""),
     ("[config]\nlearner = \"nosuch\"\n", "learner", "unknown learner"),
     ("[config]\nconditions = [\"windy\"]\n", "conditions", "windy"),
@@ -142,7 +142,7 @@ def test_a_good_user_recipe_builds_its_values(tmp_path):
 def captured(monkeypatch):
     """The configs the control commands would run, without running them."""
     import gpdyn.experiments.control_arm as arm
-    import gpdyn.experiments.control_walker as walker
+    import gpdyn.experiments.control_legged as walker
 
     seen = {}
 
@@ -152,7 +152,7 @@ def captured(monkeypatch):
             return {"report": str(run_dir.path / "report.md")}
         return run
 
-    monkeypatch.setattr(walker, "run_walker", fake("walker"))
+    monkeypatch.setattr(walker, "run_legged", fake("walker"))
     monkeypatch.setattr(arm, "run_arm", fake("kuka"))
     return seen
 

@@ -267,8 +267,8 @@ def test_folders_without_a_report_say_what_they_hold(arm, root, tmp_path, capsys
 
 
 def test_what_reports_know_of_the_robots_without_importing_them_is_the_robots() -> None:
-    from gpdyn.experiments.control_report import KUKA_FILE, WALKER_PERIOD_S
+    from gpdyn.experiments.control_report import KUKA_FILE, LEGGED_PERIOD_S
     from gpdyn.robots.kuka import model_path
     from gpdyn.robots.walker import DT
 
-    assert WALKER_PERIOD_S == DT and KUKA_FILE == model_path().name
+    assert LEGGED_PERIOD_S == DT and KUKA_FILE == model_path().name

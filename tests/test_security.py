@@ -148,9 +148,9 @@ def test_the_package_has_no_unsafe_loader():
 
 
 def test_the_shipped_policy_and_checkpoints_still_load():
-    from gpdyn.robots.walker import shipped_checkpoints
+    from gpdyn.robots.walker import WALKER
 
-    for path in [None, *shipped_checkpoints()]:
+    for path in [None, *WALKER.checkpoint_files()]:
         policy = load_policy(path)
         assert np.isfinite(policy.act(policy.obs_mean)).all()
     assert os.path.basename(str(load_policy().path)) == "walker2d_trpo.pt"
@@ -195,18 +195,19 @@ def test_the_online_updater_skips_what_it_cannot_learn_and_learns_the_rest():
 def test_the_online_walker_controller_keeps_controlling_while_its_model_predicts_nan(tmp_path):
     from synthetic import make_walker_store
 
-    from gpdyn.experiments.control_walker import (WalkerRunConfig, online_walker_model, pretrained_walker_model,
-                                                  run_walker_episode, walker_controller, walker_train_inputs)
+    from gpdyn.experiments.control_legged import (LeggedRunConfig, online_model, pretrained_model,
+                                                  legged_controller, train_inputs)
+    from gpdyn.sim.loop import run_episode
     from gpdyn.runs import RunDir
 
     store = make_walker_store(tmp_path / "walker.zarr", [40, 35, 50]).path
-    cfg = WalkerRunConfig(learner="svdgp", steps=4, conditions=("nominal",), controllers=("online",), samples=8,
+    cfg = LeggedRunConfig(learner="svdgp", steps=4, conditions=("nominal",), controllers=("online",), samples=8,
                           horizon=3, pretrain_iterations=3, pretrain_batch=32, progress=False)
-    learner, frozen, _ = pretrained_walker_model(cfg, store)
-    model, updater = online_walker_model(_nan_prior(learner, "params.a"), frozen, cfg, walker_train_inputs(cfg, store))
+    learner, frozen, _ = pretrained_model(cfg, store)
+    model, updater = online_model(_nan_prior(learner, "params.a"), frozen, cfg, train_inputs(cfg, store))
     policy = load_policy()
     run = RunDir.create("t", {}, out=tmp_path / "run")
-    out = run_walker_episode(run, cfg, walker_controller("online", cfg, policy, model, updater), "nominal", reset_seed=3)
+    out = run_episode(cfg.legged_task.make_env(), legged_controller("online", cfg, policy, model, updater), steps=cfg.steps, reset_seed=3, log=run.log)
     steps = [r for r in run.metrics() if r.get("kind") == "step"]
     assert out.record["length"] == len(steps) == 4 and out.record["updates_skipped"] == 4
     assert all(s["update_skipped"] == 1.0 and s["fallback"] for s in steps)
@@ -246,19 +247,20 @@ def test_a_model_whose_cholesky_fails_makes_the_controller_fall_back(tmp_path):
     """On the CPU a failed Cholesky factor raises where a GPU gives NaN: the learned model predicts NaN on both."""
     from synthetic import make_walker_store
 
-    from gpdyn.experiments.control_walker import WalkerRunConfig, pretrained_walker_model, run_walker_episode, walker_controller
+    from gpdyn.experiments.control_legged import LeggedRunConfig, legged_controller, pretrained_model
+    from gpdyn.sim.loop import run_episode
     from gpdyn.runs import RunDir
 
     store = make_walker_store(tmp_path / "walker.zarr", [40, 35, 50]).path
-    cfg = WalkerRunConfig(learner="svdgp", steps=3, conditions=("nominal",), controllers=("frozen",), samples=8,
+    cfg = LeggedRunConfig(learner="svdgp", steps=3, conditions=("nominal",), controllers=("frozen",), samples=8,
                           horizon=3, pretrain_iterations=3, pretrain_batch=32, progress=False)
-    learner, model, _ = pretrained_walker_model(cfg, store)
+    learner, model, _ = pretrained_model(cfg, store)
     _nan_prior(learner, "params.log_ls")  # every kernel matrix is NaN: its Cholesky factor fails
     with pytest.raises(torch.linalg.LinAlgError):
         learner.predict(torch.zeros(1, learner.input_dim, dtype=learner.dtype))
     policy = load_policy()
     run = RunDir.create("t", {}, out=tmp_path / "run")
-    out = run_walker_episode(run, cfg, walker_controller("frozen", cfg, policy, model), "nominal", reset_seed=3)
+    out = run_episode(cfg.legged_task.make_env(), legged_controller("frozen", cfg, policy, model), steps=cfg.steps, reset_seed=3, log=run.log)
     steps = [r for r in run.metrics() if r.get("kind") == "step"]
     assert out.record["fallbacks"] == len(steps) == 3 and all(s["fallback"] for s in steps)
     np.testing.assert_allclose(out.rows["action"], policy.act(out.rows["obs"]), atol=1e-9)

@@ -18,7 +18,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from gpdyn.cli.common import (COUNT, DTYPE_NAMES, FRACTION, LEARNER_NAMES, NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE,
+from gpdyn.cli.common import (LEGGED_TASKS, COUNT, DTYPE_NAMES, FRACTION, LEARNER_NAMES, NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE,
                               PRESET_NAMES, SEED, Number, add_device, add_out)
 from gpdyn.cli.jobs import size_option
 from gpdyn.errors import InputError
@@ -27,7 +27,8 @@ from gpdyn.errors import InputError
 SAMPLES = Number(int, 2)  # a sampling planner compares at least two sequences
 
 # the run config each robot's command builds: its source file (under gpdyn/) and class
-RUN_CONFIGS = {"walker": ("experiments/control_walker.py", "WalkerRunConfig"),
+RUN_CONFIGS = {"walker": ("experiments/control_legged.py", "LeggedRunConfig"),
+               "hopper": ("experiments/control_legged.py", "LeggedRunConfig"),
                "kuka": ("experiments/control_arm.py", "ArmRunConfig"),
                "arm": ("experiments/control_arm.py", "ArmRunConfig")}
 # what `control arm` sets over ArmRunConfig's defaults when no recipe is given (cli_control_arm)
@@ -110,7 +111,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="learner of the model: %(choices)s (default %(effective)s)")
     p.add_argument("--store", type=Path, default=None,
                    help="rollouts to pretrain the model on (default: a small collection into the run folder, "
-                        "the recipe's store_episodes for the walker, offline samples for an arm)")
+                        "the recipe's store_episodes for a legged robot, offline samples for an arm)")
     p.add_argument("--steps", type=COUNT, default=None, metavar="N",
                    help="control steps per episode (default %(effective)s)")
     p.add_argument("--seed", type=SEED, default=None, help="the run's seed (default %(effective)s)")
@@ -136,14 +137,35 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     robots = sub.add_parser("control", help="online control with a learned model").add_subparsers(
         dest="robot", metavar="ROBOT", required=True, help="the robot to control, or recipes to list the settings"
     )
-    p = robots.add_parser("walker", help="Walker2d: MPC with a learned model beside the TRPO policy and the true model")
+    for task in LEGGED_TASKS:
+        add_legged_parser(robots, task)
+
+    from gpdyn.cli import control_arm
+
+    control_arm.add_parsers(robots, add_common)
+    for robot in RUN_CONFIGS:
+        state_effective_defaults(robots.choices[robot], robot)
+    p = robots.add_parser("recipes", help="the shipped recipes, one line each (NAME --explain: what one runs, what "
+                                          "it is for, what it reproduces)")
+    p.add_argument("names", nargs="*", metavar="NAME|FILE.toml",
+                   help="only these: shipped recipes, or your own TOML files, whose values are then checked in full "
+                        "(default: every shipped recipe)")
+    p.add_argument("--explain", action="store_true",
+                   help="print each recipe's description, use, reported result and every value instead of the "
+                        "one-line table")
+    p.set_defaults(handler="gpdyn.cli.control:cli_recipes", reads_only=True)
+
+
+def add_legged_parser(robots: argparse._SubParsersAction, task: str) -> None:
+    """``gpdyn control TASK`` for a legged task: MPC with learned and true models beside the task's policy."""
+    p = robots.add_parser(task, help=f"{task}: MPC with a learned model beside the TRPO policy and the true model")
     add_common(p)
     p.add_argument("--episodes", type=COUNT, default=None, metavar="N",
                    help="consecutive episodes per controller and condition; the online model is kept across "
                         "them, the frozen one stays as pretrained (default %(effective)s)")
     p.add_argument("--planner", choices=("mppi", "cem"), default=None, help="MPC planner (default %(effective)s)")
     p.add_argument("--cost", choices=("reward", "track"), default=None,
-                   help="what the planner minimises, minus the Walker2d reward (reward) or the distance of the "
+                   help="what the planner minimises, minus the task's reward (reward) or the distance of the "
                         "predicted next velocities to those of the nominal plant under the TRPO policy (track: "
                         "policy transfer; default %(effective)s)")
     p.add_argument("--track-offset-weight", type=NON_NEGATIVE, default=None, metavar="W",
@@ -178,7 +200,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="start each plan from the previous one shifted, undoing a recipe's cold start "
                         "(warm start by default: %(effective)s)")
     p.add_argument("--compiled-planner", action=argparse.BooleanOptionalAction, default=None,
-                   help="run the walker cost and the TRPO proposal as compiled programs (needs a C++ compiler; "
+                   help="run the task's cost and the TRPO proposal as compiled programs (needs a C++ compiler; "
                         "about 2 ms less per K = 1000, H = 30 plan; default %(effective)s)")
     p.add_argument("--uncertainty", choices=("mean", "penalty", "sample"), default=None,
                    help="use of the predictive variance: none (mean), a cost on it (penalty) or sampled "
@@ -190,7 +212,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", choices=("change", "velocity"), default=None,
                    help="what the learner predicts, the velocity change over the step (change) or the next "
                         "velocity (velocity; default %(effective)s)")
-    p.add_argument("--change", choices=("torso_mass", "foot_friction", "weak_motor"), default=None,
+    p.add_argument("--change", choices=("torso_mass", "foot_friction", "weak_motor", "joint_spring"), default=None,
                    help="plant change (default %(effective)s)")
     p.add_argument("--change-factor", type=POSITIVE, default=None, metavar="FACTOR",
                    help="scale of the plant change (default %(effective)s; with another --change, that change's "
@@ -216,26 +238,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--learner-option", type=size_option, action="append", default=[], metavar="KEY=VALUE",
                    help="an option of the learner's constructor over its preset and the recipe's, e.g. "
                         "compiled_mean=true (wiski) or shared_kernel=true (svdgp); repeatable (default: none)")
-    p.set_defaults(handler="gpdyn.cli.control:cli_control")
-
-    from gpdyn.cli import control_arm
-
-    control_arm.add_parsers(robots, add_common)
-    for robot in RUN_CONFIGS:
-        state_effective_defaults(robots.choices[robot], robot)
-    p = robots.add_parser("recipes", help="the shipped recipes, one line each (NAME --explain: what one runs, what "
-                                          "it is for, what it reproduces)")
-    p.add_argument("names", nargs="*", metavar="NAME|FILE.toml",
-                   help="only these: shipped recipes, or your own TOML files, whose values are then checked in full "
-                        "(default: every shipped recipe)")
-    p.add_argument("--explain", action="store_true",
-                   help="print each recipe's description, use, reported result and every value instead of the "
-                        "one-line table")
-    p.set_defaults(handler="gpdyn.cli.control:cli_recipes", reads_only=True)
+    p.set_defaults(handler="gpdyn.cli.control:cli_control", task=task)
 
 
-# the walker options copied onto WalkerRunConfig when given
-WALKER_OPTIONS = ("learner", "seed", "steps", "planner", "cost", "samples", "sim_samples", "horizon", "noise_std", "temperature", "episodes",
+# the legged tasks' options copied onto LeggedRunConfig when given
+LEGGED_OPTIONS = ("learner", "seed", "steps", "planner", "cost", "samples", "sim_samples", "horizon", "noise_std", "temperature", "episodes",
                   "control_cost", "track_offset_weight", "residual_gate", "residual_gate_z", "residual_kernel",
                   "residual_forget", "uncertainty", "var_weight", "terminal_value", "relative_to_proposal",
                   "proposal_tail", "warm_start", "compiled_planner", "target", "change", "change_factor", "change_at", "controllers",
@@ -270,31 +277,31 @@ def recipe_for(args: argparse.Namespace, robot: str):
 
 
 def cli_control(args: argparse.Namespace) -> int:
-    """``gpdyn control walker``: the online control experiment, its run folder and report.
+    """``gpdyn control walker|hopper``: the online control experiment of a legged task, its run folder and report.
 
     The recipe and the options (the device among them) are checked before the run folder is
     made or any data collected. config.json records the resolved settings and the recipe.
     """
     from dataclasses import asdict
 
-    from gpdyn.experiments.control_walker import run_walker
+    from gpdyn.experiments.control_legged import run_legged
     from gpdyn.runs import RunDir
 
-    recipe = recipe_for(args, "walker")
+    recipe = recipe_for(args, args.task)
     cfg = recipe.build(device=args.device)
-    given = copy_options(cfg, args, WALKER_OPTIONS)
+    given = copy_options(cfg, args, LEGGED_OPTIONS)
     if args.learner_option:
         cfg.learner_options = {**cfg.learner_options, **dict(args.learner_option)}
         given["learner_options"] = cfg.learner_options
     if "change" in given and "change_factor" not in given:
         cfg.change_factor = None  # a recipe's factor belongs to its change: another change takes its own
     cfg.validate()
-    check_store_exists(args.store, "walker")
-    run = RunDir.create("control-walker", {"robot": "walker", **asdict(cfg), **recipe.record(given)},
+    check_store_exists(args.store, args.task)
+    run = RunDir.create(f"control-{args.task}", {"robot": args.task, **asdict(cfg), **recipe.record(given)},
                         out=args.out)
-    print(f"gpdyn control walker: recipe {recipe.name}, run folder {run.path}")
-    result = run_walker(run, cfg, args.store)
-    print(f"gpdyn control walker: report {result['report']}")
+    print(f"gpdyn control {args.task}: recipe {recipe.name}, run folder {run.path}")
+    result = run_legged(run, cfg, args.store)
+    print(f"gpdyn control {args.task}: report {result['report']}")
     return 0
 
 

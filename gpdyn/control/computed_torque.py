@@ -38,7 +38,7 @@ FEEDFORWARD = ("none", "true", "learned")
 
 
 class ComputedTorqueController(Controller):
-    """Feed-forward plus PD on an :class:`~gpdyn.robots.arm_env.ArmEnv` (see the module notes).
+    """Feed-forward plus PD on an :class:`~gpdyn.sim.arm_env.ArmEnv` (see the module notes).
 
     ``gains``: ``(Kp, Kd)`` [n] (e.g. :func:`gpdyn.robots.arm.pd_gains`); ``dt``: the control
     step (s). With ``feedforward="learned"``, ``model`` is the learned inverse dynamics and

@@ -1,6 +1,8 @@
-"""The Walker2d online control experiment (``gpdyn control walker``): plan -> act -> observe -> update -> replan.
+"""The online control experiment of a legged task (``gpdyn control walker|hopper``): plan -> act -> observe ->
+update -> replan.
 
-A learner is pretrained on stored rollouts (``walker-1``), then every controller runs
+A learner is pretrained on stored rollouts of the task (its ``-1`` problem, e.g. ``walker-1``),
+then every controller runs
 ``episodes`` consecutive episodes per plant condition, episode k of every controller from
 the same reset seed, each by :func:`gpdyn.sim.loop.run_episode`:
 
@@ -19,7 +21,7 @@ pretrained. Conditions: ``nominal`` and ``changed`` (a plant change of
 :data:`~the task's ``plant_changes```, from the start or at step
 ``change_at``). Logs per step (reward, planning time, model prediction error, predictive
 variance, fallbacks) and per episode (return, length) go to ``metrics.jsonl``; every
-episode is also stored in ``episodes.zarr`` (the Walker2d store layout), from which the
+episode is also stored in ``episodes.zarr`` (the task's rollout store layout), from which the
 optional video is rendered. ``report.md`` and plots are written at the end
 (:mod:`gpdyn.experiments.control_report`).
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,29 +40,28 @@ import numpy as np
 import torch
 
 from gpdyn.control.controllers import MPCController
-from gpdyn.sim.loop import PolicyController
 from gpdyn.control.dynamics import TARGETS, LearnedDynamics, SimDynamics, env_state
-from gpdyn.sim.loop import Controller, Episode, run_episode
 from gpdyn.control.mpc import MPCConfig, make_planner
 from gpdyn.device import MAX_SEED, resolve_device, resolve_dtype
 from gpdyn.errors import InputError
+from gpdyn.experiments.control import run_control
 from gpdyn.gp import LEARNERS, PRESETS, Learner, learner_class, learner_options, make_learner
 from gpdyn.gp.online import nmse
 from gpdyn.gp.residual import RESIDUAL_KERNELS, ResidualGP
 from gpdyn.gp.training import OnlineUpdater, pretrain_learner
-from gpdyn.robots.walker import ACTION_INPUTS, DT, ENV_ID, FRAME_SKIP, LAYOUT, NU, NX, QVEL_INPUTS, WALKER, make_env
-from gpdyn.robots.legged import NominalTrackingCost, TorchPolicy, state_rows
+from gpdyn.robots.legged import LeggedTask, NominalTrackingCost, TorchPolicy
+from gpdyn.robots.task import get_task
 from gpdyn.runs import RunDir
+from gpdyn.sim.loop import Controller, Episode, PolicyController
 
 log = logging.getLogger(__name__)
 
 CONTROLLERS = ("trpo", "true", "frozen", "online")
-# what the planners minimise: "reward" = minus the Walker2d reward (WalkerCost), "track" = the
+# what the planners minimise: "reward" = minus the task's reward (LeggedCost), "track" = the
 # distance to the nominal plant's next velocities under the policy (NominalTrackingCost)
 COSTS = ("reward", "track")
 CONDITIONS = ("nominal", "changed")
 ADAPT = ("steps", "residual")
-EPISODE_STEPS = 1000  # Walker2d-v5's TimeLimit: no run, plan or tail is longer
 # ResidualGP noise variance by kernel, normalised output units. SE: small, so the residual
 # follows the samples it has seen; linear: about the pretrained model's own held-out error
 # (test nMSE 0.28 on a 20-episode store), which the bias and gains are fitted through
@@ -67,21 +69,22 @@ RESIDUAL_NOISE = {"se": 1e-3, "linear": 0.3}
 
 
 @dataclass
-class WalkerRunConfig:
-    """Settings of a Walker2d control run. The defaults run in a few minutes on 2 cores.
+class LeggedRunConfig:
+    """Settings of a legged task's control run. The defaults run in a few minutes on 2 cores.
 
     Paper scale: ``samples=1000, horizon=30, steps=1000, scale="paper"``.
     """
 
+    task: str = "walker"  # the registered legged task (gpdyn.robots.task)
     learner: str = "svdgp"
-    target: str = "change"  # the learner's outputs: "change" (qvel[t+1] - qvel[t]) or "velocity" (qvel[t+1], walker-1 as is)
+    target: str = "change"  # the learner's outputs: "change" (qvel[t+1] - qvel[t]) or "velocity" (qvel[t+1], the -1 problem as is)
     scale: str = "small"  # learner sizes: a preset of the learner's size table (gpdyn.gp.PRESETS)
     planner: str = "mppi"
-    cost: str = "reward"  # COSTS: the Walker2d reward, or tracking the nominal plant under the policy
+    cost: str = "reward"  # COSTS: the task's reward, or tracking the nominal plant under the policy
     # cost="track": price of an action offset to the policy, (rad/s)^2 per unit^2 (NominalTrackingCost);
     # without it the online model chased its own errors on the mild changes and fell
     track_offset_weight: float = 10.0
-    steps: int = 100  # control steps per episode (Walker2d episodes end at 1000)
+    steps: int = 100  # control steps per episode (the task's episodes end at its time limit)
     episodes: int = 1  # consecutive episodes per controller and condition; the online model is kept across them
     samples: int = 64  # K for the learned model
     sim_samples: int = 32  # K for the true-simulator model (each sample is a MuJoCo rollout)
@@ -137,66 +140,75 @@ class WalkerRunConfig:
     # options of the learner's constructor over its preset (e.g. compiled_mean for wiski, shared_kernel for svdgp)
     learner_options: dict[str, bool | int | float | str] = field(default_factory=dict)
 
+    @property
+    def legged_task(self) -> LeggedTask:
+        """The task this run controls (InputError for an unknown or non-legged one)."""
+        task = get_task(self.task)
+        if not isinstance(task, LeggedTask):
+            raise InputError(f"control {self.task}: not a legged task (a {type(task).__name__})")
+        return task
+
     def validate(self) -> None:
         """Raise InputError naming the first bad option (the device included: before any data is collected)."""
+        task = self.legged_task
         if self.learner not in LEARNERS:
-            raise InputError(f"control walker: unknown learner '{self.learner}'; choose one of {', '.join(LEARNERS)}")
+            raise InputError(f"control {self.task}: unknown learner '{self.learner}'; choose one of {', '.join(LEARNERS)}")
         unknown = sorted(set(self.learner_options) - set(learner_options(learner_class(self.learner))))
         if unknown:
-            raise InputError(f"control walker: learner_options: learner '{self.learner}' takes no option {', '.join(unknown)}")
+            raise InputError(f"control {self.task}: learner_options: learner '{self.learner}' takes no option {', '.join(unknown)}")
         if self.steps < 1 or self.episodes < 1 or self.store_episodes < 1 or self.pretrain_iterations < 0:
-            raise InputError(f"control walker: steps, episodes, store_episodes >= 1 and pretrain_iterations >= 0 needed, "
+            raise InputError(f"control {self.task}: steps, episodes, store_episodes >= 1 and pretrain_iterations >= 0 needed, "
                              f"got {self.steps}, {self.episodes}, {self.store_episodes}, {self.pretrain_iterations}")
         for name in ("steps", "horizon", "proposal_tail"):  # past an episode's end they plan or run nothing
-            if getattr(self, name) > EPISODE_STEPS:
-                raise InputError(f"control walker: {name} {getattr(self, name)} is longer than a Walker2d episode "
-                                 f"({EPISODE_STEPS} steps)")
+            if getattr(self, name) > task.episode_steps:
+                raise InputError(f"control {self.task}: {name} {getattr(self, name)} is longer than an episode "
+                                 f"({task.episode_steps} steps)")
         for name in ("seed", "store_seed"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= MAX_SEED:
-                raise InputError(f"control walker: {name} must be in [0, {MAX_SEED}], got {value}")
+                raise InputError(f"control {self.task}: {name} must be in [0, {MAX_SEED}], got {value}")
         if self.pretrain_batch < 1 or self.online_batch < 1:
-            raise InputError(f"control walker: pretrain_batch and online_batch must be >= 1, got {self.pretrain_batch}, "
+            raise InputError(f"control {self.task}: pretrain_batch and online_batch must be >= 1, got {self.pretrain_batch}, "
                              f"{self.online_batch}")
         if self.scale not in PRESETS:
-            raise InputError(f"control walker: scale must be one of {', '.join(PRESETS)}, got '{self.scale}'")
-        WALKER.plant_change_factor(self.change, self.change_factor)
+            raise InputError(f"control {self.task}: scale must be one of {', '.join(PRESETS)}, got '{self.scale}'")
+        task.plant_change_factor(self.change, self.change_factor)
         if not 0 <= self.change_at < self.steps:
-            raise InputError(f"control walker: --change-at must be in [0, steps={self.steps}), got {self.change_at}")
+            raise InputError(f"control {self.task}: --change-at must be in [0, steps={self.steps}), got {self.change_at}")
         for name, given, allowed in (("controllers", self.controllers, CONTROLLERS), ("conditions", self.conditions, CONDITIONS)):
             bad = [c for c in given if c not in allowed]
             if bad or not given:
-                raise InputError(f"control walker: {name} {bad or '(none)'} not in {', '.join(allowed)}")
+                raise InputError(f"control {self.task}: {name} {bad or '(none)'} not in {', '.join(allowed)}")
         if self.target not in TARGETS:
-            raise InputError(f"control walker: target must be one of {', '.join(TARGETS)}, got '{self.target}'")
+            raise InputError(f"control {self.task}: target must be one of {', '.join(TARGETS)}, got '{self.target}'")
         if self.cost not in COSTS:
-            raise InputError(f"control walker: cost must be one of {', '.join(COSTS)}, got '{self.cost}'")
+            raise InputError(f"control {self.task}: cost must be one of {', '.join(COSTS)}, got '{self.cost}'")
         if not (self.track_offset_weight >= 0 and np.isfinite(self.track_offset_weight)):
-            raise InputError(f"control walker: track_offset_weight must be finite and >= 0, got {self.track_offset_weight}")
+            raise InputError(f"control {self.task}: track_offset_weight must be finite and >= 0, got {self.track_offset_weight}")
         if self.cost == "track" and self.terminal_value:
-            raise InputError("control walker: --terminal-value adds the critic's reward units to a cost in velocity "
+            raise InputError(f"control {self.task}: --terminal-value adds the critic's reward units to a cost in velocity "
                              "units; it does not apply with --cost track")
         if self.adapt not in ADAPT:
-            raise InputError(f"control walker: adapt must be one of {', '.join(ADAPT)}, got '{self.adapt}'")
+            raise InputError(f"control {self.task}: adapt must be one of {', '.join(ADAPT)}, got '{self.adapt}'")
         if self.residual_kernel not in RESIDUAL_KERNELS:
-            raise InputError(f"control walker: residual_kernel must be one of {', '.join(RESIDUAL_KERNELS)}, "
+            raise InputError(f"control {self.task}: residual_kernel must be one of {', '.join(RESIDUAL_KERNELS)}, "
                              f"got '{self.residual_kernel}'")
         if not 0 < self.residual_forget <= 1:
-            raise InputError(f"control walker: residual_forget must be in (0, 1], got {self.residual_forget}")
+            raise InputError(f"control {self.task}: residual_forget must be in (0, 1], got {self.residual_forget}")
         if not (self.residual_gate_z >= 0 and np.isfinite(self.residual_gate_z)):
-            raise InputError(f"control walker: residual_gate_z must be finite and >= 0, got {self.residual_gate_z}")
+            raise InputError(f"control {self.task}: residual_gate_z must be finite and >= 0, got {self.residual_gate_z}")
         noise_ok = self.residual_noise is None or (self.residual_noise > 0 and np.isfinite(self.residual_noise))
         if self.window < 4 or self.updates < 0 or not (self.residual_lengthscale > 0 and noise_ok):
-            raise InputError(f"control walker: need window >= 4, updates >= 0, residual_lengthscale > 0 and "
+            raise InputError(f"control {self.task}: need window >= 4, updates >= 0, residual_lengthscale > 0 and "
                              f"residual_noise > 0, got {self.window}, {self.updates}, {self.residual_lengthscale}, "
                              f"{self.residual_noise}")
         resolve_device(self.device)
-        resolve_dtype(self.dtype, self.device, option="control walker: dtype")
+        resolve_dtype(self.dtype, self.device, option=f"control {self.task}: dtype")
         if self.sim_samples < 2:
-            raise InputError(f"control walker: sim_samples must be >= 2, got {self.sim_samples}")
+            raise InputError(f"control {self.task}: sim_samples must be >= 2, got {self.sim_samples}")
         self.mpc(self.samples).validate()
         for samples in (self.samples, self.sim_samples):  # before any data is collected or model trained
-            self.mpc(samples).check_memory(NX, NU, self.torch_dtype, self.device)
+            self.mpc(samples).check_memory(task.layout.nx, task.layout.nu, self.torch_dtype, self.device)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -214,71 +226,74 @@ class WalkerRunConfig:
 
 
 # ---------------------------------------------------------------------------- model
-def _walker_store(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None) -> Path:
+def _task_store(run: RunDir, cfg: LeggedRunConfig, store: str | Path | None) -> Path:
     if store is not None:
         path = Path(store)
         if not path.exists():
-            raise InputError(f"control walker: --store {path} does not exist")
+            raise InputError(f"control {cfg.task}: --store {path} does not exist")
         return path
     from gpdyn.sim.legged import collect_legged
 
-    path = run.path / "walker.zarr"
+    path = run.path / f"{cfg.task}.zarr"
     seed = cfg.seed if cfg.store_seed is None else cfg.store_seed
-    collect_legged(WALKER, path, cfg.store_episodes, envs=1, seed=seed, progress=cfg.progress)
+    collect_legged(cfg.legged_task, path, cfg.store_episodes, envs=1, seed=seed, progress=cfg.progress)
     return path
 
 
-def pretrained_walker_model(cfg: WalkerRunConfig, store: str | Path) -> tuple[Learner, LearnedDynamics, dict[str, float]]:
-    """Pretrain ``cfg.learner`` on the walker-1 training split; returns it, its dynamics and test errors.
+def pretrained_model(cfg: LeggedRunConfig, store: str | Path) -> tuple[Learner, LearnedDynamics, dict[str, float]]:
+    """Pretrain ``cfg.learner`` on the training split of the task's ``-1`` problem; returns it, its dynamics and
+    test errors.
 
     Test errors: nMSE of the learner's own target and the next velocity's RMSE in
     physical units (comparable across targets), beside that of "the velocity persists".
     """
     from gpdyn.data.problems import load_problem
 
-    walker1 = load_problem(store, "walker-1", protocol="iid", seed=cfg.seed)
-    problem = walker1.as_change_of(QVEL_INPUTS) if cfg.target == "change" else walker1
+    task = cfg.legged_task
+    layout, velocities = task.layout, task.layout.velocity_inputs
+    one_step = load_problem(store, task.default_problem, protocol="iid", seed=cfg.seed)
+    problem = one_step.as_change_of(velocities) if cfg.target == "change" else one_step
     dtype = cfg.torch_dtype
     x, y = problem.tensors("train", cfg.device, dtype)
-    learner = make_learner(cfg.learner, LAYOUT.input_dim, LAYOUT.nv, preset=cfg.scale, device=cfg.device, dtype=dtype,
+    learner = make_learner(cfg.learner, layout.input_dim, layout.nv, preset=cfg.scale, device=cfg.device, dtype=dtype,
                             seed=cfg.seed, **cfg.learner_options)
     t0 = time.perf_counter()
     fit = pretrain_learner(learner, x, y, iterations=cfg.pretrain_iterations, batch=cfg.pretrain_batch,
                            seed=cfg.seed, progress=cfg.progress)
     seconds = time.perf_counter() - t0
-    dynamics = LearnedDynamics.from_learner(learner, problem.normalizer, LAYOUT, cfg.target)
+    dynamics = LearnedDynamics.from_learner(learner, problem.normalizer, layout, cfg.target)
     x_raw, y_raw = problem.tensors("test", cfg.device, dtype, normalize=False)
     with torch.no_grad():
         velocity, _ = dynamics.model.predict(x_raw)
-    next_velocity = torch.as_tensor(walker1.y_test, device=cfg.device, dtype=dtype)
+    next_velocity = torch.as_tensor(one_step.y_test, device=cfg.device, dtype=dtype)
     # nMSE is per output and invariant to the normaliser's affine map: the learner's own
     # target in physical units scores as its normalised prediction would
-    err = nmse(velocity - x_raw[:, QVEL_INPUTS] if cfg.target == "change" else velocity, y_raw)
+    err = nmse(velocity - x_raw[:, velocities] if cfg.target == "change" else velocity, y_raw)
     stats = {"pretrain_seconds": seconds, "target": cfg.target, "test_nmse_mean": float(err.mean()),
              "test_nmse_max": float(err.max()),
              "test_velocity_rmse": float((velocity - next_velocity).pow(2).mean().sqrt()),
-             "test_persistence_rmse": float((x_raw[:, QVEL_INPUTS] - next_velocity).pow(2).mean().sqrt()),
+             "test_persistence_rmse": float((x_raw[:, velocities] - next_velocity).pow(2).mean().sqrt()),
              "train_rows": int(x.shape[0]), **{f"pretrain_{k}": v for k, v in fit.items()}}
     return learner, dynamics, stats
 
 
-def walker_train_inputs(cfg: WalkerRunConfig, store: str | Path) -> torch.Tensor:
-    """The normalised walker-1 training inputs (the residual GP's lengthscale reference)."""
+def train_inputs(cfg: LeggedRunConfig, store: str | Path) -> torch.Tensor:
+    """The normalised training inputs of the task's ``-1`` problem (the residual GP's lengthscale reference)."""
     from gpdyn.data.problems import load_problem
 
-    return load_problem(store, "walker-1", protocol="iid", seed=cfg.seed).tensors("train", cfg.device, cfg.torch_dtype)[0]
+    return load_problem(store, cfg.legged_task.default_problem, protocol="iid", seed=cfg.seed).tensors("train", cfg.device, cfg.torch_dtype)[0]
 
 
-def walker_residual_gp(prior: Learner, reference_x: torch.Tensor, cfg: WalkerRunConfig) -> ResidualGP:
+def residual_gp(prior: Learner, reference_x: torch.Tensor, cfg: LeggedRunConfig) -> ResidualGP:
     """The online model of ``adapt="residual"``: a ResidualGP on ``prior`` with the configured kernel and gate."""
     noise = RESIDUAL_NOISE[cfg.residual_kernel] if cfg.residual_noise is None else cfg.residual_noise
     return ResidualGP(prior, reference_x, window=cfg.window, lengthscale_factor=cfg.residual_lengthscale,
                       amplitude=1.0, noise=noise, gated=cfg.residual_gate, gate_z=cfg.residual_gate_z,
                       kernel=cfg.residual_kernel, forget=cfg.residual_forget,
-                      linear_inputs=range(prior.input_dim)[ACTION_INPUTS])
+                      linear_inputs=range(prior.input_dim)[cfg.legged_task.layout.action_inputs])
 
 
-def copy_learner(learner: Learner, cfg: WalkerRunConfig) -> Learner:
+def copy_learner(learner: Learner, cfg: LeggedRunConfig) -> Learner:
     """A new learner of the same kind and sizes holding ``learner``'s state (the contract's checkpoint)."""
     twin = make_learner(cfg.learner, learner.input_dim, learner.output_dim, preset=cfg.scale, device=cfg.device,
                          dtype=cfg.torch_dtype, seed=cfg.seed, **cfg.learner_options)
@@ -286,41 +301,41 @@ def copy_learner(learner: Learner, cfg: WalkerRunConfig) -> Learner:
     return twin
 
 
-def online_walker_model(learner: Learner, frozen: LearnedDynamics, cfg: WalkerRunConfig,
+def online_model(learner: Learner, frozen: LearnedDynamics, cfg: LeggedRunConfig,
                         residual_reference: torch.Tensor | None) -> tuple[LearnedDynamics, OnlineUpdater]:
     """The online controller's model, a copy of the pretrained ``learner`` (wrapped in a
     ResidualGP with ``adapt="residual"``), and the updater that feeds it every transition."""
     twin = copy_learner(learner, cfg)
     if cfg.adapt == "residual":
         if residual_reference is None:
-            raise InputError("control walker: adapt='residual' needs the walker-1 training inputs as its reference")
-        twin = walker_residual_gp(twin, residual_reference, cfg)
-    dynamics = LearnedDynamics.from_learner(twin, frozen.model.normalizer, LAYOUT, cfg.target)
+            raise InputError(f"control {cfg.task}: adapt='residual' needs the training inputs as its reference")
+        twin = residual_gp(twin, residual_reference, cfg)
+    dynamics = LearnedDynamics.from_learner(twin, frozen.model.normalizer, cfg.legged_task.layout, cfg.target)
     return dynamics, OnlineUpdater(twin, batch=cfg.online_batch, updates=cfg.updates)
 
 
-def walker_reset_seed(seed: int, episode: int) -> int:
+def episode_reset_seed(seed: int, episode: int) -> int:
     """The reset seed of consecutive episode ``episode``: the same for every controller and condition."""
     return int(np.random.default_rng([seed, 8]).integers(2**31 - 1)) + episode
 
 
-def walker_planner(cfg: WalkerRunConfig, model: Any, sim: Any, policy: Any, samples: int, reference: Any = None):
+def legged_planner(cfg: LeggedRunConfig, model: Any, sim: Any, policy: Any, samples: int, reference: Any = None):
     """The configured MPPI/CEM planner on ``model`` with the TRPO policy as proposal and, as the
-    cost, the Walker2d reward of env ``sim`` (with ``terminal_value``, the policy's critic after
+    cost, the task's reward in env ``sim`` (with ``terminal_value``, the policy's critic after
     the horizon) or, with ``cost="track"``, the distance to what the nominal model ``reference``
     does under the policy."""
     proposal = TorchPolicy(policy, cfg.device, cfg.torch_dtype)
-    task = WALKER.cost(dt=float(sim.dt))
+    task = cfg.legged_task.cost(dt=float(sim.dt))
     if cfg.cost == "track":
         if reference is None:
-            raise InputError("control walker: --cost track needs a nominal reference model")
+            raise InputError(f"control {cfg.task}: --cost track needs a nominal reference model")
         task = NominalTrackingCost(reference, proposal, task, cfg.track_offset_weight)
     return make_planner(cfg.planner, model, task, sim.action_space.low, sim.action_space.high,
                         cfg.mpc(samples), proposal=proposal, terminal_value=proposal.value if cfg.terminal_value else None,
                         device=cfg.device, dtype=cfg.torch_dtype, seed=cfg.seed)
 
 
-def walker_controller(name: str, cfg: WalkerRunConfig, policy: Any, model: LearnedDynamics | None = None,
+def legged_controller(name: str, cfg: LeggedRunConfig, policy: Any, model: LearnedDynamics | None = None,
                       updater: OnlineUpdater | None = None, reference: LearnedDynamics | None = None) -> Controller:
     """The experiment's controller ``name`` (:data:`CONTROLLERS`).
 
@@ -334,33 +349,35 @@ def walker_controller(name: str, cfg: WalkerRunConfig, policy: Any, model: Learn
     if name == "true":
         def true_planner(env: Any) -> Any:
             sim = env.unwrapped
-            nominal = SimDynamics(copy.deepcopy(sim.model), FRAME_SKIP) if cfg.cost == "track" else None
-            return walker_planner(cfg, SimDynamics(sim.model, FRAME_SKIP), sim, policy, cfg.sim_samples, nominal)
+            frame_skip = cfg.legged_task.frame_skip
+            nominal = SimDynamics(copy.deepcopy(sim.model), frame_skip) if cfg.cost == "track" else None
+            return legged_planner(cfg, SimDynamics(sim.model, frame_skip), sim, policy, cfg.sim_samples, nominal)
 
         return MPCController(name, true_planner, env_state, device=cfg.device, dtype=cfg.torch_dtype)
     if name in ("frozen", "online"):
         if model is None:
-            raise InputError(f"control walker: the {name} controller needs a learned model")
-        return MPCController(name, lambda env: walker_planner(cfg, model, env.unwrapped, policy, cfg.samples, reference),
+            raise InputError(f"control {cfg.task}: the {name} controller needs a learned model")
+        return MPCController(name, lambda env: legged_planner(cfg, model, env.unwrapped, policy, cfg.samples, reference),
                              env_state, model=model, updater=updater if name == "online" else None,
                              device=cfg.device, dtype=cfg.torch_dtype)
-    raise InputError(f"control walker: unknown controller '{name}'; choose one of {', '.join(CONTROLLERS)}")
+    raise InputError(f"control {cfg.task}: unknown controller '{name}'; choose one of {', '.join(CONTROLLERS)}")
 
 
 # ---------------------------------------------------------------------------- episodes
-def _walker_store_for_episodes(path: Path, cfg: WalkerRunConfig):
+def _episodes_store(path: Path, cfg: LeggedRunConfig):
     from gpdyn.data.store import EpisodeStore
     from gpdyn.sim.legged import legged_fields
 
     return EpisodeStore.create(
-        path, legged_fields(WALKER), source="gpdyn-control", env_id=ENV_ID, dt=DT, seed=cfg.seed,
+        path, legged_fields(cfg.legged_task), source="gpdyn-control", env_id=cfg.legged_task.env_id,
+        dt=cfg.legged_task.layout.dt, seed=cfg.seed,
         episode_keys={"controller": "int64", "condition": "int64", "episode": "int64", "return": "float64"},
         extra_attrs={"controllers": list(CONTROLLERS), "conditions": list(CONDITIONS), "change": cfg.change,
                      "change_at": cfg.change_at},
     )
 
 
-def plant_change_step(cfg: WalkerRunConfig, condition: str, elapsed: int) -> int | None:
+def plant_change_step(cfg: LeggedRunConfig, condition: str, elapsed: int) -> int | None:
     """The step of an episode at which the plant changes, after ``elapsed`` control steps of
     the condition's earlier episodes: ``cfg.change_at`` counts steps over the consecutive
     episodes, so a plant changed in mid-episode stays changed in the episodes after (a motor
@@ -369,73 +386,93 @@ def plant_change_step(cfg: WalkerRunConfig, condition: str, elapsed: int) -> int
     return max(0, cfg.change_at - elapsed) if condition == "changed" else None
 
 
-def run_walker_episode(run: RunDir, cfg: WalkerRunConfig, controller: Controller, condition: str, *, reset_seed: int,
-                       episode: int = 0, change_step: int | None = None) -> Episode:
-    """One Walker2d episode under ``controller`` in a new environment, every step logged to ``run``.
+class LeggedPlan:
+    """The legged experiment as :func:`gpdyn.experiments.control.run_control` runs it: the TRPO
+    policy, the pretrained model (``learner``/``dynamics``, None without learned controllers),
+    one online model per condition, every episode stored in ``episodes``."""
 
-    ``episode``: its index among the consecutive episodes of ``controller`` and ``condition``.
-    ``change_step``: the step at which the plant change is applied (0: before the first;
-    None: never), see :func:`plant_change_step`.
-    """
+    next_rows = ("qpos", "qvel")
 
-    def change(t: int, env: Any) -> str | None:
-        return WALKER.apply_plant_change(env.unwrapped.model, cfg.change, cfg.change_factor) if t == change_step else None
+    def __init__(self, cfg: LeggedRunConfig, policy: Any, learner: Learner | None, dynamics: LearnedDynamics | None,
+                 residual_reference: torch.Tensor | None, episodes: Any) -> None:
+        self.cfg, self.task = cfg, cfg.legged_task
+        self.robot, self.conditions, self.controllers = cfg.task, cfg.conditions, cfg.controllers
+        self.episodes, self.steps, self.progress = cfg.episodes, cfg.steps, cfg.progress
+        self.policy, self.learner, self.dynamics = policy, learner, dynamics
+        self.residual_reference = residual_reference
+        self.store = episodes
+        self.results: list[dict[str, Any]] = []
 
-    env = make_env()
-    try:
-        return run_episode(env, controller, steps=cfg.steps, reset_seed=reset_seed, before_step=change, rows=state_rows,
-                           next_rows=("qpos", "qvel"), log=run.log, progress=cfg.progress,
-                           tags={"robot": "walker", "controller": controller.name, "condition": condition,
-                                 "episode": episode})
-    finally:
-        env.close()
+    def controller(self, name: str, condition: str) -> Controller:
+        model, updater = self.dynamics, None
+        if name == "online":  # one online model per condition, kept over its episodes
+            if self.learner is None or self.dynamics is None:
+                raise InputError(f"control {self.robot}: the online controller needs a pretrained model")
+            model, updater = online_model(self.learner, self.dynamics, self.cfg, self.residual_reference)
+        return legged_controller(name, self.cfg, self.policy, model, updater, reference=self.dynamics)
+
+    def make_env(self) -> Any:
+        return self.task.make_env()
+
+    def reset_seed(self, episode: int) -> int:
+        return episode_reset_seed(self.cfg.seed, episode)
+
+    def plant_change(self, condition: str, elapsed: int) -> Callable[[int, Any], str | None]:
+        change_step = plant_change_step(self.cfg, condition, elapsed)
+
+        def change(t: int, env: Any) -> str | None:
+            if t != change_step:
+                return None
+            return self.task.apply_plant_change(env.unwrapped.model, self.cfg.change, self.cfg.change_factor)
+
+        return change
+
+    def rows(self, env: Any) -> dict[str, Any]:
+        return self.task.state_rows(env)
+
+    def record(self, episode: Episode, condition: str, name: str, index: int) -> None:
+        rec = episode.record
+        self.store.append_episode(episode.rows, controller=CONTROLLERS.index(name),
+                                  condition=CONDITIONS.index(condition), episode=index, **{"return": rec["return"]})
+        self.results.append(rec)
+        plan = rec.get("plan_seconds_mean")
+        log.info(f"   {condition:<8} {name:<7}" + (f" episode {index}" if self.episodes > 1 else "")
+                 + f" return {rec['return']:8.1f}  length {rec['length']:4d}"
+                 + (f"  plan {1e3 * plan:.0f} ms/step" if plan else ""))
+
+    def finish(self, run: RunDir) -> dict[str, Any]:
+        from gpdyn.experiments.control_report import write_legged_report
+
+        if self.cfg.video:
+            _video(run, self.store, self.results)
+        return {"episodes": self.results, "report": str(write_legged_report(run, self.cfg))}
 
 
-def run_walker(run: RunDir, cfg: WalkerRunConfig, store: str | Path | None = None) -> dict[str, Any]:
-    """The whole Walker2d experiment into ``run``: pretrain, every controller x condition, report."""
-    from gpdyn.experiments.control_report import write_walker_report
+def run_legged(run: RunDir, cfg: LeggedRunConfig, store: str | Path | None = None) -> dict[str, Any]:
+    """The whole experiment into ``run``: pretrain, every controller x condition (:func:`run_control`), report."""
     from gpdyn.robots.policy import load_policy
 
     cfg.validate()
     torch.manual_seed(cfg.seed)
-    store_path = _walker_store(run, cfg, store)
-    policy = load_policy()
+    store_path = _task_store(run, cfg, store)
+    task = cfg.legged_task
+    if task.policy_file is None:
+        raise InputError(f"control {cfg.task}: the task has no policy for the planners' proposal")
+    policy = load_policy(task.policy_file)
     learner, dynamics, fit = (None, None, {})
     if any(c in ("frozen", "online") for c in cfg.controllers):
-        learner, dynamics, fit = pretrained_walker_model(cfg, store_path)
-        run.log(kind="pretrain", robot="walker", learner=cfg.learner, store=str(store_path), **fit)
-        log.info(f"   pretrained {cfg.learner} ({cfg.target}) on {fit['train_rows']} walker-1 rows in "
+        learner, dynamics, fit = pretrained_model(cfg, store_path)
+        run.log(kind="pretrain", robot=cfg.task, learner=cfg.learner, store=str(store_path), **fit)
+        log.info(f"   pretrained {cfg.learner} ({cfg.target}) on {fit['train_rows']} {task.default_problem} rows in "
                  f"{fit['pretrain_seconds']:.1f} s: test nMSE {fit['test_nmse_mean']:.3f}, next-velocity RMSE "
                  f"{fit['test_velocity_rmse']:.2f} (velocity persists: {fit['test_persistence_rmse']:.2f})")
-    residual_reference = (walker_train_inputs(cfg, store_path)
+    residual_reference = (train_inputs(cfg, store_path)
                           if "online" in cfg.controllers and cfg.adapt == "residual" else None)
-    episodes_store = _walker_store_for_episodes(run.path / "episodes.zarr", cfg)
-    results = []
-    for condition in cfg.conditions:
-        for name in cfg.controllers:
-            model, updater = dynamics, None
-            if name == "online":  # one online model per condition, kept over its episodes
-                assert learner is not None and dynamics is not None
-                model, updater = online_walker_model(learner, dynamics, cfg, residual_reference)
-            controller = walker_controller(name, cfg, policy, model, updater, reference=dynamics)
-            elapsed = 0  # control steps of this controller and condition so far
-            for episode in range(cfg.episodes):
-                rec, rows = run_walker_episode(run, cfg, controller, condition,
-                                               reset_seed=walker_reset_seed(cfg.seed, episode), episode=episode,
-                                               change_step=plant_change_step(cfg, condition, elapsed))
-                elapsed += rec["length"]
-                episodes_store.append_episode(rows, controller=CONTROLLERS.index(name),
-                                              condition=CONDITIONS.index(condition), episode=episode,
-                                              **{"return": rec["return"]})
-                results.append(rec)
-                plan = rec.get("plan_seconds_mean")
-                log.info(f"   {condition:<8} {name:<7}" + (f" episode {episode}" if cfg.episodes > 1 else "")
-                         + f" return {rec['return']:8.1f}  length {rec['length']:4d}"
-                         + (f"  plan {1e3 * plan:.0f} ms/step" if plan else ""))
-    if cfg.video:
-        _video(run, episodes_store, results)
-    report = write_walker_report(run, cfg)
-    return {"episodes": results, "report": str(report), "pretrain": fit}
+    # after the store is read: a run that fails on its input leaves a folder with nothing logged, which the CLI removes
+    run.log(kind="task", robot=cfg.task, env_id=task.env_id, control_period_s=task.layout.dt)
+    plan = LeggedPlan(cfg, policy, learner, dynamics, residual_reference,
+                      _episodes_store(run.path / "episodes.zarr", cfg))
+    return {**run_control(run, plan), "pretrain": fit}
 
 
 def _video(run: RunDir, store: Any, results: list[dict[str, Any]]) -> None:
@@ -448,7 +485,6 @@ def _video(run: RunDir, store: Any, results: list[dict[str, Any]]) -> None:
     log.info(f"   video: {path}")
 
 
-__all__ = ["ADAPT", "CONDITIONS", "CONTROLLERS", "COSTS", "RESIDUAL_NOISE", "WalkerRunConfig", "copy_learner",
-           "online_walker_model", "plant_change_step", "pretrained_walker_model", "run_walker",
-           "run_walker_episode", "walker_controller", "walker_planner", "walker_reset_seed", "walker_residual_gp",
-           "walker_train_inputs"]
+__all__ = ["ADAPT", "CONDITIONS", "CONTROLLERS", "COSTS", "LeggedRunConfig", "RESIDUAL_NOISE", "copy_learner",
+           "episode_reset_seed", "legged_controller", "legged_planner", "online_model", "plant_change_step",
+           "pretrained_model", "residual_gp", "run_legged", "LeggedPlan", "train_inputs"]

@@ -4,9 +4,9 @@ Everything is read back from the run folder: the settings from ``config.json`` (
 config object while it runs: both give the same report), the rest from ``metrics.jsonl``.
 So ``gpdyn report RUN`` (:func:`write_control_report`) rewrites the report of a finished
 run, or of a stopped one from the episodes it recorded, without torch or MuJoCo; a plot newer
-than the run's records is kept (:func:`gpdyn.experiments.report.draw_plot`). Plots per controller over the control
-steps: the walker's return, torso x position (falls marked), one-step model error and
-CPU time per step against the 8 ms period; an arm's tracking error, feed-forward error
+than the run's records is kept (:func:`gpdyn.experiments.report_tools.draw_plot`). Plots per controller over the control
+steps: a legged robot's return, torso x position (falls marked), one-step model error and
+CPU time per step against the control period; an arm's tracking error, feed-forward error
 against the plant's inverse dynamics and CPU time per step against ``1 / rate_hz``.
 """
 
@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 
 from gpdyn.errors import InputError
-from gpdyn.experiments.report import draw_plot, new_figure, save_figure
+from gpdyn.experiments.report_tools import draw_plot, new_figure, save_figure
 from gpdyn.runs import METRICS_FILE, RunDir
 
-#: the Walker2d control period, s: Walker2d-v5's timestep 0.002 x frame skip 4 (gpdyn.robots.walker.DT, which imports
-#: MuJoCo and torch: a report needs neither)
-WALKER_PERIOD_S = 0.008
+#: the control period of a legged run folder written before its runs logged theirs, s: Walker2d-v5's timestep
+#: 0.002 x frame skip 4 (a report imports neither MuJoCo nor torch, so it does not ask the task)
+LEGGED_PERIOD_S = 0.008
 #: the file of the shipped iiwa, the arm of a run that names no model (gpdyn.robots.kuka.model_path, which imports
 #: MuJoCo)
 KUKA_FILE = "kuka_iiwa.xml"
@@ -46,8 +46,8 @@ def _mark_change(ax: Any, change_at: int, label: str) -> None:
         ax.text(change_at, ax.get_ylim()[1], f" {label}", va="top", fontsize=8)
 
 
-def walker_planner_text(config: dict[str, Any]) -> str:
-    """How a Walker2d run planned, from its config (a dict; older run folders lack the newer keys)."""
+def planner_text(config: dict[str, Any]) -> str:
+    """How a legged run planned, from its config (a dict; older run folders lack the newer keys)."""
     parts = [f"planner `{config.get('planner', 'mppi')}`, K = {config['samples']} (true model: K = {config['sim_samples']}), "
              f"H = {config['horizon']}, noise {config.get('noise_std', 0.2):g}, "
              f"temperature {config['temperature']:g}, uncertainty `{config['uncertainty']}`"
@@ -68,26 +68,29 @@ def walker_planner_text(config: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def write_walker_report(run: RunDir, cfg: Any, redraw: bool = False) -> Path:
+def write_legged_report(run: RunDir, cfg: Any, redraw: bool = False) -> Path:
     """Return table (controller x condition), distance and falls, CPU time per step, and the plots over time:
     return, distance, one-step model error, CPU ms per step against the control period.
 
-    ``cfg``: the run's :class:`~gpdyn.experiments.control_walker.WalkerRunConfig`, or its
+    ``cfg``: the run's :class:`~gpdyn.experiments.control_legged.LeggedRunConfig`, or its
     ``config.json`` as a dict (:func:`write_control_report`): both give the same report. A plot newer than the
-    run's records is kept unless ``redraw`` (:func:`gpdyn.experiments.report.draw_plot`).
+    run's records is kept unless ``redraw`` (:func:`gpdyn.experiments.report_tools.draw_plot`).
     """
-    c = _settings(cfg, WALKER_SETTINGS, run.path / "config.json")
+    c = _settings(cfg, LEGGED_SETTINGS, run.path / "config.json")
+    robot = c["task"]
     numbered = run.numbered_metrics()
-    _check_records(numbered, "walker", run.path / METRICS_FILE)
+    _check_records(numbered, robot, LEGGED_REQUIRED, run.path / METRICS_FILE)
     records = [r for _, r in numbered]
-    episodes = _series(records, "episode", "walker")
-    steps = _series(records, "step", "walker")
+    episodes = _series(records, "episode", robot)
+    steps = _series(records, "step", robot)
+    period = next((r["control_period_s"] for r in records if r.get("kind") == "task" and r.get("robot") == robot
+                   and _is_number(r.get("control_period_s"))), LEGGED_PERIOD_S)
     conditions, controllers = list(c["conditions"]), list(c["controllers"])
     change_label = next((e[0]["change"] for e in episodes.values() if e and e[0].get("change")), c["change"])
     lines = [
-        "# Walker2d online control",
+        f"# {robot} online control",
         "",
-        f"Learner `{c['learner']}` ({c['scale']} sizes, target `{c['target']}`), {walker_planner_text(c)}; "
+        f"Learner `{c['learner']}` ({c['scale']} sizes, target `{c['target']}`), {planner_text(c)}; "
         f"{c['steps']} control steps per episode, device `{c['device']}`; online model `{c['adapt']}`"
         + (f" ({c['residual_kernel']} kernel"
            + (f", gated, z = {c['residual_gate_z']:g}" if c["residual_gate"] else "") + ")."
@@ -124,14 +127,14 @@ def write_walker_report(run: RunDir, cfg: Any, redraw: bool = False) -> Path:
         lines.append(f"| {ctrl} | " + " | ".join(row) + f" | {t} | {ess} | {spread} | {fallbacks if times else '-'} |")
     if c["episodes"] > 1:
         lines += ["", f"Cells: mean over {c['episodes']} consecutive episodes, then each episode's return, with its "
-                      "length where the walker fell. The online model is kept from one episode to the next."]
+                      "length where the robot fell. The online model is kept from one episode to the next."]
     lines += _online_verdict(returns)
     lines += _distance_section(episodes, steps, conditions, controllers, c["steps"])
-    lines += compute_section([e for eps in episodes.values() for e in eps], WALKER_PERIOD_S)
+    lines += compute_section([e for eps in episodes.values() for e in eps], period)
     errs = {k: v for k, v in steps.items() if any("model_rmse" in r for r in v)}
     if errs:
         lines += ["", "## Model one-step error (velocity RMSE, mean over the steps of all episodes)", "",
-                  "| condition | controller | velocity RMSE | mean predictive variance (sum of 9) |", "|---|---|---|---|"]
+                  "| condition | controller | velocity RMSE | mean predictive variance (sum over the velocities) |", "|---|---|---|---|"]
         for (cond, ctrl), rs in sorted(errs.items()):
             e = [r["model_rmse"] for r in rs if "model_rmse" in r]
             v = [r["pred_variance"] for r in rs if "pred_variance" in r]
@@ -139,16 +142,16 @@ def write_walker_report(run: RunDir, cfg: Any, redraw: bool = False) -> Path:
     falls = _falls(episodes, c["steps"])
     change_at = c["change_at"]
     quantities = ["return"] + (["distance"] if any("x_position" in r for rs in steps.values() for r in rs) else [])
-    plots = [draw_plot(run.path / WALKER_QUANTITIES[quantity][1],
-                       lambda out, quantity=quantity: _plot_walker(out, steps, conditions, controllers, change_at,
+    plots = [draw_plot(run.path / f"{robot}_{LEGGED_QUANTITIES[quantity][1]}",
+                       lambda out, quantity=quantity: _plot_legged(out, steps, conditions, controllers, change_at,
                                                                    change_label, falls, quantity), redraw)
              for quantity in quantities]
     if c["episodes"] > 1:
-        plots.append(draw_plot(run.path / "walker_episode_returns.png",
-                               lambda out: _plot_walker_episodes(out, returns, conditions, controllers), redraw))
+        plots.append(draw_plot(run.path / f"{robot}_episode_returns.png",
+                               lambda out: _plot_legged_episodes(out, returns, conditions, controllers), redraw))
     if errs:
-        plots.append(draw_plot(run.path / "walker_model_error.png",
-                               lambda out: _plot_walker_error(out, errs, c["steps"], change_at, change_label), redraw))
+        plots.append(draw_plot(run.path / f"{robot}_model_error.png",
+                               lambda out: _plot_legged_error(out, errs, c["steps"], change_at, change_label), redraw))
     styles = dict(zip(conditions, ("-", "--")))
     timed = [(f"{cond}/{ctrl}", ctrl, styles.get(cond, ":"), steps[(cond, ctrl)]) for cond in conditions
              for ctrl in controllers if any("cpu_ms" in r for r in steps.get((cond, ctrl), []))]
@@ -156,9 +159,9 @@ def write_walker_report(run: RunDir, cfg: Any, redraw: bool = False) -> Path:
         def draw_cpu(out: Path) -> Path:
             colors = _colors(controllers)  # a colour per controller, as in the plots above
             return _plot_cpu(out, [(name, colors[ctrl], style, rs) for name, ctrl, style, rs in timed],
-                             WALKER_PERIOD_S, c["steps"], change_at, change_label)
+                             period, c["steps"], change_at, change_label)
 
-        plots.append(draw_plot(run.path / "walker_cpu.png", draw_cpu, redraw))
+        plots.append(draw_plot(run.path / f"{robot}_cpu.png", draw_cpu, redraw))
     lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     path = run.path / "report.md"
     path.write_text("\n".join(lines) + "\n")
@@ -197,16 +200,15 @@ def _online_verdict(returns: dict[tuple[str, str], list[float]]) -> list[str]:
     return lines
 
 
-#: what the walker's step plots show: the y label and the file
-WALKER_QUANTITIES = {"return": ("return so far", "walker_return.png"),
-                     "distance": ("torso x position [m]", "walker_distance.png")}
+#: what a legged run's step plots show: the y label and the file (after the robot's name)
+LEGGED_QUANTITIES = {"return": ("return so far", "return.png"), "distance": ("torso x position [m]", "distance.png")}
 
 
-def _plot_walker(out: Path, steps, conditions, controllers, change_at: int, label: str,
+def _plot_legged(out: Path, steps, conditions, controllers, change_at: int, label: str,
                  falls: set[tuple[str, str, int]], quantity: str = "return") -> Path:
     """Return so far (or the torso's x position, ``quantity="distance"``) against the control step: a panel per
     condition, a colour per controller, later episodes drawn darker, an x where an episode ended in a fall."""
-    ylabel = WALKER_QUANTITIES[quantity][0]
+    ylabel = LEGGED_QUANTITIES[quantity][0]
     fig, axes = new_figure(len(conditions), figsize=(5.5 * len(conditions), 3.8), squeeze=False)
     colors = _colors(controllers)
     for ax, cond in zip(axes[0], conditions):
@@ -236,7 +238,7 @@ def _plot_walker(out: Path, steps, conditions, controllers, change_at: int, labe
 
 
 def _falls(episodes: dict[tuple[str, str], list[dict[str, Any]]], steps: int) -> set[tuple[str, str, int]]:
-    """(condition, controller, episode) of the episodes that ended before ``steps``: the walker fell (Walker2d ends
+    """(condition, controller, episode) of the episodes that ended before ``steps``: the robot fell (a legged task ends
     an episode early only when the torso leaves its healthy height or angle)."""
     return {(cond, ctrl, e.get("episode", 0)) for (cond, ctrl), eps in episodes.items() for e in eps
             if e["length"] < steps}
@@ -286,7 +288,7 @@ def _by_episode(rows: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
     return dict(sorted(out.items()))
 
 
-def _plot_walker_episodes(out: Path, returns: dict[tuple[str, str], list[float]], conditions, controllers) -> Path:
+def _plot_legged_episodes(out: Path, returns: dict[tuple[str, str], list[float]], conditions, controllers) -> Path:
     """Return per consecutive episode: does the online model's return climb while the frozen one's stays?"""
     fig, axes = new_figure(len(conditions), figsize=(5.5 * len(conditions), 3.8), squeeze=False)
     for ax, cond in zip(axes[0], conditions):
@@ -302,7 +304,7 @@ def _plot_walker_episodes(out: Path, returns: dict[tuple[str, str], list[float]]
     return save_figure(fig, out)
 
 
-def _plot_walker_error(out: Path, errs, steps: int, change_at: int, label: str) -> Path:
+def _plot_legged_error(out: Path, errs, steps: int, change_at: int, label: str) -> Path:
     """One-step model error over the control steps of all consecutive episodes (episode k from k x steps)."""
     from matplotlib import rcParams
 
@@ -379,12 +381,12 @@ def write_arm_report(run: RunDir, cfg: Any, arm: Any = None, joint_rmse: dict[st
     ``cfg``: the run's :class:`~gpdyn.experiments.control_arm.ArmRunConfig`, or its ``config.json`` as a dict
     (:func:`write_control_report`); ``arm`` and ``joint_rmse`` (the ``tracking`` records) are read from the run
     folder when not given: both give the same report. A plot newer than the run's records is kept unless
-    ``redraw`` (:func:`gpdyn.experiments.report.draw_plot`).
+    ``redraw`` (:func:`gpdyn.experiments.report_tools.draw_plot`).
     """
     c = _settings(cfg, ARM_SETTINGS, run.path / "config.json")
     robot = c["robot"]
     numbered = run.numbered_metrics()
-    _check_records(numbered, robot, run.path / METRICS_FILE)
+    _check_records(numbered, robot, ARM_REQUIRED, run.path / METRICS_FILE)
     records = [r for _, r in numbered]
     steps = [r for r in records if r.get("kind") == "step" and r.get("robot") == robot]
     if joint_rmse is None:
@@ -510,12 +512,12 @@ def write_control_report(run: RunDir, redraw: bool = False) -> Path:
     the records kept unless ``redraw``)."""
     config = run.config()
     job = config.get("job")
-    if job == "control-walker":
-        return write_walker_report(run, config, redraw=redraw)
     if job in ("control-kuka", "control-arm"):
         return write_arm_report(run, config, redraw=redraw)
-    raise InputError(f"{run.path / 'config.json'}: job {job!r:.40} is not a control run (control-walker, control-kuka, "
-                     "control-arm)")
+    if isinstance(job, str) and job.startswith("control-"):  # a legged task's: control-walker, control-hopper, ...
+        return write_legged_report(run, config, redraw=redraw)
+    raise InputError(f"{run.path / 'config.json'}: job {job!r:.40} is not a control run (control-TASK of a legged task, "
+                     "control-kuka, control-arm)")
 
 
 # ------------------------------------------------------------------------------ settings and records read back
@@ -548,8 +550,9 @@ _NUMBER = (lambda v: _is_number(v) and np.isfinite(v), "a finite number")
 _POSITIVE = (lambda v: _is_number(v) and np.isfinite(v) and v > 0, "a finite number > 0")
 _SWITCH = (lambda v: isinstance(v, bool), "true or false")
 
-#: the settings a walker report reads: (check, default for a folder written before the setting existed)
-WALKER_SETTINGS: dict[str, tuple[tuple[Any, str], Any]] = {
+#: the settings a legged run's report reads: (check, default for a folder written before the setting existed)
+LEGGED_SETTINGS: dict[str, tuple[tuple[Any, str], Any]] = {
+    "task": (_NAME, "walker"),
     "conditions": (_NAMES, REQUIRED), "controllers": (_NAMES, REQUIRED), "steps": (_POSITIVE_INT, REQUIRED),
     "episodes": (_POSITIVE_INT, 1), "change_at": (_COUNT, 0), "change": (_NAME, REQUIRED),
     "learner": (_NAME, REQUIRED), "scale": (_NAME, "?"), "target": (_NAME, "?"), "device": (_NAME, "?"),
@@ -612,16 +615,16 @@ RECORD_FIELDS: dict[str, dict[str, tuple[tuple[Any, str], bool]]] = {
                                                                  for x in v.values()),
                            "an object of phases, each a list of numbers"), True)},
 }
-#: fields the walker's records must have beside RECORD_FIELDS' required ones
-WALKER_REQUIRED = {"step": ("condition", "reward"), "episode": ("condition",)}
+#: fields a legged run's records must have beside RECORD_FIELDS' required ones
+LEGGED_REQUIRED = {"step": ("condition", "reward"), "episode": ("condition",)}
 #: the arm's
 ARM_REQUIRED = {"step": ("tracking_error",)}
 
 
-def _check_records(numbered: list[tuple[int, dict[str, Any]]], robot: str, file: Path) -> None:
+def _check_records(numbered: list[tuple[int, dict[str, Any]]], robot: str, extra: dict[str, tuple[str, ...]],
+                   file: Path) -> None:
     """Raise InputError naming the file and line of the first record of ``robot`` whose fields the report reads
-    are missing or malformed."""
-    extra = WALKER_REQUIRED if robot == "walker" else ARM_REQUIRED
+    (those of :data:`RECORD_FIELDS`, and ``extra`` by kind) are missing or malformed."""
     for line, r in numbered:
         fields = RECORD_FIELDS.get(r.get("kind"))
         if fields is None or r.get("robot") != robot:
@@ -638,4 +641,4 @@ def _check_records(numbered: list[tuple[int, dict[str, Any]]], robot: str, file:
 
 
 __all__ = ["arm_change_text", "compute_section", "mean_se", "write_arm_report", "write_control_report",
-           "write_walker_report"]
+           "write_legged_report"]

@@ -28,14 +28,14 @@ from __future__ import annotations
 
 import csv
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from gpdyn.errors import InputError
-from gpdyn.runs import METRICS_FILE, RunDir, is_run_dir, read_json
+from gpdyn.experiments.report_tools import draw_plot, finish_report, new_figure, save_figure
+from gpdyn.runs import RunDir, is_run_dir, read_json
 
 STEP_SIZE_FILE = "step_size.json"  # gamma_0 per learner, when replay chose it
 #: the held-out scores (gpdyn.gp.online.SCORES) and their titles
@@ -194,24 +194,6 @@ def write_report(run_dir: str | Path, redraw: bool = False) -> Path:
     return finish_report(run_dir, lines, config, plots, "the last rows per learner")
 
 
-def finish_report(run_dir: Path, lines: list[str], config: dict[str, Any], plots: list[Path], rows: str) -> Path:
-    """Append the learners' sizes, the plots and where every number is (``rows``: what the table
-    rows are) to ``lines``; write them as ``report.md`` and return its path.
-
-    The report of an unfinished run says so under its title: how far it got and how to
-    continue it (:meth:`gpdyn.runs.RunDir.status`).
-    """
-    status = RunDir(run_dir).status()
-    if status is not None and not status.finished:
-        lines = lines[:1] + ["", f"**Unfinished run: {status.describe()}.** The numbers below are those of the "
-                                 "last evaluation so far, not final ones."] + lines[1:]
-    lines = lines + sizes_section(config) + ["", "## Curves", ""] + [f"![{p.stem}]({p.name})" for p in plots]
-    lines += ["", f"Every curve point is in `curves.csv`; the table rows are {rows} (`final.csv`).", ""]
-    report = run_dir / "report.md"
-    report.write_text("\n".join(lines))
-    return report
-
-
 def _learn_report(run: RunDir, config: dict[str, Any], redraw: bool) -> Path:
     """The report of a finished ``gpdyn learn`` run: the final evaluation per output (the table the
     run wrote when it finished), the curves over its evaluations, ``curves.csv`` and ``final.csv``.
@@ -266,18 +248,6 @@ def _split_line(config: dict[str, Any]) -> list[str]:
         return []
     init = f", {summary['init']} initialisation rows" if summary.get("init") else ""
     return ["", f"Held out: {summary['held_out']} ({summary['test']} test rows; {summary['train']} training rows{init})."]
-
-
-def sizes_section(config: dict[str, Any]) -> list[str]:
-    """Each learner's resolved options (preset, capped bases, overrides), where the run recorded them."""
-    learners = config.get("learner_config")
-    if not learners:
-        return []
-    lines = ["", f"## Sizes (preset {config.get('preset', '?')}, bases capped at the training rows)", ""]
-    for name, options in learners.items():
-        shown = {k: v for k, v in options.items() if k not in ("input_dim", "output_dim", "seed", "preset")}
-        lines.append(f"- {name}: " + ", ".join(f"{k} = {v}" for k, v in shown.items()))
-    return lines
 
 
 def _step_size_section(run_dir: Path) -> list[str]:
@@ -359,43 +329,6 @@ def _write_final_csv(path: Path, final: dict[str, dict[str, Any]], outputs: list
                 if metric in r:
                     v = np.asarray(r[metric])
                     w.writerow([name, metric, f"{v.mean():.8g}", f"{v.std():.8g}"] + [f"{x:.8g}" for x in v])
-
-
-# --------------------------------------------------------------------------------------------- plots
-#: the files a run's plots are drawn from: a plot newer than both shows the records as they are
-PLOT_SOURCES = (METRICS_FILE, "config.json")
-
-
-def draw_plot(out: Path, draw: Callable[[Path], Any], redraw: bool = False) -> Path:
-    """``out``, drawn by ``draw(out)`` unless it is newer than the ``metrics.jsonl`` and
-    ``config.json`` beside it (and ``redraw`` is false): then it shows the same records and
-    is kept. Newer means a strictly later modification time, so a plot written in the same
-    clock tick as the records is drawn again."""
-    if not redraw and out.is_file():
-        sources = [out.parent / name for name in PLOT_SOURCES]
-        newest = max((p.stat().st_mtime_ns for p in sources if p.is_file()), default=None)
-        if newest is not None and out.stat().st_mtime_ns > newest:
-            return out
-    draw(out)
-    return out
-
-
-def new_figure(ncols: int = 1, figsize: tuple[float, float] = (6, 3.8), **subplots: Any):
-    """A figure of ``ncols`` axes side by side on the Agg canvas (no pyplot): ``(figure, axes)``,
-    ``axes`` as :meth:`matplotlib.figure.Figure.subplots` returns them."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=figsize)
-    FigureCanvasAgg(fig)
-    return fig, fig.subplots(1, ncols, **subplots)
-
-
-def save_figure(fig: Any, out: Path) -> Path:
-    """Lay out and write a figure of :func:`new_figure` as PNG."""
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    return out
 
 
 def _plot(out: Path, curves: dict[str, list[dict[str, Any]]], metric: str) -> Path:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from gpdyn.errors import InputError
-from gpdyn.experiments.report import draw_plot, finish_report, new_figure, save_figure
+from gpdyn.experiments.report_tools import draw_plot, finish_report, new_figure, save_figure
 
 #: the kind of the records :mod:`gpdyn.experiments.stream` writes (``gpdyn.experiments.stream.KIND``, whose module
 #: imports torch: a report needs none)
@@ -61,7 +61,7 @@ def _mean_std(values: list[float]) -> str:
 def write_stream_report(run_dir: Path, config: dict[str, Any], curves: dict[str, list[dict[str, Any]]],
                         redraw: bool = False) -> Path:
     """Write ``report.md``, ``final.csv``, ``curves.csv`` and the plots of a stream run (a plot newer than the
-    run's records kept unless ``redraw``: :func:`gpdyn.experiments.report.draw_plot`); return the report."""
+    run's records kept unless ``redraw``: :func:`gpdyn.experiments.report_tools.draw_plot`); return the report."""
     final = {name: rows[-1] for name, rows in curves.items()}
     width = max(len(r["nmse"]) for r in final.values())
     summary = config.get("problem") if isinstance(config.get("problem"), dict) else {}

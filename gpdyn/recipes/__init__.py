@@ -7,7 +7,7 @@ A recipe is data, never code: a TOML file (read with :mod:`tomllib`) with
   why it is set so), ``use`` (what it is for) and ``result`` (the reported result it
   reproduces, a docs path);
 - one table per section of its run, each checked field by field against the run's config
-  dataclass: ``[config]`` for ``walker`` (:class:`~gpdyn.experiments.control_walker.WalkerRunConfig`)
+  dataclass: ``[config]`` for ``walker`` (:class:`~gpdyn.experiments.control_legged.LeggedRunConfig`)
   and ``kuka`` (:class:`~gpdyn.experiments.control_arm.ArmRunConfig`); ``[sampler]``
   (:class:`~gpdyn.control.spline_sampling.SamplerConfig`), ``[cost]``
   (:class:`~gpdyn.robots.legged.WalkingCost`) and ``[run]`` (:class:`WalkRun`) for
@@ -49,7 +49,8 @@ from gpdyn.errors import InputError
 RECIPE_DIR = Path(__file__).resolve().parent
 # the run each recipe kind configures: section -> "module:Class" of its dataclass (imported when loaded)
 KINDS: dict[str, dict[str, str]] = {
-    "walker": {"config": "gpdyn.experiments.control_walker:WalkerRunConfig"},
+    "walker": {"config": "gpdyn.experiments.control_legged:LeggedRunConfig"},
+    "hopper": {"config": "gpdyn.experiments.control_legged:LeggedRunConfig"},
     "kuka": {"config": "gpdyn.experiments.control_arm:ArmRunConfig"},
     "walker-sampling": {"sampler": "gpdyn.control.spline_sampling:SamplerConfig",
                         "cost": "gpdyn.robots.legged:WalkingCost",
@@ -61,18 +62,19 @@ KINDS: dict[str, dict[str, str]] = {
                        "run": "gpdyn.experiments.walk_learned_model:WalkLearnedConfig"},
 }
 # the command that runs each kind of recipe (with --recipe NAME)
-RUNNERS = {"walker": "gpdyn control walker", "kuka": "gpdyn control kuka",
+RUNNERS = {"walker": "gpdyn control walker", "hopper": "gpdyn control hopper", "kuka": "gpdyn control kuka",
            "walker-sampling": "python scripts/walk_true_model.py", "walker-learned": "python scripts/walk_learned_model.py"}
 # what a robot's command runs without --recipe: the best reported setting (see each recipe's description)
-DEFAULT_RECIPES = {"walker": "walker-weak-motor", "kuka": "kuka-payload"}
+DEFAULT_RECIPES = {"walker": "walker-weak-motor", "hopper": "hopper-weak-motor", "kuka": "kuka-payload"}
 # fields a recipe may not set: the machine (device), the process (progress), the run's own name
-# (robot) and learner option overrides (extra, a free-form dict)
-NOT_IN_RECIPES = frozenset({"device", "progress", "robot"})
+# (robot) and the task it runs (task: the recipe's robot)
+NOT_IN_RECIPES = frozenset({"device", "progress", "robot", "task"})
 METADATA = ("name", "robot", "title", "description", "use", "result")
 # what `gpdyn control recipes` shows of each kind's values in its one line: (section, key), when set
 MAIN_SETTINGS: dict[str, tuple[tuple[str, str], ...]] = {
-    "walker": tuple(("config", k) for k in ("learner", "cost", "planner", "samples", "horizon", "uncertainty", "adapt",
-                                            "change", "change_factor", "steps", "episodes")),
+    **{legged: tuple(("config", k) for k in ("learner", "cost", "planner", "samples", "horizon", "uncertainty", "adapt",
+                                             "change", "change_factor", "steps", "episodes"))
+       for legged in ("walker", "hopper")},
     "kuka": tuple(("config", k) for k in ("learner", "adapt", "change", "payload", "change_at", "steps", "family")),
     "walker-sampling": (("sampler", "samples"), ("sampler", "horizon"), ("sampler", "knots"), ("run", "steps"),
                         ("run", "seeds")),
@@ -125,7 +127,7 @@ class Recipe(RecipeText):
     def build(self, section: str = "config", **fixed: Any) -> Any:
         """A new config of ``section`` holding the recipe's values (``fixed``: fields the caller sets first)."""
         cls = _section_class(self.robot, section)
-        return cls(**{**fixed, **self.values.get(section, {})})
+        return cls(**{**_robot_fields(self.robot, cls), **fixed, **self.values.get(section, {})})
 
     def record(self, given: dict[str, Any], section: str = "config") -> dict[str, Any]:
         """What a run's config.json keeps of its recipe: name, file, the section's values and the options over them."""
@@ -237,6 +239,11 @@ def _check_nesting(path: Path, text: str) -> None:
             depth = max(0, depth - 1)
 
 
+def _robot_fields(robot: str, cls: type) -> dict[str, Any]:
+    """The fields the recipe's robot fixes in a config of ``cls``: the task a legged run controls."""
+    return {"task": robot} if "task" in {f.name for f in dataclasses.fields(cls)} else {}
+
+
 def _check_section(path: Path, robot: str, section: str, table: dict[str, Any]) -> dict[str, Any]:
     """The section's values converted to the dataclass's field types; InputError naming file, section and key."""
     cls = _section_class(robot, section)
@@ -249,10 +256,11 @@ def _check_section(path: Path, robot: str, section: str, table: dict[str, Any]) 
             raise InputError(f"{where}: unknown key; [{section}] takes {', '.join(settable)}")
         out[key] = _convert(value, hints[key], where)
     # ranges and combinations: the config's own checks, on the recipe's values alone
+    fixed = _robot_fields(robot, cls)
     try:
-        _validate(cls(**out))
+        _validate(cls(**fixed, **out))
     except InputError as err:
-        culprit = _culprit(cls, out)
+        culprit = _culprit(cls, out, fixed)
         named = f"[{section}] {culprit} = {out[culprit]!r}" if culprit else f"[{section}] the combination of its keys"
         raise InputError(f"recipe {path}: {named}: {err}") from None
     return out
@@ -268,11 +276,11 @@ def _validate(config: Any) -> None:
             raise InputError(str(err)) from None
 
 
-def _culprit(cls: type, values: dict[str, Any]) -> str | None:
+def _culprit(cls: type, values: dict[str, Any], fixed: dict[str, Any]) -> str | None:
     """The first key whose value alone, on the defaults, the config refuses (None: only their combination)."""
     for key, value in values.items():
         try:
-            _validate(cls(**{key: value}))
+            _validate(cls(**fixed, **{key: value}))
         except InputError:
             return key
     return None

@@ -39,6 +39,17 @@ if TYPE_CHECKING:
     from gpdyn.robots.policy import Policy
 
 OBS_CLIP = 10.0  # the observation clips qvel to +-10 (both environments)
+#: the shipped policies and their training checkpoints (package data)
+POLICY_DIR = Path(__file__).resolve().parents[1] / "policies"
+
+
+def shipped_checkpoints(stem: str) -> list[Path]:
+    """The committed training checkpoints ``checkpoints/<stem>_<steps>.pt``, earliest first (for a mix of gaits)."""
+    folder = POLICY_DIR / "checkpoints"
+    files = sorted(folder.glob(f"{stem}_*.pt"), key=lambda p: (len(p.stem), p.stem))
+    if not files:
+        raise InputError(f"{folder}: no checkpoint files {stem}_*.pt")
+    return files
 ACTION_LOW, ACTION_HIGH = -1.0, 1.0  # the action box of both (ctrlrange)
 
 
@@ -407,5 +418,5 @@ def legged_task(name: str, env_id: str, qpos_names: tuple[str, ...], nu: int, *,
         healthy_angle=healthy_angle, healthy_state=healthy_state, walking_cost=walking_cost)
 
 
-__all__ = ["ACTION_HIGH", "ACTION_LOW", "LeggedCost", "LeggedTask", "NominalTrackingCost", "OBS_CLIP", "TorchPolicy",
+__all__ = ["POLICY_DIR", "shipped_checkpoints", "ACTION_HIGH", "ACTION_LOW", "LeggedCost", "LeggedTask", "NominalTrackingCost", "OBS_CLIP", "TorchPolicy",
            "WalkingCost", "legged_changes", "legged_task", "make_gym_env", "observation", "state_rows"]

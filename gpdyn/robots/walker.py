@@ -15,31 +15,20 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import functools
 
-from gpdyn.robots.legged import WalkingCost, legged_task
+from gpdyn.robots.legged import POLICY_DIR, WalkingCost, legged_task, shipped_checkpoints
 from gpdyn.robots.task import register_task
 
 ENV_ID = "Walker2d-v5"
 QPOS_NAMES = ("rootx", "rootz", "rooty", "thigh", "leg", "foot", "thigh_left", "leg_left", "foot_left")
-POLICY_DIR = Path(__file__).resolve().parents[1] / "policies"  # package data
-CHECKPOINT_DIR = POLICY_DIR / "checkpoints"
-
-
-def shipped_checkpoints() -> list[Path]:
-    """The committed Walker2d training checkpoints, earliest first (for a mix of gaits)."""
-    from gpdyn.robots.policy import PolicyError
-
-    files = sorted(CHECKPOINT_DIR.glob("walker2d_trpo_*.pt"), key=lambda p: (len(p.stem), p.stem))
-    if not files:
-        raise PolicyError(f"{CHECKPOINT_DIR}: no Walker2d checkpoint files (walker2d_trpo_*.pt)")
-    return files
 
 
 WALKER = register_task(legged_task(
     "walker", ENV_ID, QPOS_NAMES, nu=6, healthy_z=(0.8, 2.0), healthy_angle=(-1.0, 1.0), healthy_state=None,
     feet=("foot_geom", "foot_left_geom"), motor=(0, "right hip"), spring_joint="leg_joint",
-    policy_file=POLICY_DIR / "walker2d_trpo.pt", checkpoint_files=shipped_checkpoints,
+    policy_file=POLICY_DIR / "walker2d_trpo.pt",
+    checkpoint_files=functools.partial(shipped_checkpoints, "walker2d_trpo"),
     walking_cost=WalkingCost(target_speed=1.4, height=1.25),
     description="a two-legged planar walker (gymnasium Walker2d-v5) and its TRPO policy"))
 
@@ -53,5 +42,5 @@ QVEL_INPUTS = LAYOUT.velocity_inputs  # qvel's columns in the walker-1 input
 ACTION_INPUTS = LAYOUT.action_inputs  # the action's columns in the walker-1 input
 make_env = WALKER.make_env
 
-__all__ = ["ACTION_INPUTS", "CHECKPOINT_DIR", "DT", "ENV_ID", "FRAME_SKIP", "LAYOUT", "NOBS", "NQ", "NU", "NV", "NX",
-           "QPOS_NAMES", "QVEL_INPUTS", "WALKER", "make_env", "shipped_checkpoints"]
+__all__ = ["ACTION_INPUTS", "DT", "ENV_ID", "FRAME_SKIP", "LAYOUT", "NOBS", "NQ", "NU", "NV", "NX",
+           "QPOS_NAMES", "QVEL_INPUTS", "WALKER", "make_env"]
