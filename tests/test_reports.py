@@ -35,7 +35,7 @@ EXPECTED = {
                      ["stream_nmse", "stream_calibration"]),
     "replay_stream": (["# Stream (prequential): kuka", "| svi | 280 |", "| rls | 280 |", "## Curves"],
                       ["stream_nmse", "stream_calibration"]),
-    "walker": (["# Walker2d online control", "## Returns", "## Distance and falls",
+    "walker": (["# walker online control", "## Returns", "## Distance and falls",
                 "## CPU time per control step (the period is 8 ms)", "## Model one-step error", "## Plots"],
                ["walker_return", "walker_distance", "walker_episode_returns", "walker_model_error", "walker_cpu"]),
     "kuka": (["# kuka_iiwa.xml computed-torque tracking (7 joints)", "## Tracking RMSE per joint",

@@ -40,6 +40,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,6 @@ import torch
 
 from gpdyn.control.computed_torque import ComputedTorqueController
 from gpdyn.control.dynamics import LearnedModel
-from gpdyn.sim.loop import run_episode
 from gpdyn.device import DTYPES, MAX_SEED, check_memory, resolve_dtype
 from gpdyn.errors import InputError
 from gpdyn.gp import make_learner
@@ -59,7 +59,9 @@ from gpdyn.gp.rigid_body import RigidBodyGP
 from gpdyn.gp.training import OnlineUpdater, pretrain_learner
 from gpdyn.robots.arm import ArmModel, pd_gains, without_contacts
 from gpdyn.robots.regressor import InertialRegressor, moving_bodies
+from gpdyn.experiments.control import run_control
 from gpdyn.runs import RunDir
+from gpdyn.sim.loop import Episode
 
 log = logging.getLogger(__name__)
 
@@ -361,48 +363,70 @@ def apply_change(cfg: ArmRunConfig, env: Any) -> str | None:
     return f"motor gain x{cfg.motor_gain:g}"
 
 
+class ArmPlan:
+    """The arm experiment as :func:`gpdyn.experiments.control.run_control` runs it: one tracking episode
+    per controller on one plant (changed at ``cfg.change_at``), its joint error kept per step."""
+
+    conditions = ("changed",)
+    episodes = 1
+    next_rows = ("q_error",)
+
+    def __init__(self, run: RunDir, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.ndarray, np.ndarray],
+                 frozen: LearnedModel | None, x_train: torch.Tensor | None) -> None:
+        self.run, self.cfg, self.arm, self.gains, self.frozen, self.x_train = run, cfg, arm, gains, frozen, x_train
+        self.robot, self.controllers, self.steps, self.progress = cfg.robot, cfg.controllers, cfg.steps, cfg.progress
+        self.joint_rmse: dict[str, dict[str, list[float]]] = {}
+
+    def controller(self, name: str, condition: str) -> ComputedTorqueController:
+        return _controller(name, self.cfg, self.arm, self.gains, self.frozen, self.x_train)
+
+    def make_env(self) -> Any:
+        from gpdyn.sim.arm_env import ArmEnv
+
+        return ArmEnv(self.arm, frame_skip=self.arm.steps_per_sample(self.cfg.rate_hz), family=self.cfg.family,
+                      speed=self.cfg.speed, pattern_seed=self.cfg.seed)
+
+    def reset_seed(self, episode: int) -> int:
+        return self.cfg.seed
+
+    def plant_change(self, condition: str, elapsed: int) -> Callable[[int, Any], str | None]:
+        def change(t: int, env: Any) -> str | None:
+            return apply_change(self.cfg, env.unwrapped) if t == self.cfg.change_at else None
+
+        return change
+
+    def rows(self, env: Any) -> dict[str, np.ndarray]:
+        sim = env.unwrapped
+        return {"q_error": sim.data.qpos - sim.reference(sim.data.time)[0]}
+
+    def record(self, episode: Episode, condition: str, name: str, index: int) -> None:
+        errors = episode.rows["next_q_error"]
+        phases = {"before": errors[: self.cfg.change_at], "after": errors[self.cfg.change_at :]}
+        self.joint_rmse[name] = {k: np.sqrt((v**2).mean(0)).tolist() for k, v in phases.items() if len(v)}
+        self.run.log(kind="tracking", robot=self.robot, controller=name, rmse=self.joint_rmse[name])
+        log.info(f"   {name:<7} " + "  ".join(f"{k} RMSE {np.mean(v):.4f} rad" for k, v in self.joint_rmse[name].items()))
+
+    def finish(self, run: RunDir) -> dict[str, Any]:
+        from gpdyn.experiments.control_report import write_arm_report
+
+        report = write_arm_report(run, self.cfg, self.arm, self.joint_rmse)
+        return {"rmse": self.joint_rmse, "report": str(report)}
+
+
 def run_arm(run: RunDir, cfg: ArmRunConfig, store: str | Path | None = None) -> dict[str, Any]:
-    """Get the model, track with every controller (the plant changed mid-run), write the report."""
-    from gpdyn.experiments.control_report import write_arm_report
-    from gpdyn.sim.arm_env import ArmEnv
+    """Get the model, track with every controller (the plant changed mid-run, :func:`run_control`), write the report."""
     from gpdyn.sim.arm import get_family
 
     cfg.validate()
     arm = cfg.arm()
     cfg.check_arm(arm)
     cfg.check_sources(arm, store)
-    frame_skip = arm.steps_per_sample(cfg.rate_hz)
     frozen = x_train = None
     if any(FEEDFORWARD[c] == "learned" for c in cfg.controllers):
         frozen, x_train = _pretrained(run, cfg, arm, store)
     pattern = get_family(cfg.family).pattern(cfg.seed, arm.limits)
     poses = pattern.evaluate(np.arange(0.0, cfg.steps * cfg.dt, 0.05), cfg.speed)[0]
-    gains = pd_gains(arm.torque_model(), poses, cfg.omega)
-
-    def change_plant(t: int, env: Any) -> str | None:
-        if t != cfg.change_at:
-            return None
-        return apply_change(cfg, env.unwrapped)
-
-    def position_error(env: Any) -> dict[str, np.ndarray]:
-        sim = env.unwrapped
-        return {"q_error": sim.data.qpos - sim.reference(sim.data.time)[0]}
-
-    joint_rmse: dict[str, dict[str, list[float]]] = {}
-    for name in cfg.controllers:
-        controller = _controller(name, cfg, arm, gains, frozen, x_train)
-        env = ArmEnv(arm, frame_skip=frame_skip, family=cfg.family, speed=cfg.speed, pattern_seed=cfg.seed)
-        episode = run_episode(env, controller, steps=cfg.steps, reset_seed=cfg.seed, before_step=change_plant,
-                              rows=position_error, next_rows=("q_error",), log=run.log,
-                              tags={"robot": cfg.robot, "controller": name}, progress=cfg.progress)
-        env.close()
-        errors = episode.rows["next_q_error"]
-        phases = {"before": errors[: cfg.change_at], "after": errors[cfg.change_at :]}
-        joint_rmse[name] = {k: np.sqrt((v**2).mean(0)).tolist() for k, v in phases.items() if len(v)}
-        run.log(kind="tracking", robot=cfg.robot, controller=name, rmse=joint_rmse[name])
-        log.info(f"   {name:<7} " + "  ".join(f"{k} RMSE {np.mean(v):.4f} rad" for k, v in joint_rmse[name].items()))
-    report = write_arm_report(run, cfg, arm, joint_rmse)
-    return {"rmse": joint_rmse, "report": str(report)}
+    return run_control(run, ArmPlan(run, cfg, arm, pd_gains(arm.torque_model(), poses, cfg.omega), frozen, x_train))
 
 
 __all__ = ["ARM_CONTROLLERS", "ArmRunConfig", "check_recorded_arm", "run_arm", "run_store"]
