@@ -144,7 +144,7 @@ def test_compiled_planner_plans_as_the_eager_one_with_the_walker_cost_and_propos
     same seed) as the eager planner, step after step with warm starts, through a learned WISKI model."""
     from gpdyn.control.mpc import MPCConfig, make_planner
     from gpdyn.robots.walker import NU, WALKER
-    from gpdyn.robots.legged import ACTION_HIGH, ACTION_LOW, TorchPolicy
+    from gpdyn.robots.legged import ACTION_HIGH, ACTION_LOW, LeggedCost, TorchPolicy
     from gpdyn.robots.policy import load_policy
 
     proposal = TorchPolicy(load_policy(), "cpu", D64)
@@ -156,6 +156,6 @@ def test_compiled_planner_plans_as_the_eager_one_with_the_walker_cost_and_propos
         cfg = MPCConfig(horizon=6, samples=64, uncertainty="mean", compiled=compiled)
         planner = make_planner("mppi", dynamics, WALKER.cost(), [ACTION_LOW] * NU, [ACTION_HIGH] * NU, cfg,
                                proposal=proposal, dtype=D64, seed=4)
-        assert (planner.cost is not None) and (type(planner.cost) is WalkerCost) != compiled
+        assert (planner.cost is not None) and (type(planner.cost) is LeggedCost) != compiled
         plans.append(torch.stack([planner.plan(state)[0] for _ in range(3)]))
     torch.testing.assert_close(plans[1], plans[0], rtol=1e-9, atol=1e-9)

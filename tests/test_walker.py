@@ -230,7 +230,7 @@ def test_torch_policy_acts_as_the_numpy_policy_with_its_fast_tanh():
 
 
 def test_walker_cost_and_policy_observation_equal_their_reference_formulas_exactly():
-    """WalkerCost's in-place evaluation and TorchPolicy's folded observation clip compute the
+    """LeggedCost's in-place evaluation and TorchPolicy's folded observation clip compute the
     Walker2d-v5 formulas to the last bit, on the interval bounds, at NaN and past the clips."""
     from gpdyn.robots.walker import WALKER
     from gpdyn.robots.legged import OBS_CLIP, TorchPolicy

@@ -10,47 +10,14 @@ copies match), and a value given on the command line is checked against the regi
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
-from collections.abc import Iterator, Sequence
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpdyn.config import RegistryNames
+
 if TYPE_CHECKING:
     from gpdyn.runs import RunDir
-
-
-class RegistryNames(Sequence[str]):
-    """The keys of the registry ``attr`` of ``module`` (a dict or tuple of names).
-
-    As argparse ``choices`` it lists ``listed`` (the registry's names, copied here) in help
-    (``%(choices)s``) and in errors without importing ``module``, and checks a given value
-    against the registry itself, imported then; ``str()`` joins the names with commas.
-    :meth:`registry` is what the copy must equal.
-    """
-
-    def __init__(self, module: str, attr: str, listed: tuple[str, ...]) -> None:
-        self.module, self.attr, self.listed = module, attr, listed
-
-    @cached_property
-    def registry(self) -> tuple[str, ...]:
-        return tuple(getattr(importlib.import_module(self.module), self.attr))
-
-    def __getitem__(self, i):  # type: ignore[override]
-        return self.listed[i]
-
-    def __len__(self) -> int:
-        return len(self.listed)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.listed)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.registry
-
-    def __str__(self) -> str:
-        return ", ".join(self.listed)
 
 
 LEARNER_NAMES = RegistryNames("gpdyn.gp", "LEARNERS", ("svdgp", "orth", "orthnat", "svi", "ivsgpr", "vsgpr", "gpr",

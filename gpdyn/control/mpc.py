@@ -83,7 +83,7 @@ import torch
 from torch import Tensor
 
 from gpdyn.compiled import traced
-from gpdyn.device import check_memory
+from gpdyn.control.mpc_config import UNCERTAINTY, MPCConfig, MPCConfigError
 from gpdyn.errors import InputError
 
 DynamicsOut = Tensor | tuple[Tensor, Tensor]
@@ -91,85 +91,6 @@ Dynamics = Callable[[Tensor, Tensor], DynamicsOut]
 Cost = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor | None]]
 Proposal = Callable[[Tensor], Tensor]
 Value = Callable[[Tensor], Tensor]
-UNCERTAINTY = ("mean", "penalty", "sample")
-
-
-class MPCConfigError(InputError):
-    """An impossible planner setting; the message names the option."""
-
-
-@dataclass
-class MPCConfig:
-    """Planner settings (sizes, noise, temperature, uncertainty handling).
-
-    ``noise_std`` is in action units (one value, or one per action dimension as a list).
-    """
-
-    horizon: int = 30
-    samples: int = 1000
-    noise_std: float | list[float] = 0.3
-    temperature: float = 1.0  # MPPI lambda, in cost units: small against the cost spread makes the plan one sample
-    control_cost: float = 0.0  # MPPI: weight in [0, 1] on lambda * u' Sigma^-1 eps (module docs)
-    iterations: int = 3  # CEM refits (MPPI: 1)
-    elite_fraction: float = 0.1  # CEM
-    cem_alpha: float = 0.1  # CEM: weight of the old mean/std in the refit
-    gamma: float = 1.0  # discount per step
-    terminal_cost: float = 0.0
-    uncertainty: str = "mean"
-    var_weight: float = 0.0
-    proposal_fraction: float = 0.5
-    relative_to_proposal: bool = False  # plan offsets to the proposal's actions (needs a proposal)
-    proposal_tail: int = 0  # steps of the proposal alone after the horizon, before the terminal value (module docs)
-    keep_nominal: bool = True  # sample 0 replays the nominal plan unperturbed
-    warm_start: bool = True  # start from the previous plan shifted; False: from the initial nominal every step
-    # run the cost and the proposal as compiled programs where they declare themselves traceable (gpdyn.compiled.traced:
-    # the walker's cost and TRPO proposal; 87 -> 30 and 236 -> 207 us a call at K = 1000); needs a C++ compiler
-    compiled: bool = False
-
-    def validate(self) -> None:
-        """Raise :class:`MPCConfigError` naming the first bad option."""
-        checks = (
-            ("horizon", self.horizon >= 1),
-            ("samples", self.samples >= 2),
-            ("temperature", self.temperature > 0 and math.isfinite(self.temperature)),
-            ("control_cost", 0 <= self.control_cost <= 1),
-            ("iterations", self.iterations >= 1),
-            ("elite_fraction", 0 < self.elite_fraction <= 1),
-            ("cem_alpha", 0 <= self.cem_alpha < 1),
-            ("gamma", 0 < self.gamma <= 1),
-            ("terminal_cost", math.isfinite(self.terminal_cost)),
-            ("var_weight", self.var_weight >= 0 and math.isfinite(self.var_weight)),
-            ("proposal_fraction", 0 <= self.proposal_fraction <= 1),
-            ("proposal_tail", self.proposal_tail >= 0),
-        )
-        for name, ok in checks:
-            if not ok:
-                raise MPCConfigError(f"MPC option {name}={getattr(self, name)!r} is out of range")
-        if self.uncertainty not in UNCERTAINTY:
-            raise MPCConfigError(f"MPC option uncertainty={self.uncertainty!r}; choose one of {', '.join(UNCERTAINTY)}")
-        stds = self.noise_std if isinstance(self.noise_std, (list, tuple)) else [self.noise_std]
-        if not all(math.isfinite(s) and s > 0 for s in stds):
-            raise MPCConfigError(f"MPC option noise_std={self.noise_std!r} must be finite and > 0")
-
-    def uses_variance(self) -> bool:
-        """Whether the cost uses the model's predictive variance: ``"sample"``, or ``"penalty"``
-        with ``var_weight > 0``. If not, the planner asks a model that offers it for the mean alone."""
-        return self.uncertainty == "sample" or (self.uncertainty == "penalty" and self.var_weight > 0)
-
-    def memory_bytes(self, nx: int, nu: int, itemsize: int = 8) -> int:
-        """Bytes a plan holds at once: the ``[K, H, nu]`` noise, actions and their weighted
-        copies (about six such arrays) and the ``[K, nx]`` states, predictions and variances
-        of one step (about eight), for states of ``nx`` and actions of ``nu`` numbers."""
-        k, h = self.samples, self.horizon
-        return int(k * (6 * h * nu + 8 * (nx + nu)) * itemsize)
-
-    def check_memory(self, nx: int, nu: int, dtype: torch.dtype, device: str | torch.device = "cpu") -> None:
-        """InputError (naming ``samples`` and ``horizon``) when a plan would not fit in memory
-        (:func:`gpdyn.device.check_memory`): refused before any work, not by the allocator."""
-        check_memory(self.memory_bytes(nx, nu, dtype.itemsize), f"MPC samples={self.samples} x horizon={self.horizon}",
-                     device)
-
-
 @dataclass
 class PlanInfo:
     """What one :meth:`Planner.plan` call did (logged per control step)."""
@@ -519,4 +440,4 @@ def make_planner(name: str, *args: Any, **kwargs: Any) -> Planner:
     return PLANNERS[name](*args, **kwargs)
 
 
-__all__ = ["CEM", "MPCConfig", "MPCConfigError", "MPPI", "PLANNERS", "PlanInfo", "Planner", "Rollout", "make_planner"]
+__all__ = ["CEM", "MPCConfig", "MPCConfigError", "MPPI", "PLANNERS", "PlanInfo", "Planner", "Rollout", "UNCERTAINTY", "make_planner"]
