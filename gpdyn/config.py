@@ -62,6 +62,18 @@ class RegistryNames(Sequence[str]):
         return ", ".join(self.listed)
 
 
+# the registries' names, listed here so that help and checks of names need no torch (the test suite checks the copies)
+LEARNER_NAMES = RegistryNames("gpdyn.gp", "LEARNERS", ("svdgp", "orth", "orthnat", "svi", "ivsgpr", "vsgpr", "gpr",
+                                                        "wiski", "exact", "residual", "ssgp", "rls"))
+PROBLEM_NAMES = RegistryNames("gpdyn.robots.tasks", "PROBLEMS", ("kuka", "arm", "walker-1", "walker-2", "hopper-1",
+                                                                "hopper-2"))
+#: the legged tasks (``collect``/``control`` subcommands): gpdyn.robots.task.BUILTIN_TASKS
+LEGGED_TASKS = RegistryNames("gpdyn.robots.task", "BUILTIN_TASKS", ("walker", "hopper"))
+PRESET_NAMES = RegistryNames("gpdyn.gp", "PRESETS", ("small", "cpu", "paper"))
+PROTOCOL_NAMES = RegistryNames("gpdyn.data.problems", "PROTOCOLS", ("iid", "ordered", "block", "split", "stream"))
+DTYPE_NAMES = RegistryNames("gpdyn.device", "DTYPES", ("float32", "float64"))
+
+
 def setting(default: Any = MISSING, *, help: str, low: float | None = None, high: float | None = None,
             open_low: bool = False, choices: Sequence[str] | None = None, metavar: str | None = None,
             default_factory: Callable[[], Any] | Any = MISSING, cli: bool = True, recipe: bool = True,
@@ -256,5 +268,6 @@ def hint_base(hint: Any) -> tuple[Any, bool]:
     return hint, False
 
 
-__all__ = ["Leaf", "RegistryNames", "build", "check", "check_leaf", "flat", "flatten_dict", "get", "hint_base", "is_section", "leaves",
+__all__ = ["DTYPE_NAMES", "LEARNER_NAMES", "LEGGED_TASKS", "PRESET_NAMES", "PROBLEM_NAMES", "PROTOCOL_NAMES", "Leaf",
+           "RegistryNames", "build", "check", "check_leaf", "flat", "flatten_dict", "get", "hint_base", "is_section", "leaves",
            "put", "setting", "settings_table", "show"]

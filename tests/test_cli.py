@@ -59,7 +59,7 @@ def test_names_come_from_the_registries(capsys):
     from gpdyn.data.problems import PROBLEMS
     from gpdyn.gp import LEARNERS
 
-    from gpdyn.cli.common import LEARNER_NAMES, PROBLEM_NAMES
+    from gpdyn.config import LEARNER_NAMES, PROBLEM_NAMES
 
     assert tuple(LEARNER_NAMES) == tuple(LEARNERS) and tuple(PROBLEM_NAMES) == tuple(PROBLEMS)
     assert main(["learn", "--store", "s.zarr", "--problem", "walker-1", "--learner", "nope"]) == 2

@@ -13,7 +13,7 @@ import pytest
 
 from gpdyn.cli import build_parser, main
 from gpdyn.cli.collect import FAMILY_NAMES, IMPORT_UNITS
-from gpdyn.cli.common import DTYPE_NAMES, LEARNER_NAMES, PRESET_NAMES, PROBLEM_NAMES, PROTOCOL_NAMES
+from gpdyn.config import DTYPE_NAMES, LEARNER_NAMES, LEGGED_TASKS, PRESET_NAMES, PROBLEM_NAMES, PROTOCOL_NAMES
 from gpdyn.cli.control import NONE_MEANS, RUN_CONFIGS, config_defaults
 from gpdyn.runs import RunDir, discard_empty_new_runs
 
@@ -77,7 +77,8 @@ def test_usage_lines_name_every_option(columns, monkeypatch):
 
 
 def test_the_names_help_lists_are_the_registries():
-    for names in (LEARNER_NAMES, PROBLEM_NAMES, PRESET_NAMES, PROTOCOL_NAMES, DTYPE_NAMES, FAMILY_NAMES, IMPORT_UNITS):
+    for names in (LEARNER_NAMES, PROBLEM_NAMES, PRESET_NAMES, PROTOCOL_NAMES, DTYPE_NAMES, FAMILY_NAMES, IMPORT_UNITS,
+                  LEGGED_TASKS):
         assert tuple(names) == names.registry, f"{names.module}.{names.attr}"
 
 

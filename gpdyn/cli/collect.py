@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpdyn.cli.common import (LEGGED_TASKS, COUNT, NON_NEGATIVE, NON_NEGATIVE_INT, NON_NEGATIVE_LIST, POSITIVE, POSITIVE_LIST, Number,
-                              RegistryNames, add_out, add_seed, comma_list)
+from gpdyn.cli.common import (COUNT, NON_NEGATIVE, NON_NEGATIVE_INT, NON_NEGATIVE_LIST, POSITIVE, POSITIVE_LIST, Number,
+                              add_out, add_seed, comma_list)
+from gpdyn.config import LEGGED_TASKS, RegistryNames
 
 if TYPE_CHECKING:
     from gpdyn.sim.stopping import CollectionStopped

@@ -1,6 +1,6 @@
 """Options and names shared by the command groups of the ``gpdyn`` command.
 
-Learner, preset, problem and dtype names come from their registries (:data:`gpdyn.gp.LEARNERS`,
+Learner, preset, problem and dtype names (:mod:`gpdyn.config`) come from their registries (:data:`gpdyn.gp.LEARNERS`,
 :data:`gpdyn.gp.PRESETS`, :data:`gpdyn.data.problems.PROBLEMS`, :data:`gpdyn.device.DTYPES`). Those
 modules import torch (about two seconds of CPU), which neither ``--help`` nor a command that only reads
 files should pay: the help lists a copy of each registry's names (tests/test_cli_help.py checks that the
@@ -14,21 +14,10 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpdyn.config import RegistryNames
+from gpdyn.config import DTYPE_NAMES, LEARNER_NAMES, PRESET_NAMES, PROBLEM_NAMES, PROTOCOL_NAMES
 
 if TYPE_CHECKING:
     from gpdyn.runs import RunDir
-
-
-LEARNER_NAMES = RegistryNames("gpdyn.gp", "LEARNERS", ("svdgp", "orth", "orthnat", "svi", "ivsgpr", "vsgpr", "gpr",
-                                                        "wiski", "exact", "residual", "ssgp", "rls"))
-PROBLEM_NAMES = RegistryNames("gpdyn.robots.tasks", "PROBLEMS", ("kuka", "arm", "walker-1", "walker-2", "hopper-1",
-                                                                "hopper-2"))
-#: the legged tasks (``collect``/``control`` subcommands): gpdyn.robots.task.BUILTIN_TASKS
-LEGGED_TASKS = RegistryNames("gpdyn.robots.task", "BUILTIN_TASKS", ("walker", "hopper"))
-PRESET_NAMES = RegistryNames("gpdyn.gp", "PRESETS", ("small", "cpu", "paper"))
-PROTOCOL_NAMES = RegistryNames("gpdyn.data.problems", "PROTOCOLS", ("iid", "ordered", "block", "split", "stream"))
-DTYPE_NAMES = RegistryNames("gpdyn.device", "DTYPES", ("float32", "float64"))
 
 
 def run_for_args(job: str, args: argparse.Namespace) -> RunDir:

@@ -18,9 +18,10 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from gpdyn.cli.common import (LEGGED_TASKS, COUNT, DTYPE_NAMES, FRACTION, LEARNER_NAMES, NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE,
+from gpdyn.cli.common import (COUNT, DTYPE_NAMES, FRACTION, LEARNER_NAMES, NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE,
                               PRESET_NAMES, SEED, Number, add_device, add_out)
 from gpdyn.cli.jobs import size_option
+from gpdyn.config import LEGGED_TASKS
 from gpdyn.errors import InputError
 
 
