@@ -1,12 +1,14 @@
-"""Planar legged robots of gymnasium's MuJoCo suite (Walker2d, Hopper): one task class.
+"""Planar legged robots of gymnasium's MuJoCo suite (Walker2d, Hopper, HalfCheetah): one task class.
 
 Their environments share one structure: the state ``[qpos (nq), qvel (nv)]`` with qpos
-``[rootx, rootz, rooty, joints...]``, the observation ``[qpos[1:], clip(qvel, +-10)]``, the
-reward ``forward_reward_weight * x_velocity + healthy_reward * healthy - ctrl_cost_weight |a|^2``
+``[rootx, rootz, rooty, joints...]``, the observation ``[qpos[1:], clip(qvel, +-obs_clip)]``
+(Walker2d and Hopper clip at 10, HalfCheetah not at all), the reward
+``forward_reward_weight * x_velocity + healthy_reward * healthy - ctrl_cost_weight |a|^2``
 and termination when unhealthy (torso height and pitch out of range, for the Hopper also any
-of ``state[2:]`` out of +-100), from gymnasium's ``walker2d_v5.py`` and ``hopper_v5.py``. A
+of ``state[2:]`` out of +-100; HalfCheetah never terminates and has no healthy reward), from
+gymnasium's ``walker2d_v5.py``, ``hopper_v5.py`` and ``half_cheetah_v5.py``. A
 :class:`LeggedTask` holds one robot's numbers; :mod:`gpdyn.robots.walker` and
-:mod:`gpdyn.robots.hopper` each build and register one.
+:mod:`gpdyn.robots.hopper` each build and register one (``tests/test_task_api.py`` a HalfCheetah one).
 
 - :class:`LeggedCost`: minus the reward of one step, and the termination (torch, the planners');
 - :class:`NominalTrackingCost`: track the nominal plant under the policy (policy transfer);
@@ -33,12 +35,12 @@ from torch import Tensor
 
 from gpdyn.errors import InputError
 from gpdyn.robots.layout import StateLayout
-from gpdyn.robots.task import PlantChange, Task
+from gpdyn.robots.task import PlantChange, Task, task_for_env
 
 if TYPE_CHECKING:
     from gpdyn.robots.policy import Policy
 
-OBS_CLIP = 10.0  # the observation clips qvel to +-10 (both environments)
+OBS_CLIP = 10.0  # Walker2d's and Hopper's observation clips qvel to +-10 (LeggedTask.obs_clip's default)
 #: the shipped policies and their training checkpoints (package data)
 POLICY_DIR = Path(__file__).resolve().parents[1] / "policies"
 
@@ -69,9 +71,9 @@ def state_rows(env: Any) -> dict[str, np.ndarray]:
     return {"qpos": data.qpos.copy(), "qvel": data.qvel.copy()}
 
 
-def observation(state: Tensor, nq: int) -> Tensor:
-    """The observation ``[qpos[1:], clip(qvel, +-10)]`` of planning states ``[..., nq + nv]``."""
-    return torch.cat([state[..., 1:nq], state[..., nq:].clamp(-OBS_CLIP, OBS_CLIP)], dim=-1)
+def observation(state: Tensor, nq: int, clip: float = OBS_CLIP) -> Tensor:
+    """The observation ``[qpos[1:], clip(qvel, +-clip)]`` of planning states ``[..., nq + nv]`` (``clip`` inf: none)."""
+    return torch.cat([state[..., 1:nq], state[..., nq:].clamp(-clip, clip)], dim=-1)
 
 
 # ---------------------------------------------------------------------------- costs
@@ -284,13 +286,17 @@ class TorchPolicy:
 
     Same transform as :meth:`gpdyn.robots.policy.Policy.act`: the observation is
     ``[qpos[1:], clip(qvel, +-obs_clip)]``, normalised with the frozen VecNormalize statistics.
+    ``obs_clip`` None: the clip of the environment the policy was trained on, its task's
+    :attr:`LeggedTask.obs_clip` (the policy file names the environment).
     """
 
     traceable: ClassVar[bool] = True  # straight-line tensor code: a planner may compile it (gpdyn.compiled.traced)
 
     def __init__(self, policy: Policy, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float64,
-                 obs_clip: float = OBS_CLIP) -> None:
+                 obs_clip: float | None = None) -> None:
         nq = (policy.obs_dim + 1) // 2  # the observation [qpos[1:], qvel] of nq == nv joints
+        if obs_clip is None:
+            obs_clip = policy_task(policy).obs_clip
         kw = {"device": torch.device(device), "dtype": dtype}
         self.net = _fast_net(policy.net).to(**kw).eval()
         self.value_net = _fast_net(policy.value_net).to(**kw).eval() if policy.value_net is not None else None
@@ -331,6 +337,15 @@ class TorchPolicy:
             raise InputError("TorchPolicy.value: the policy file holds no critic")
         with torch.no_grad():
             return (self.value_scale * self.value_net(self._normalized_obs(state))[..., 0]).to(state.dtype)
+
+
+def policy_task(policy: Policy) -> LeggedTask:
+    """The registered legged task of the environment ``policy`` was trained on (its file's ``env_id``)."""
+    env_id = policy.meta.get("env_id")
+    task = task_for_env(str(env_id), where=f"policy {policy.name}: env_id")
+    if not isinstance(task, LeggedTask):
+        raise InputError(f"policy {policy.name}: environment {env_id} is task '{task.name}', not a legged task")
+    return task
 
 
 # ---------------------------------------------------------------------------- plant changes
@@ -378,13 +393,19 @@ def legged_changes(feet: tuple[str, ...], motor: tuple[int, str], spring_joint: 
 @dataclass(frozen=True, eq=False)
 class LeggedTask(Task):
     """A planar legged robot of gymnasium's MuJoCo suite: a :class:`~gpdyn.robots.task.Task` with
-    the numbers of its reward and termination (:meth:`cost`)."""
+    the numbers of its reward and termination (:meth:`cost`) and of its observation's clip of
+    qvel (``obs_clip``, inf for none). The defaults of the reward weights are Walker2d's and
+    Hopper's; a task that never terminates keeps the infinite healthy ranges."""
 
     qpos_names: tuple[str, ...] = ()
     healthy_z: tuple[float, float] = (-math.inf, math.inf)
     healthy_angle: tuple[float, float] = (-math.inf, math.inf)
     healthy_state: float | None = None
     walking_cost: WalkingCost = field(default_factory=WalkingCost)
+    obs_clip: float = OBS_CLIP
+    forward_reward_weight: float = 1.0
+    ctrl_cost_weight: float = 1e-3
+    healthy_reward: float = 1.0
 
     @property
     def nobs(self) -> int:
@@ -393,20 +414,30 @@ class LeggedTask(Task):
     def cost(self, **overrides: Any) -> LeggedCost:
         """Minus the environment's reward, with its termination; ``overrides``: fields of :class:`LeggedCost`."""
         values = dict(dt=self.layout.dt, nq=self.layout.nq, healthy_z=self.healthy_z, healthy_angle=self.healthy_angle,
-                      healthy_state=self.healthy_state)
+                      healthy_state=self.healthy_state, forward_reward_weight=self.forward_reward_weight,
+                      ctrl_cost_weight=self.ctrl_cost_weight, healthy_reward=self.healthy_reward)
         return LeggedCost(**{**values, **overrides})
 
     def observation(self, state: Tensor) -> Tensor:
-        return observation(state, self.layout.nq)
+        return observation(state, self.layout.nq, self.obs_clip)
 
 
 def legged_task(name: str, env_id: str, qpos_names: tuple[str, ...], nu: int, *, healthy_z: tuple[float, float],
                 healthy_angle: tuple[float, float], healthy_state: float | None, feet: tuple[str, ...],
                 motor: tuple[int, str], spring_joint: str, policy_file: Path | None, walking_cost: WalkingCost,
                 checkpoint_files: Callable[[], list[Path]] | None = None, frame_skip: int = 4,
-                timestep: float = 0.002, episode_steps: int = 1000, description: str = "") -> LeggedTask:
+                timestep: float = 0.002, episode_steps: int = 1000, description: str = "", obs_clip: float = OBS_CLIP,
+                forward_reward_weight: float = 1.0, ctrl_cost_weight: float = 1e-3,
+                healthy_reward: float = 1.0) -> LeggedTask:
     """A legged task of ``env_id`` with its ``-1`` problem (inputs ``[qpos[1:], qvel, action]``, target
-    the next qvel); for the Walker2d also ``-2`` (two steps of inputs)."""
+    the next qvel) and its ``-2`` (two steps of inputs). ``obs_clip`` and the reward weights are the
+    environment's (the defaults: Walker2d-v5's and Hopper-v5's)."""
+    if not obs_clip > 0:  # NaN too
+        raise InputError(f"legged_task {name}: obs_clip must be > 0 (inf: no clip), got {obs_clip}")
+    for what, value in (("forward_reward_weight", forward_reward_weight), ("ctrl_cost_weight", ctrl_cost_weight),
+                        ("healthy_reward", healthy_reward)):
+        if not math.isfinite(value):
+            raise InputError(f"legged_task {name}: {what} must be finite, got {value}")
     nq = len(qpos_names)
     layout = StateLayout(nq=nq, nv=nq, nu=nu, dt=timestep * frame_skip, position_inputs=tuple(range(1, nq)))
     return LeggedTask(
@@ -415,8 +446,10 @@ def legged_task(name: str, env_id: str, qpos_names: tuple[str, ...], nu: int, *,
         state_rows=state_rows, problems={f"{name}-1": 1, f"{name}-2": 2}, frame_skip=frame_skip,
         episode_steps=episode_steps, plant_changes=legged_changes(feet, motor, spring_joint), policy_file=policy_file,
         checkpoint_files=checkpoint_files, description=description, qpos_names=qpos_names, healthy_z=healthy_z,
-        healthy_angle=healthy_angle, healthy_state=healthy_state, walking_cost=walking_cost)
+        healthy_angle=healthy_angle, healthy_state=healthy_state, walking_cost=walking_cost, obs_clip=float(obs_clip),
+        forward_reward_weight=float(forward_reward_weight), ctrl_cost_weight=float(ctrl_cost_weight),
+        healthy_reward=float(healthy_reward))
 
 
 __all__ = ["POLICY_DIR", "shipped_checkpoints", "ACTION_HIGH", "ACTION_LOW", "LeggedCost", "LeggedTask", "NominalTrackingCost", "OBS_CLIP", "TorchPolicy",
-           "WalkingCost", "legged_changes", "legged_task", "make_gym_env", "observation", "state_rows"]
+           "WalkingCost", "legged_changes", "legged_task", "make_gym_env", "observation", "policy_task", "state_rows"]

@@ -19,6 +19,7 @@ continues at episode ``n_episodes`` and never duplicates one.
 from __future__ import annotations
 
 import hashlib
+import math
 import multiprocessing as mp
 import time
 from collections.abc import Sequence
@@ -31,7 +32,7 @@ import numpy as np
 
 from gpdyn.data.store import DEFAULT_CHUNK_ROWS, EpisodeStore, FieldSpec, StoreError, numbered_columns
 from gpdyn.errors import InputError
-from gpdyn.robots.legged import OBS_CLIP, LeggedTask
+from gpdyn.robots.legged import LeggedTask
 from gpdyn.robots.policy import Policy, PolicyError, load_policy
 from gpdyn.robots.task import register_task
 from gpdyn.sim.loop import PolicyController, run_episode
@@ -52,10 +53,11 @@ def source(task: LeggedTask) -> str:
 def legged_fields(task: LeggedTask) -> dict[str, FieldSpec]:
     """The per-step fields of a legged task's store."""
     qvel_names = tuple(f"d{n}" for n in task.qpos_names)
+    qvel_text = f"clip(qvel, ±{task.obs_clip:g})" if math.isfinite(task.obs_clip) else "qvel"
     return {
         "qpos": FieldSpec(task.qpos_names, unit="m or rad"),
         "qvel": FieldSpec(qvel_names, unit="m/s or rad/s"),
-        "obs": FieldSpec(numbered_columns("obs", task.nobs), unit=f"observation (qpos[1:], clip(qvel, ±{OBS_CLIP:g}))"),
+        "obs": FieldSpec(numbered_columns("obs", task.nobs), unit=f"observation (qpos[1:], {qvel_text})"),
         "action": FieldSpec(numbered_columns("u", task.layout.nu), unit="normalised control in [-1, 1] (times the gear)"),
         "reward": FieldSpec(("reward",)),
         "terminated": FieldSpec(("terminated",), dtype="bool"),
