@@ -222,6 +222,32 @@ def _sections(obj: Any) -> list[Any]:
     return out + [obj]
 
 
+@dataclass
+class Compute:
+    """Where a run computes: the one resolved device and dtype that the learners', models' and
+    planners' constructors read (:meth:`kwargs`)."""
+
+    device: str = setting("cpu", recipe=False, help="torch device: cpu, cuda or cuda:N")
+    dtype: str | None = setting(None, choices=DTYPE_NAMES, none_means="the device's: float64 on the CPU, float32 on CUDA",
+                                help="floating-point type of the models and planners")
+
+    def validate(self) -> None:
+        from gpdyn.device import resolve_device, resolve_dtype
+
+        resolve_device(self.device)
+        resolve_dtype(self.dtype, self.device, option="dtype")
+
+    @property
+    def torch_dtype(self) -> Any:
+        from gpdyn.device import resolve_dtype
+
+        return resolve_dtype(self.dtype, self.device)
+
+    def kwargs(self) -> dict[str, Any]:
+        """``device=`` and ``dtype=`` for a constructor."""
+        return {"device": self.device, "dtype": self.torch_dtype}
+
+
 def show(value: Any) -> str:
     """A setting's value as a recipe or the command line writes it."""
     if isinstance(value, bool):
@@ -268,6 +294,6 @@ def hint_base(hint: Any) -> tuple[Any, bool]:
     return hint, False
 
 
-__all__ = ["DTYPE_NAMES", "LEARNER_NAMES", "LEGGED_TASKS", "PRESET_NAMES", "PROBLEM_NAMES", "PROTOCOL_NAMES", "Leaf",
+__all__ = ["Compute", "DTYPE_NAMES", "LEARNER_NAMES", "LEGGED_TASKS", "PRESET_NAMES", "PROBLEM_NAMES", "PROTOCOL_NAMES", "Leaf",
            "RegistryNames", "build", "check", "check_leaf", "flat", "flatten_dict", "get", "hint_base", "is_section", "leaves",
            "put", "setting", "settings_table", "show"]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpdyn.config import flatten_dict
 from gpdyn.experiments.control_report import mean_se, planner_text
 
 
@@ -37,7 +38,7 @@ def load_run(folder: Path) -> tuple[dict, Episodes, Errors]:
     for path in (config_path, metrics_path):
         if not path.is_file():
             raise SystemExit(f"{folder}: no {path.name}; is this a `gpdyn control walker` run folder?")
-    config = json.loads(config_path.read_text())
+    config = flatten_dict(json.loads(config_path.read_text()))  # a config tree's sections, or an older flat config
     episodes: Episodes = {}
     errors: Errors = {}
     for line_no, line in enumerate(metrics_path.read_text().splitlines(), 1):

@@ -24,6 +24,7 @@ from gpdyn.experiments.control_legged import (
     legged_controller,
 )
 from gpdyn.robots.walker import LAYOUT
+from gpdyn.config import flatten_dict
 from gpdyn.data.store import EpisodeStore
 from gpdyn.errors import InputError
 from gpdyn.gp import LEARNERS, make_learner
@@ -57,7 +58,7 @@ def _script(name: str):
 @pytest.mark.parametrize("learner", sorted(LEARNERS))
 @pytest.mark.slow
 def test_walker_loop_runs_with_each_learner(learner: str, walker_zarr: Path, tmp_path: Path) -> None:
-    cfg = LeggedRunConfig(learner=learner, steps=3, change_at=1, controllers=("frozen", "online"), conditions=("changed",),
+    cfg = LeggedRunConfig.of(learner=learner, steps=3, change_at=1, controllers=("frozen", "online"), conditions=("changed",),
                           adapt="steps", **TINY)  # each learner's own observe/step
     run = RunDir.create("t", {}, out=tmp_path / "run")
     result = run_legged(run, cfg, walker_zarr)
@@ -75,7 +76,7 @@ def test_walker_loop_runs_with_each_learner(learner: str, walker_zarr: Path, tmp
 
 @pytest.mark.slow
 def test_walker_baselines_both_conditions(walker_zarr: Path, tmp_path: Path) -> None:
-    cfg = LeggedRunConfig(learner="svdgp", steps=3, change="weak_motor", **TINY)
+    cfg = LeggedRunConfig.of(learner="svdgp", steps=3, change="weak_motor", **TINY)
     run = RunDir.create("t", {}, out=tmp_path / "run")
     run_legged(run, cfg, walker_zarr)
     got = {(e["condition"], e["controller"]) for e in _records(run, "episode")}
@@ -88,7 +89,7 @@ def test_walker_baselines_both_conditions(walker_zarr: Path, tmp_path: Path) -> 
 
 
 def test_nan_model_falls_back_to_the_policy_and_logs_it(walker_zarr: Path, tmp_path: Path) -> None:
-    cfg = LeggedRunConfig(learner="svdgp", steps=3, conditions=("nominal",), **TINY)
+    cfg = LeggedRunConfig.of(learner="svdgp", steps=3, conditions=("nominal",), **TINY)
     _, dyn, _ = pretrained_model(cfg, walker_zarr)
 
     class Broken(LearnedDynamics):
@@ -118,7 +119,7 @@ def test_cli_control_bad_options_exit_2(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_a_plant_changed_in_mid_episode_stays_changed(walker_zarr: Path, tmp_path: Path) -> None:
-    cfg = LeggedRunConfig(steps=4, episodes=2, change_at=2, controllers=("trpo",), conditions=("changed",), **TINY)
+    cfg = LeggedRunConfig.of(steps=4, episodes=2, change_at=2, controllers=("trpo",), conditions=("changed",), **TINY)
     # change_at counts the condition's steps over its episodes: after a fall at step 1 it comes at step 1
     assert [plant_change_step(cfg, "changed", elapsed) for elapsed in (0, 1, 4)] == [2, 1, 0]
     assert plant_change_step(cfg, "nominal", 0) is None
@@ -131,7 +132,7 @@ def test_a_plant_changed_in_mid_episode_stays_changed(walker_zarr: Path, tmp_pat
 @pytest.mark.parametrize("kernel", ["se", "linear"])
 @pytest.mark.slow
 def test_walker_loop_with_residual_adaptation(kernel: str, walker_zarr: Path, tmp_path: Path) -> None:
-    cfg = LeggedRunConfig(learner="svdgp", steps=4, change_at=1, adapt="residual", window=8, residual_kernel=kernel,
+    cfg = LeggedRunConfig.of(learner="svdgp", steps=4, change_at=1, adapt="residual", window=8, residual_kernel=kernel,
                           residual_gate=True, residual_gate_z=1.0, controllers=("online",), conditions=("changed",), **TINY)
     run = RunDir.create("t", {}, out=tmp_path / "run")
     run_legged(run, cfg, walker_zarr)
@@ -139,10 +140,10 @@ def test_walker_loop_with_residual_adaptation(kernel: str, walker_zarr: Path, tm
     assert len(steps) == 4 and all(math.isfinite(s["model_rmse"]) for s in steps)
     assert all("update_seconds" in s for s in steps)
     with pytest.raises(InputError, match="adapt"):
-        LeggedRunConfig(adapt="nope").validate()
+        LeggedRunConfig.of(adapt="nope").validate()
     for bad in ({"residual_kernel": "nope"}, {"residual_forget": 0.0}, {"residual_gate_z": -1.0}, {"scale": "huge"}):
         with pytest.raises(InputError, match=next(iter(bad))):
-            LeggedRunConfig(**bad).validate()
+            LeggedRunConfig.of(**bad).validate()
 
 
 @pytest.mark.parametrize("target", ["change", "velocity"])
@@ -184,7 +185,7 @@ def test_summarize_control_tables_several_seeds(walker_zarr: Path, tmp_path: Pat
     summarize_control = _script("summarize_control")
     runs = []
     for seed in (0, 1):
-        cfg = LeggedRunConfig(learner="svi", steps=3, seed=seed, controllers=("trpo", "frozen", "online"), **TINY)
+        cfg = LeggedRunConfig.of(learner="svi", steps=3, seed=seed, controllers=("trpo", "frozen", "online"), **TINY)
         run = RunDir.create("t", {"robot": "walker", **asdict(cfg)}, out=tmp_path / f"s{seed}")
         run_legged(run, cfg, walker_zarr)
         runs.append(run)
@@ -213,14 +214,14 @@ def test_plant_change_factor_scales_the_change_and_bad_factors_are_refused() -> 
     env.close()
     for bad in (0.0, -1.0, math.nan):
         with pytest.raises(InputError, match="factor"):
-            LeggedRunConfig(change="torso_mass", change_factor=bad).validate()
+            LeggedRunConfig.of(change="torso_mass", change_factor=bad).validate()
     with pytest.raises(InputError, match="unknown plant change"):
-        LeggedRunConfig(change="gravity").validate()
+        LeggedRunConfig.of(change="gravity").validate()
 
 
 @pytest.mark.slow
 def test_walker_planning_relative_to_the_policy_runs_and_is_reported(walker_zarr: Path, tmp_path: Path) -> None:
-    cfg = LeggedRunConfig(learner="svdgp", steps=3, relative_to_proposal=True, terminal_value=True, noise_std=0.1,
+    cfg = LeggedRunConfig.of(learner="svdgp", steps=3, relative_to_proposal=True, terminal_value=True, noise_std=0.1,
                           temperature=5.0, control_cost=1.0, proposal_tail=2, warm_start=False,
                           controllers=("true", "frozen", "online"),
                           conditions=("changed",), **TINY)
@@ -229,7 +230,7 @@ def test_walker_planning_relative_to_the_policy_runs_and_is_reported(walker_zarr
     steps = _records(run, "step")
     assert len(steps) == 9 and not any(s.get("fallback") for s in steps)
     for s in steps:  # MPPI's weights rest on between one sample and all of them
-        k = cfg.sim_samples if s["controller"] == "true" else cfg.samples
+        k = cfg.planner.sim_samples if s["controller"] == "true" else cfg.planner.mpc.samples
         assert 1.0 - 1e-9 <= s["effective_samples"] <= k + 1e-9
     report = (run.path / "report.md").read_text()
     assert "offsets to the TRPO policy's actions" in report and "TRPO critic as terminal value" in report
@@ -237,14 +238,14 @@ def test_walker_planning_relative_to_the_policy_runs_and_is_reported(walker_zarr
     assert "then 2 steps of the TRPO policy through the model" in report and "no warm start" in report
     for bad in ({"residual_lengthscale": 0.0}, {"residual_noise": -1.0}):
         with pytest.raises(InputError, match="residual"):
-            LeggedRunConfig(**bad).validate()
+            LeggedRunConfig.of(**bad).validate()
 
 
 @pytest.mark.slow
 def test_walker_consecutive_episodes_keep_the_online_model(walker_zarr: Path, tmp_path: Path) -> None:
     from dataclasses import asdict
 
-    cfg = LeggedRunConfig(learner="svdgp", steps=3, episodes=2, controllers=("trpo", "frozen", "online"),
+    cfg = LeggedRunConfig.of(learner="svdgp", steps=3, episodes=2, controllers=("trpo", "frozen", "online"),
                           conditions=("changed",), **TINY)
     run = RunDir.create("t", {"robot": "walker", **asdict(cfg)}, out=tmp_path / "run")
     run_legged(run, cfg, walker_zarr)
@@ -288,12 +289,12 @@ def test_cli_walker_episodes_and_cold_start_reach_the_run(walker_zarr: Path, tmp
 
     out = tmp_path / "run"
     assert main(["control", "walker", "--learner", "svdgp", "--store", str(walker_zarr), "--steps", "2", "--episodes", "2",
-                 "--cold-start", "--cost", "track", "--track-offset-weight", "3", "--residual-gate",
+                 "--no-warm-start", "--cost", "track", "--track-offset-weight", "3", "--residual-gate",
                  "--residual-gate-z", "2", "--residual-kernel", "linear", "--residual-forget", "0.98",
-                 "--controllers", "trpo", "--conditions", "changed", "--compiled-planner", "--out", str(out)]) == 0
-    config = json.loads((out / "config.json").read_text())
+                 "--controllers", "trpo", "--conditions", "changed", "--compiled", "--out", str(out)]) == 0
+    config = flatten_dict(json.loads((out / "config.json").read_text()))
     assert config["episodes"] == 2 and config["warm_start"] is False and config["cost"] == "track"
-    assert config["compiled_planner"] is True
+    assert config["compiled"] is True
     assert config["track_offset_weight"] == 3.0 and config["residual_gate"] is True
     assert config["residual_gate_z"] == 2.0 and config["residual_kernel"] == "linear" and config["residual_forget"] == 0.98
     assert [(e["controller"], e["episode"]) for e in _records(RunDir(out), "episode")] == [("trpo", 0), ("trpo", 1)]
@@ -342,7 +343,7 @@ def test_tracking_cost_asks_a_weakened_motor_for_the_control_that_undoes_it() ->
 def test_walker_tracking_cost_with_the_frozen_model_is_the_policy(walker_zarr: Path, tmp_path: Path) -> None:
     # CEM returns its best sample; with the pretrained model tracking itself, zero offsets cost
     # exactly 0, so the frozen controller acts as the TRPO policy does, step for step
-    cfg = LeggedRunConfig(learner="svdgp", steps=4, planner="cem", cost="track", relative_to_proposal=True,
+    cfg = LeggedRunConfig.of(learner="svdgp", steps=4, planner="cem", cost="track", relative_to_proposal=True,
                           warm_start=False, controllers=("trpo", "true", "frozen", "online"), conditions=("changed",),
                           change="weak_motor", change_factor=0.3, **{**TINY, "horizon": 1})
     run = RunDir.create("t", {}, out=tmp_path / "run")
@@ -355,11 +356,11 @@ def test_walker_tracking_cost_with_the_frozen_model_is_the_policy(walker_zarr: P
     assert not any(s.get("fallback") for s in steps)
     assert "`--cost track`), action offsets priced x10" in (run.path / "report.md").read_text()
     with pytest.raises(InputError, match="terminal-value"):
-        LeggedRunConfig(cost="track", terminal_value=True).validate()
-    with pytest.raises(InputError, match="cost must be one of"):
-        LeggedRunConfig(cost="regret").validate()
+        LeggedRunConfig.of(cost="track", terminal_value=True).validate()
+    with pytest.raises(InputError, match="cost .regret. is not one of reward, track"):
+        LeggedRunConfig.of(cost="regret").validate()
     with pytest.raises(InputError, match="track_offset_weight"):
-        LeggedRunConfig(cost="track", track_offset_weight=-1.0).validate()
+        LeggedRunConfig.of(cost="track", track_offset_weight=-1.0).validate()
 
 
 def test_run_episode_collects_rows_applies_the_change_and_logs_each_step() -> None:
@@ -448,7 +449,7 @@ def test_learned_model_adds_back_its_delta_columns_for_any_batch_shape() -> None
 
 
 def test_learned_dynamics_integrates_positions_by_the_trapezoid_rule(walker_zarr: Path) -> None:
-    cfg = LeggedRunConfig(learner="svdgp", **TINY)
+    cfg = LeggedRunConfig.of(learner="svdgp", **TINY)
     _, dyn, _ = pretrained_model(cfg, walker_zarr)
     store = EpisodeStore.open(walker_zarr)
     ep = store.episode(1, ["qpos", "qvel", "action"])
@@ -482,5 +483,5 @@ def test_control_walker_refuses_a_missing_gpu_before_collecting(tmp_path: Path, 
     assert "CUDA" in capsys.readouterr().err and not (tmp_path / "a").exists()
     run = RunDir.create("t", {}, out=tmp_path / "b")
     with pytest.raises(InputError, match="CUDA"):
-        run_legged(run, LeggedRunConfig(device="cuda", **TINY))
+        run_legged(run, LeggedRunConfig.of(device="cuda", **TINY))
     assert not (run.path / "walker.zarr").exists()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpdyn.cli import main
+from gpdyn.config import flatten_dict
 from gpdyn.errors import InputError
 from gpdyn.recipes import DEFAULT_RECIPES, KINDS, RECIPE_DIR, all_recipes, default_recipe, load_recipe, recipe_names
 
@@ -32,6 +33,16 @@ def _anchors(markdown: str) -> set[str]:
             for h in re.findall(r"^#+ (.*)$", markdown, re.M)}
 
 
+def _settings_of(config):
+    """A config's settings by name: a config tree's by leaf name (gpdyn.config), a flat dataclass's by field."""
+    from gpdyn.config import flat
+
+    try:
+        return flat(config)
+    except TypeError:  # not a tree: its fields are not setting()s
+        return vars(config)
+
+
 @pytest.mark.parametrize("name", recipe_names())
 def test_every_shipped_recipe_loads_validates_and_points_at_its_result(name):
     recipe = load_recipe(name)
@@ -39,8 +50,9 @@ def test_every_shipped_recipe_loads_validates_and_points_at_its_result(name):
     assert recipe.robot in KINDS and len(recipe.description) > 200  # a paragraph, not a label
     for section in KINDS[recipe.robot]:
         config = recipe.build(section)
+        settings = _settings_of(config)
         for key, value in recipe.values[section].items():
-            assert getattr(config, key) == value
+            assert settings[key] == value
         if hasattr(config, "validate"):
             config.validate()
     # the reported result it reproduces: a file in docs/, and the heading it names
@@ -61,7 +73,8 @@ def test_the_defaults_are_the_documented_ones():
         assert re.search(rf"`gpdyn control {robot}` with no `--recipe` runs `{name}`", text), robot
     # the walker default is the reported setting: the tracking cost, one-step plans, the weakened hip
     walker = default_recipe("walker").build()
-    assert (walker.cost, walker.horizon, walker.change, walker.change_factor) == ("track", 1, "weak_motor", 0.3)
+    assert ((walker.planner.cost, walker.planner.mpc.horizon, walker.plant.change, walker.plant.change_factor)
+            == ("track", 1, "weak_motor", 0.3))
 
 
 def test_the_walker_sampling_recipe_is_the_planner_reported():
@@ -87,7 +100,7 @@ def test_the_walker_sampling_recipe_is_the_planner_reported():
     ("[config]\nconditions = [\"changed\", 3]\n", "conditions[1]", "string"),
     ("[config]\nhorizon = 5000\n", "horizon", "longer than an episode (1000 steps)"),
     ("[config]\nnoise_std = -0.1\n", "noise_std", ""),
-    ("[config]\nlearner = \"nosuch\"\n", "learner", "unknown learner"),
+    ("[config]\nlearner = \"nosuch\"\n", "learner", "'nosuch' is not one of svdgp"),
     ("[config]\nconditions = [\"windy\"]\n", "conditions", "windy"),
     ("[config]\ndevice = \"cuda\"\n", "device", "unknown key"),
     ("[config]\nextra = { m_alpha = 3 }\n", "extra", "unknown key"),
@@ -133,9 +146,9 @@ def test_a_recipe_that_is_not_toml_or_not_there_is_refused(tmp_path):
 
 def test_a_good_user_recipe_builds_its_values(tmp_path):
     path = _write(tmp_path, '[config]\nsteps = 7\nconditions = ["nominal"]\nnoise_std = 1\nchange_factor = 0.7\n')
-    cfg = load_recipe(str(path), "walker").build()
-    assert (cfg.steps, cfg.conditions, cfg.noise_std, cfg.change_factor) == (7, ("nominal",), 1.0, 0.7)
-    assert isinstance(cfg.noise_std, float) and cfg.horizon == type(cfg)().horizon  # the rest: the defaults
+    cfg = _settings_of(load_recipe(str(path), "walker").build())
+    assert (cfg["steps"], cfg["conditions"], cfg["noise_std"], cfg["change_factor"]) == (7, ("nominal",), 1.0, 0.7)
+    assert isinstance(cfg["noise_std"], float) and cfg["horizon"] == 10  # the rest: the defaults
 
 
 @pytest.fixture
@@ -171,31 +184,32 @@ def test_options_override_the_recipe(tmp_path, captured):
     assert main(["control", "walker", "--recipe", "walker-weak-motor", "--steps", "7", "--seed", "3",
                  "--learner", "svi", "--conditions", "nominal,changed", "--change-factor", "0.5",
                  "--out", str(tmp_path / "a")]) == 0
-    cfg = captured["walker"][1]
-    assert (cfg.steps, cfg.seed, cfg.learner, cfg.conditions, cfg.change_factor) == (7, 3, "svi", ("nominal", "changed"), 0.5)
-    assert (cfg.cost, cfg.horizon, cfg.residual_kernel) == ("track", 1, "linear")  # the recipe's, not the defaults
-    config = json.loads((tmp_path / "a" / "config.json").read_text())
+    cfg = _settings_of(captured["walker"][1])
+    assert ((cfg["steps"], cfg["seed"], cfg["learner"], cfg["conditions"], cfg["change_factor"])
+            == (7, 3, "svi", ("nominal", "changed"), 0.5))
+    assert (cfg["cost"], cfg["horizon"], cfg["residual_kernel"]) == ("track", 1, "linear")  # the recipe's, not the defaults
+    config = flatten_dict(json.loads((tmp_path / "a" / "config.json").read_text()))
     assert config["options_given"]["steps"] == 7 and config["recipe_values"]["steps"] == 300 and config["steps"] == 7
     # another plant change takes its own factor, not the recipe's 0.3 for the motor
     assert main(["control", "walker", "--change", "foot_friction", "--out", str(tmp_path / "b")]) == 0
-    assert (captured["walker"][1].change, captured["walker"][1].change_factor) == ("foot_friction", None)
+    assert (captured["walker"][1].plant.change, captured["walker"][1].plant.change_factor) == ("foot_friction", None)
     # a recipe's switches can be turned off (and a cold start back on) from the command line
     assert main(["control", "walker", "--no-relative-to-proposal", "--no-residual-gate", "--warm-start",
                  "--out", str(tmp_path / "d")]) == 0
-    off = captured["walker"][1]
-    assert (off.relative_to_proposal, off.residual_gate, off.warm_start) == (False, False, True)
+    off = _settings_of(captured["walker"][1])
+    assert (off["relative_to_proposal"], off["residual_gate"], off["warm_start"]) == (False, False, True)
     # the quick look is the configuration's defaults
     assert main(["control", "walker", "--recipe", "walker-quick-look", "--out", str(tmp_path / "c")]) == 0
-    assert dataclasses.asdict(captured["walker"][1]) == dataclasses.asdict(type(cfg)())
+    assert dataclasses.asdict(captured["walker"][1]) == dataclasses.asdict(type(captured["walker"][1])())
 
 
 def test_learner_options_come_from_the_recipe_and_the_command_line(tmp_path, captured):
     path = _write(tmp_path, '[config]\nlearner = "wiski"\nlearner_options = { compiled_mean = true, lr = 0.01 }\n')
     assert main(["control", "walker", "--recipe", str(path), "--learner-option", "lr=0.2",
                  "--learner-option", "predict_chunk=512", "--out", str(tmp_path / "a")]) == 0
-    cfg = captured["walker"][1]
+    cfg = captured["walker"][1].model
     assert cfg.learner_options == {"compiled_mean": True, "lr": 0.2, "predict_chunk": 512}
-    config = json.loads((tmp_path / "a" / "config.json").read_text())
+    config = flatten_dict(json.loads((tmp_path / "a" / "config.json").read_text()))
     assert config["learner_options"] == cfg.learner_options and config["options_given"]["learner_options"]["lr"] == 0.2
     assert main(["control", "walker", "--learner", "svi", "--learner-option", "compiled_mean=true",
                  "--out", str(tmp_path / "b")]) == 2  # svi takes no such option: refused before the run
@@ -286,7 +300,7 @@ def test_the_learned_walking_script_runs_its_recipe_with_options_over_it(tmp_pat
                         "--eval-every", "0", "--window", "50", "--no-progress", "--out", str(tmp_path / "w")]) == 0
     config = json.loads((tmp_path / "w" / "config.json").read_text())
     recipe = json.loads((tmp_path / "w" / "recipe.json").read_text())
-    assert recipe["name"] == "walker-learned-hip" and recipe["options_given"]["window"] == 50
+    assert recipe["name"] == "walker-learned-hip" and recipe["options_given"]["learned_window"] == 50
     assert config["seeds"] == [5] and config["steps"] == 2 and config["controllers"] == ["frozen"]
     assert config["factors"] == {"weak_motor": 0.3} == recipe["values"]["run"]["factors"]  # the recipe's
     assert config["residual"]["window"] == 50 and config["residual"]["space"] == recipe["values"]["residual"]["space"]
@@ -306,5 +320,6 @@ def test_a_recipe_of_another_kind_is_refused_naming_the_command_that_runs_it():
     from gpdyn.recipes import RUNNERS
 
     assert set(RUNNERS) == set(KINDS)
-    with pytest.raises(InputError, match="run it with python scripts/walk_learned_model.py --recipe walker-learned-parameters"):
+    assert all(command.startswith("gpdyn control ") for command in RUNNERS.values())
+    with pytest.raises(InputError, match="run it with gpdyn control walker --recipe walker-learned-parameters"):
         load_recipe("walker-learned-parameters", "walker")

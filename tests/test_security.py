@@ -201,7 +201,7 @@ def test_the_online_walker_controller_keeps_controlling_while_its_model_predicts
     from gpdyn.runs import RunDir
 
     store = make_walker_store(tmp_path / "walker.zarr", [40, 35, 50]).path
-    cfg = LeggedRunConfig(learner="svdgp", steps=4, conditions=("nominal",), controllers=("online",), samples=8,
+    cfg = LeggedRunConfig.of(learner="svdgp", steps=4, conditions=("nominal",), controllers=("online",), samples=8,
                           horizon=3, pretrain_iterations=3, pretrain_batch=32, progress=False)
     learner, frozen, _ = pretrained_model(cfg, store)
     model, updater = online_model(_nan_prior(learner, "params.a"), frozen, cfg, train_inputs(cfg, store))
@@ -252,7 +252,7 @@ def test_a_model_whose_cholesky_fails_makes_the_controller_fall_back(tmp_path):
     from gpdyn.runs import RunDir
 
     store = make_walker_store(tmp_path / "walker.zarr", [40, 35, 50]).path
-    cfg = LeggedRunConfig(learner="svdgp", steps=3, conditions=("nominal",), controllers=("frozen",), samples=8,
+    cfg = LeggedRunConfig.of(learner="svdgp", steps=3, conditions=("nominal",), controllers=("frozen",), samples=8,
                           horizon=3, pretrain_iterations=3, pretrain_batch=32, progress=False)
     learner, model, _ = pretrained_model(cfg, store)
     _nan_prior(learner, "params.log_ls")  # every kernel matrix is NaN: its Cholesky factor fails

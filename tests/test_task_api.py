@@ -161,7 +161,7 @@ def test_collect_learn_control_and_report_of_a_task_defined_in_a_test(cheetah, t
     assert len(final["nmse"]) == problem.output_dim and np.isfinite(final["nmse"]).all()  # one score per output
 
     # control: every controller on the nominal and the changed plant
-    cfg = LeggedRunConfig(task=NAME, controllers=CONTROLLERS, conditions=("nominal", "changed"), change="torso_mass",
+    cfg = LeggedRunConfig.of(task=NAME, controllers=CONTROLLERS, conditions=("nominal", "changed"), change="torso_mass",
                           steps=12, samples=8, sim_samples=4, horizon=2, pretrain_iterations=5, pretrain_batch=32,
                           progress=False)
     control = RunDir.create(f"control-{NAME}", {"robot": NAME, **dataclasses.asdict(cfg)}, out=tmp_path / "control")

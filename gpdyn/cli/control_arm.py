@@ -42,8 +42,8 @@ def add_parsers(robots: argparse._SubParsersAction, add_common: Callable[[argpar
                             "(off; default %(effective)s)")
         p.add_argument("--gp-steps", type=NON_NEGATIVE_INT, default=None, metavar="N",
                        help="--adapt rigid-body with --gp-online on: the learner's optimiser steps per control step "
-                            "(default %(effective)s, observing only; an SVDGP step takes ~40 ms of CPU, over the "
-                            "10 ms period)")
+                            "(default %(effective)s, observing only: an SVDGP step costs more CPU than the 10 ms "
+                            "control period, docs/control.md)")
         p.add_argument("--from-run", type=Path, default=None,
                        help="a `gpdyn learn` run folder on this arm's store (problem arm or kuka): its learner is "
                             "the model instead of one pretrained here; its store is the default --store (default: "

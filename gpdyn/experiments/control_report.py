@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from gpdyn.config import flatten_dict, settings_table
 from gpdyn.errors import InputError
 from gpdyn.experiments.report_tools import draw_plot, new_figure, save_figure
 from gpdyn.runs import METRICS_FILE, RunDir
@@ -162,10 +163,25 @@ def write_legged_report(run: RunDir, cfg: Any, redraw: bool = False) -> Path:
                              period, c["steps"], change_at, change_label)
 
         plots.append(draw_plot(run.path / f"{robot}_cpu.png", draw_cpu, redraw))
+    lines += _legged_settings_section(run, cfg)
     lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     path = run.path / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _legged_settings_section(run: RunDir, cfg: Any) -> list[str]:
+    """Every setting of the run, by section, with what it does (from the config tree's declarations), the options
+    given over the recipe marked."""
+    from gpdyn.experiments.legged_config import LeggedRunConfig
+
+    values = flatten_dict(dict(asdict(cfg) if is_dataclass(cfg) else cfg))
+    recorded = run.config() if (run.path / "config.json").is_file() else {}
+    given = recorded.get("options_given") if isinstance(recorded.get("options_given"), dict) else {}
+    recipe = recorded.get("recipe")
+    note = (f"Recipe `{recipe}`; * marks the options given over it." if recipe
+            else "The settings as run (no recipe recorded).")
+    return ["", "## Settings", "", note, "", *settings_table(values, LeggedRunConfig, tuple(given))]
 
 
 def mean_se(values: list[float], digits: int = 1) -> str:
@@ -581,6 +597,7 @@ def _settings(cfg: Any, schema: dict[str, tuple[tuple[Any, str], Any]], file: Pa
     given = asdict(cfg) if is_dataclass(cfg) else cfg
     if not isinstance(given, Mapping):
         raise InputError(f"{file}: expected a JSON object, found {type(given).__name__}")
+    given = flatten_dict(dict(given))  # a config tree's sections (gpdyn.config); an older folder's flat config as it is
     out: dict[str, Any] = {}
     for key, ((check, what), default) in schema.items():
         if key not in given:

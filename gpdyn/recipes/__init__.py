@@ -11,11 +11,10 @@ A recipe is data, never code: a TOML file (read with :mod:`tomllib`) with
   and ``kuka`` (:class:`~gpdyn.experiments.control_arm.ArmRunConfig`); ``[sampler]``
   (:class:`~gpdyn.control.spline_sampling.SamplerConfig`), ``[cost]``
   (:class:`~gpdyn.robots.legged.WalkingCost`) and ``[run]`` (:class:`WalkRun`) for
-  ``walker-sampling`` (``scripts/walk_true_model.py``); the same ``[sampler]`` and ``[cost]``,
+  ``walker-sampling``; the same ``[sampler]`` and ``[cost]``,
   ``[residual]`` (:class:`~gpdyn.control.hybrid_model.ResidualConfig`), ``[identification]``
   (:class:`~gpdyn.control.identified_model.IdentificationConfig`) and ``[run]``
-  (:class:`~gpdyn.experiments.walk_learned_model.WalkLearnedConfig`) for ``walker-learned``
-  (``scripts/walk_learned_model.py``).
+  (:class:`~gpdyn.experiments.walk_learned_model.WalkLearnedConfig`) for ``walker-learned``.
 
 Loading is strict: an unknown key, a value of the wrong type, a non-finite number or a
 value the config's own ``validate`` refuses raises :class:`~gpdyn.errors.InputError`
@@ -26,8 +25,10 @@ belong to the machine or the process, not to the setting.
 Reading a file without checking its sections (:func:`read_recipe`) needs only :mod:`tomllib`;
 checking them imports the run configs, and with them torch. ``gpdyn control recipes`` lists
 the shipped recipes from their files, one line each (:func:`recipe_table`), ``--explain``
-prints their prose (:func:`describe`); ``gpdyn control walker|kuka --recipe NAME|FILE.toml``
-runs one, explicit options overriding its values. Without ``--recipe`` a robot runs its
+prints their prose (:func:`describe`); the command of its kind in :data:`RUNNERS`,
+``gpdyn control walker|hopper|kuka --recipe NAME|FILE.toml``, runs one (``walker-sampling``
+and ``walker-learned`` recipes too, through :mod:`gpdyn.cli.control_sampling`), explicit
+options overriding its values. Without ``--recipe`` a robot runs its
 :data:`DEFAULT_RECIPES` entry.
 """
 
@@ -44,13 +45,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpdyn.config import build, leaves
 from gpdyn.errors import InputError
 
 RECIPE_DIR = Path(__file__).resolve().parent
 # the run each recipe kind configures: section -> "module:Class" of its dataclass (imported when loaded)
 KINDS: dict[str, dict[str, str]] = {
-    "walker": {"config": "gpdyn.experiments.control_legged:LeggedRunConfig"},
-    "hopper": {"config": "gpdyn.experiments.control_legged:LeggedRunConfig"},
+    "walker": {"config": "gpdyn.experiments.legged_config:LeggedRunConfig"},
+    "hopper": {"config": "gpdyn.experiments.legged_config:LeggedRunConfig"},
     "kuka": {"config": "gpdyn.experiments.control_arm:ArmRunConfig"},
     "walker-sampling": {"sampler": "gpdyn.control.spline_sampling:SamplerConfig",
                         "cost": "gpdyn.robots.legged:WalkingCost",
@@ -63,7 +65,7 @@ KINDS: dict[str, dict[str, str]] = {
 }
 # the command that runs each kind of recipe (with --recipe NAME)
 RUNNERS = {"walker": "gpdyn control walker", "hopper": "gpdyn control hopper", "kuka": "gpdyn control kuka",
-           "walker-sampling": "python scripts/walk_true_model.py", "walker-learned": "python scripts/walk_learned_model.py"}
+           "walker-sampling": "gpdyn control walker", "walker-learned": "gpdyn control walker"}
 # what a robot's command runs without --recipe: the best reported setting (see each recipe's description)
 DEFAULT_RECIPES = {"walker": "walker-weak-motor", "hopper": "hopper-weak-motor", "kuka": "kuka-payload"}
 # fields a recipe may not set: the machine (device), the process (progress), the run's own name
@@ -127,7 +129,7 @@ class Recipe(RecipeText):
     def build(self, section: str = "config", **fixed: Any) -> Any:
         """A new config of ``section`` holding the recipe's values (``fixed``: fields the caller sets first)."""
         cls = _section_class(self.robot, section)
-        return cls(**{**_robot_fields(self.robot, cls), **fixed, **self.values.get(section, {})})
+        return _make(cls, {**_robot_fields(self.robot, cls), **fixed, **self.values.get(section, {})})
 
     def record(self, given: dict[str, Any], section: str = "config") -> dict[str, Any]:
         """What a run's config.json keeps of its recipe: name, file, the section's values and the options over them."""
@@ -239,26 +241,45 @@ def _check_nesting(path: Path, text: str) -> None:
             depth = max(0, depth - 1)
 
 
+def _is_tree(cls: type) -> bool:
+    """Whether ``cls`` is a config tree (:mod:`gpdyn.config`: its fields are setting()s and sections), whose settings
+    a recipe names by leaf name."""
+    return any("setting" in f.metadata for f in dataclasses.fields(cls))
+
+
+def _settings(cls: type) -> dict[str, tuple[Any, bool]]:
+    """What a recipe section of ``cls`` may hold: setting name -> (type hint, whether a recipe may set it)."""
+    if _is_tree(cls):
+        return {name: (leaf.hint, leaf.meta["recipe"]) for name, leaf in leaves(cls).items()}
+    hints = typing.get_type_hints(cls)
+    return {f.name: (hints[f.name], f.init and f.name not in NOT_IN_RECIPES) for f in dataclasses.fields(cls)}
+
+
+def _make(cls: type, values: dict[str, Any]) -> Any:
+    """A config of ``cls`` holding ``values`` (settings by name in a tree; keyword arguments otherwise)."""
+    return build(cls, values, where=cls.__name__) if _is_tree(cls) else cls(**values)
+
+
 def _robot_fields(robot: str, cls: type) -> dict[str, Any]:
-    """The fields the recipe's robot fixes in a config of ``cls``: the task a legged run controls."""
-    return {"task": robot} if "task" in {f.name for f in dataclasses.fields(cls)} else {}
+    """The settings the recipe's robot fixes in a config of ``cls``: the task a legged run controls."""
+    return {"task": robot} if "task" in _settings(cls) else {}
 
 
 def _check_section(path: Path, robot: str, section: str, table: dict[str, Any]) -> dict[str, Any]:
     """The section's values converted to the dataclass's field types; InputError naming file, section and key."""
     cls = _section_class(robot, section)
-    hints = typing.get_type_hints(cls)
-    settable = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in NOT_IN_RECIPES]
+    known = _settings(cls)
+    settable = [name for name, (_, allowed) in known.items() if allowed and name not in NOT_IN_RECIPES]
     out = {}
     for key, value in table.items():
         where = f"recipe {path}: [{section}] {key}"
         if key not in settable:
             raise InputError(f"{where}: unknown key; [{section}] takes {', '.join(settable)}")
-        out[key] = _convert(value, hints[key], where)
+        out[key] = _convert(value, known[key][0], where)
     # ranges and combinations: the config's own checks, on the recipe's values alone
     fixed = _robot_fields(robot, cls)
     try:
-        _validate(cls(**fixed, **out))
+        _validate(_make(cls, {**fixed, **out}))
     except InputError as err:
         culprit = _culprit(cls, out, fixed)
         named = f"[{section}] {culprit} = {out[culprit]!r}" if culprit else f"[{section}] the combination of its keys"
@@ -280,7 +301,7 @@ def _culprit(cls: type, values: dict[str, Any], fixed: dict[str, Any]) -> str | 
     """The first key whose value alone, on the defaults, the config refuses (None: only their combination)."""
     for key, value in values.items():
         try:
-            _validate(cls(**fixed, **{key: value}))
+            _validate(_make(cls, {**fixed, key: value}))
         except InputError:
             return key
     return None
@@ -297,7 +318,9 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
             try:
                 return _convert(value, option, where)
             except InputError as err:
-                errors.append(str(err))
+                # what the value was meant to be: a list's error for a list, else the others'
+                if isinstance(value, list) == (typing.get_origin(option) in (list, tuple)):
+                    errors.append(str(err))
         raise InputError(errors[0] if len(errors) == 1 else f"{where}: {value!r} is none of {hint}")
     if hint is bool:
         if isinstance(value, bool):

@@ -216,8 +216,8 @@ class NominalTrackingCost:
 
 # ---------------------------------------------------------------------------- policy (torch proposal)
 class FastTanh(torch.nn.Module):
-    """``tanh(x) = 2 sigmoid(2x) - 1``: the same function (to 2e-7 in float32), 2-3x faster than
-    torch's CPU ``tanh`` (0.25 G elements/s against 1.0 for ``sigmoid`` on this AVX2 CPU), which
+    """``tanh(x) = 2 sigmoid(2x) - 1``: the same function (to 2e-7 in float32), faster than
+    torch's CPU ``tanh``, which
     made the TRPO proposal most of a planning step (``gpdyn bench mpc``, planner alone)."""
 
     def forward(self, x: Tensor) -> Tensor:
@@ -237,7 +237,7 @@ def _fast_activations(net: torch.nn.Module) -> torch.nn.Module:
 class _SigmoidMLP(torch.nn.Module):
     """``Linear, sigmoid, ..., Linear`` as plain tensors: per hidden layer one ``linear`` (an
     ``addmm``) and one in-place ``sigmoid``, without ``nn.Sequential``'s module call per layer
-    and activation (~25 us of the TRPO net's ~215 us at 500 rows, one float32 CPU thread)."""
+    and activation (a noticeable part of the small TRPO net's time: docs/results/implementation-timings.md)."""
 
     def __init__(self, weights: list[Tensor], biases: list[Tensor]) -> None:
         super().__init__()
@@ -247,7 +247,7 @@ class _SigmoidMLP(torch.nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         # the buffers in registration order (weight0, bias0, weight1, ...), read from the dict
-        # at once: a Module attribute lookup costs ~3 us
+        # at once: a Module attribute lookup costs microseconds
         tensors = list(self._buffers.values())
         for i in range(0, len(tensors), 2):
             x = torch.nn.functional.linear(x, tensors[i], tensors[i + 1])
@@ -261,7 +261,7 @@ def _fast_net(net: torch.nn.Module) -> torch.nn.Module:
     Linear`` stack, each ``tanh(z) = 2 sigmoid(2z) - 1`` folded into the linear layers around
     it (the 2 into the weights before, ``2 s - 1`` into the weights and bias after; done in
     float64), so a hidden layer costs one ``addmm`` and one in-place ``sigmoid`` and no
-    elementwise scaling (the TRPO proposal 1.7x faster at 500 rows), in a :class:`_SigmoidMLP`;
+    elementwise scaling, in a :class:`_SigmoidMLP`;
     any other net with :class:`FastTanh` in place of its ``Tanh``."""
     mods = list(net.children()) if isinstance(net, torch.nn.Sequential) else []
     linears, acts = mods[::2], mods[1::2]
@@ -317,7 +317,7 @@ class TorchPolicy:
         self.obs_high = ((clip - self.mean) / self.scale).clamp(-self.clip_obs, self.clip_obs)
         self.low = torch.as_tensor(policy.act_low, **kw)
         self.high = torch.as_tensor(policy.act_high, **kw)
-        # two numbers when every action shares its bounds: a scalar clamp is ~4x faster on the CPU
+        # two numbers when every action shares its bounds: a scalar clamp is several times faster on the CPU
         same = bool((self.low == self.low[0]).all() and (self.high == self.high[0]).all())
         self._bounds: tuple[Any, Any] = (float(self.low[0]), float(self.high[0])) if same else (self.low, self.high)
         self.dtype = dtype

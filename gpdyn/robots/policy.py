@@ -71,7 +71,7 @@ class Policy:
 
     def __post_init__(self) -> None:
         # numpy float64 copies of the layers: a 64-wide MLP on one observation per step
-        # is ~10x faster in numpy than through torch's per-call overhead
+        # is much faster in numpy than through torch's per-call overhead
         linears = [m for m in self.net if isinstance(m, nn.Linear)]
         self._layers = [(m.weight.detach().double().numpy().T.copy(), m.bias.detach().double().numpy()) for m in linears]
         self._hidden_act = np.tanh if isinstance(self.net[1], nn.Tanh) else (lambda z: np.maximum(z, 0.0))
