@@ -13,7 +13,7 @@ records a run.
 import sys, time, numpy as np, torch
 from scipy.stats import spearmanr
 from gpdyn.sim.loop import run_episode
-from gpdyn.control.spline_sampling import SamplerConfig, SamplingController, SplineSampler, LearnedForward
+from gpdyn.control.spline_sampling import SamplerConfig, SamplingController, SplineSampler, LearnedForward, split_state
 from gpdyn.control.dynamics import LearnedDynamics
 from gpdyn.data.problems import Normalizer
 from gpdyn.gp import make_learner
@@ -50,14 +50,14 @@ for name, preset, iters in [(a, b, int(c)) for a, b, c in (s.split(":") for s in
     # ranking: at held-out states, the sampler's samples scored by the true and the learned model
     cfg = SamplerConfig(); cost = WalkingCost()
     true_s = SplineSampler(model, cost, DT, -1.0, 1.0, cfg, seed=1)
-    learned_f = LearnedForward(dyn.predict_mean, 9, cfg.stride)
+    learned_f = LearnedForward(dyn, 9, cfg.stride)
     rhos = []
     rng = np.random.default_rng(0)
     for i in rng.choice(len(St), 20, replace=False):
         knots = rng.uniform(-1, 1, (1, cfg.knots, 6)) * 0.3 + 0.3 * rng.standard_normal((cfg.samples, cfg.knots, 6))
         ctrl = np.einsum("hn,knu->khu", true_s.spline, np.clip(knots, -1, 1))
-        qt, vt = true_s.rollout(St[i, :9], St[i, 9:], ctrl)
-        ql, vl = learned_f(St[i, :9], St[i, 9:], ctrl)
+        qt, vt = split_state(true_s.rollout(St[i], ctrl), 9)
+        ql, vl = split_state(learned_f.rollout(St[i], ctrl), 9)
         rhos.append(spearmanr(cost(qt, vt, ctrl), cost(ql, vl, ctrl)).statistic)
     print(name, preset, iters, "pretrain cpu", round(tp), "held-out one-step nMSE of the change (mean over joints)",
           round(float(nmse.mean()), 3), "Spearman of sample costs", round(float(np.nanmean(rhos)), 2), flush=True)

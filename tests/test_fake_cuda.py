@@ -446,7 +446,7 @@ def test_planner_on_a_fake_gpu(planner_name, options, monkeypatch):
 
 #: the sampler plans on the host (numpy): per plan one copy of the start state and the
 #: controls to the device and one of the paths back (gpdyn.control.spline_sampling.LearnedForward)
-FORWARD_SYNCS = {"gpdyn.control.spline_sampling.LearnedForward.__call__":
+FORWARD_SYNCS = {"gpdyn.control.spline_sampling.LearnedForward.rollout":
                  "the host's state and controls to the device and the paths back, once per plan"}
 
 
@@ -465,11 +465,11 @@ def test_spline_sampler_on_a_fake_gpu():
                         torch.randn(N, layout.nv, device=DEVICE, dtype=DTYPE))
         normalizer = Normalizer(np.zeros(layout.input_dim), np.ones(layout.input_dim), np.zeros(1), np.ones(1))
         dynamics = LearnedDynamics.from_learner(learner, normalizer, layout)
-        forward = LearnedForward(dynamics.predict_mean, layout.nq, cfg.stride, device=DEVICE, dtype=DTYPE)
+        forward = LearnedForward(dynamics, layout.nq, cfg.stride, device=DEVICE, dtype=DTYPE)
         sampler = SplineSampler(model, path_cost, 0.01, -1.0, 1.0, cfg, seed=0, forward=forward)
         for step in range(2):
             with monitor.call(f"spline sampler plan #{step}", FORWARD_SYNCS):
-                action, record = sampler.plan(np.zeros(1), np.zeros(1))
+                action, record = sampler.plan(np.zeros(2))
             assert action.shape == (1,) and np.isfinite(record["plan_cost"])
 
 

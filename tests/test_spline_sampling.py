@@ -50,7 +50,7 @@ def test_sampler_drives_a_slider_to_its_target(temperature):
                         integrator="euler")
     sampler = SplineSampler(model, cost, 0.01, -1.0, 1.0, cfg, seed=0)
     for _ in range(300):
-        action, record = sampler.plan(data.qpos.copy(), data.qvel.copy())
+        action, record = sampler.plan(np.concatenate([data.qpos, data.qvel]))
         assert np.all(np.abs(action) <= 1.0) and np.isfinite(record["plan_cost"])
         data.ctrl[:] = action
         mujoco.mj_step(model, data)
@@ -64,7 +64,8 @@ def test_sampler_rollout_matches_the_plant_at_the_same_step():
     sampler = SplineSampler(model, lambda q, v, u: q[..., 0].sum(-1), 0.01, -1.0, 1.0,
                             SamplerConfig(horizon=5, knots=2, stride=1, integrator="euler"), seed=0)
     controls = np.full((1, 5, 1), 0.7)
-    q, v = sampler.rollout(np.zeros(1), np.zeros(1), controls)
+    states = sampler.rollout(np.zeros(2), controls)
+    q, v = states[..., :1], states[..., 1:]
     data = mujoco.MjData(model)
     for t in range(5):
         data.ctrl[:] = 0.7
@@ -91,8 +92,8 @@ def test_impossible_options_are_refused_by_name(option):
 def test_a_wrong_state_shape_is_refused():
     model = mujoco.MjModel.from_xml_string(SLIDER)
     sampler = SplineSampler(model, lambda q, v, u: q[..., 0].sum(-1), 0.01, -1.0, 1.0)
-    with pytest.raises(InputError, match="state of shapes"):
-        sampler.plan(np.zeros(2), np.zeros(1))
+    with pytest.raises(InputError, match=r"state of shape \(3,\), expected \(2,\)"):
+        sampler.plan(np.zeros(3))
     with pytest.raises(InputError, match="reset"):
         SamplingController(WalkingCost(), 0.008).act(np.zeros(17), {})
 
@@ -108,7 +109,8 @@ def test_learned_forward_holds_each_control_for_stride_steps():
 
     forward = LearnedForward(dynamics, nq=1, stride=2)
     controls = np.array([[[1.0], [0.0]], [[-1.0], [2.0]]])  # K = 2 samples, H = 2 planning steps
-    q, v = forward(np.zeros(1), np.zeros(1), controls)
+    states = forward.rollout(np.zeros(2), controls)
+    q, v = states[..., :1], states[..., 1:]
     assert q.shape == (2, 2, 1) and v.shape == (2, 2, 1)
     for k in range(2):
         state = np.zeros(2)
@@ -120,5 +122,6 @@ def test_learned_forward_holds_each_control_for_stride_steps():
     model = mujoco.MjModel.from_xml_string(SLIDER)
     sampler = SplineSampler(model, lambda q, v, u: ((q[..., 0] - 0.3) ** 2).sum(-1), 0.01, -1.0, 1.0,
                             SamplerConfig(horizon=10, knots=3, stride=2), forward=forward)
-    q2, _ = sampler.rollout(np.zeros(1), np.zeros(1), controls)
-    np.testing.assert_allclose(q2, q)
+    np.testing.assert_allclose(sampler.rollout(np.zeros(2), controls), states)
+    # one planning step of each of K starts: the rollout's first step
+    np.testing.assert_allclose(forward.predict_mean(np.zeros((2, 2)), controls[:, 0]), states[:, 0])

@@ -3,8 +3,10 @@ policy's, :class:`~gpdyn.sim.loop.PolicyController`, lives with the loop).
 
 - :class:`MPCController`: a planner of :mod:`gpdyn.control.mpc` built for each episode from
   its environment (so that a true-model planner plans on the episode's own plant), fed the
-  robot's planning state. With a learned forward model (:class:`~gpdyn.control.dynamics.LearnedDynamics`)
-  it measures the model's one-step error on every transition, and with an ``updater``
+  robot's planning state: the :class:`~gpdyn.control.planner.PlanningController` that
+  converts to and from torch and logs :class:`~gpdyn.control.mpc.PlanInfo`. With a learned
+  forward model (:class:`~gpdyn.control.dynamics.LearnedDynamics`) it measures the model's
+  one-step error on every transition, and with an ``updater``
   (:class:`gpdyn.gp.training.OnlineUpdater`; its learner may be a :class:`gpdyn.gp.residual.ResidualGP`
   on a frozen model) it learns from it: the online loop plan -> act -> observe -> update -> replan.
   A transition the updater cannot learn from (NaN or inf in it or in the model's prediction
@@ -26,11 +28,12 @@ import numpy as np
 import torch
 
 from gpdyn.control.dynamics import LearnedDynamics
-from gpdyn.sim.loop import Controller, position
-from gpdyn.control.mpc import MPPI, Planner
+from gpdyn.control.mpc import MPPI, PlanInfo, Planner
+from gpdyn.control.planner import PlanningController
+from gpdyn.sim.loop import position
 
 
-class MPCController(Controller):
+class MPCController(PlanningController):
     """Model-predictive control: at every step ``planner.plan(state(env))``, the planner made by
     ``make_planner(env)`` at each episode's start.
 
@@ -50,36 +53,32 @@ class MPCController(Controller):
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float64,
     ) -> None:
-        self.name, self.make_planner, self.state = name, make_planner, state
+        super().__init__(name, make_planner, state)
         self.model, self.updater = model, updater
         self.device, self.dtype = torch.device(device), dtype
-        self.env: Any = None
-        self.planner: Planner | None = None
         self._stats: dict[str, list[Any]] = {}
-        self._state: np.ndarray | None = None
 
-    def reset(self, env: Any) -> None:
-        self.env = env
-        self.planner = self.make_planner(env)
-        self.planner.reset()
+    def start_episode(self) -> None:
         self._stats = {"seconds": [], "effective": [], "spreads": [], "fallbacks": [], "skipped": []}
 
     def _tensor(self, a: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(a, device=self.device, dtype=self.dtype)
 
-    def act(self, obs: np.ndarray, info: Mapping[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
-        assert self.planner is not None, "MPCController.act before reset"
-        self._state = np.asarray(self.state(self.env), dtype=np.float64).copy()
-        action, plan = self.planner.plan(self._tensor(self._state))
+    def planning_state(self, state: np.ndarray) -> torch.Tensor:
+        return self._tensor(state)
+
+    def action_array(self, action: torch.Tensor) -> np.ndarray:
+        return action.detach().cpu().numpy().astype(np.float64)
+
+    def record(self, plan: PlanInfo) -> dict[str, Any]:  # type: ignore[override]
         self._stats["seconds"].append(plan.seconds)
         self._stats["effective"].append(plan.effective_samples)
         self._stats["fallbacks"].append(bool(plan.fallback))
         if isinstance(self.planner, MPPI):  # the log-weight spreads are MPPI's
             self._stats["spreads"].append((plan.cost_spread, plan.control_spread))
-        record = {"plan_seconds": plan.seconds, "plan_cost": plan.cost, "plan_variance": plan.variance,
-                  "finite_fraction": plan.finite_fraction, "effective_samples": plan.effective_samples,
-                  "cost_spread": plan.cost_spread, "control_spread": plan.control_spread, "fallback": plan.fallback}
-        return action.detach().cpu().numpy().astype(np.float64), record
+        return {"plan_seconds": plan.seconds, "plan_cost": plan.cost, "plan_variance": plan.variance,
+                "finite_fraction": plan.finite_fraction, "effective_samples": plan.effective_samples,
+                "cost_spread": plan.cost_spread, "control_spread": plan.control_spread, "fallback": plan.fallback}
 
     def observe(self, obs: np.ndarray, action: np.ndarray, next_obs: np.ndarray, info: Mapping[str, Any]) -> dict[str, Any]:
         if self.model is None:

@@ -16,10 +16,11 @@
   copied states), for any ``MjModel`` whose control step holds the action for ``frame_skip``
   simulator steps.
 
-Forward models map ``(state [K, nx], action [K, nu])`` to the next state ``[K, nx]`` (the
-simulator) or to ``(mean, variance)`` of it (learned), as :mod:`gpdyn.control.mpc` expects;
-a learned one also has ``predict_mean(state, action)``, the mean alone through the
-learners' mean-only path, which the planners use when their cost ignores the variance.
+Both forward models implement :class:`gpdyn.control.planner.PlanningModel` on torch tensors:
+``predict_mean(state [K, nx], action [K, nu]) -> next_state [K, nx]`` (for the learned one
+through the learners' mean-only path), which the planners use when their cost ignores the
+variance. Called, they map ``(state, action)`` to the next state (the simulator) or to
+``(mean, variance)`` of it (learned), as :mod:`gpdyn.control.mpc` expects.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import torch
 from torch import Tensor
 
 from gpdyn.compiled import SignatureCompiled, compile_errors
+from gpdyn.control.planner import PlanningModel, env_state, state_of
 from gpdyn.data.problems import Normalizer
 from gpdyn.errors import InputError
 from gpdyn.gp.base import Learner, LearnerError, MeanProgram, NonFiniteError
@@ -162,7 +164,7 @@ class LearnedModel:
         return self.learner.diagnostics()
 
 
-class LearnedDynamics:
+class LearnedDynamics(PlanningModel):
     """Forward dynamics from a learned model of the next velocities, positions by the trapezoid rule.
 
     ``model`` maps :meth:`StateLayout.features` to ``qvel`` at t+1 (physical units; with the
@@ -265,7 +267,7 @@ def _compiled_mean_step(layout: StateLayout, delta_columns: slice | Tensor | Non
     return _STEPS[key]
 
 
-class SimDynamics:
+class SimDynamics(PlanningModel):
     """The true simulator as a batched forward model: ``mujoco.rollout`` from copied states.
 
     State ``[qpos (nq), qvel (nv)]`` of ``model``. Uses the plant's own ``MjModel`` (so plant
@@ -289,6 +291,11 @@ class SimDynamics:
         self.states = RolloutStates(model)  # no activations (checked above): [qpos, qvel] is the whole state
 
     def __call__(self, state: Tensor, action: Tensor) -> Tensor:
+        """``next_state [K, nx]`` of ``state [K, nx]`` under ``action [K, nu]``, held for ``frame_skip`` steps."""
+        return self.predict_mean(state, action)
+
+    def predict_mean(self, state: Tensor, action: Tensor) -> Tensor:
+        """The next states: the simulator's, deterministic (its mean)."""
         s = state.detach().cpu().numpy().astype(np.float64)
         if s.ndim != 2 or s.shape[1] != self.model.nq + self.model.nv:
             raise InputError(f"SimDynamics: state has shape {s.shape}, want [K, {self.model.nq + self.model.nv}]")
@@ -298,16 +305,6 @@ class SimDynamics:
         last = out[:, -1]
         nxt = np.concatenate([last[:, self.states.qpos], last[:, self.states.qvel]], axis=1)
         return torch.as_tensor(nxt, device=state.device, dtype=state.dtype)
-
-
-def state_of(data: mujoco.MjData) -> np.ndarray:
-    """The planning state ``[qpos, qvel]`` of a simulator."""
-    return np.concatenate([data.qpos, data.qvel])
-
-
-def env_state(env: Any) -> np.ndarray:
-    """The planning state ``[qpos, qvel]`` of a gymnasium MuJoCo environment (raw, not its observation)."""
-    return state_of(env.unwrapped.data)
 
 
 __all__ = ["TARGETS", "LearnedDynamics", "LearnedModel", "SimDynamics", "StateLayout", "env_state", "state_of"]

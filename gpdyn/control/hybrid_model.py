@@ -62,7 +62,9 @@ from mujoco import rollout as mj_rollout
 
 from gpdyn.control.identified_model import IdentificationConfig, IdentifiedForward
 from gpdyn.control.online_check import GATE_MIN, OnlineCheck
-from gpdyn.control.spline_sampling import INTEGRATORS, PathCost, SamplerConfig, SamplingController, SplineSampler
+from gpdyn.control.planner import PathModel
+from gpdyn.control.spline_sampling import (INTEGRATORS, PathCost, SamplerConfig, SamplingController, SplineSampler,
+                                           mujoco_rollout, split_state)
 from gpdyn.errors import InputError
 from gpdyn.gp import make_learner
 from gpdyn.sim.rollout_states import RolloutStates
@@ -135,9 +137,9 @@ class ResidualConfig:
                 raise InputError(f"residual model: option {name}={getattr(self, name)!r} is out of range{extra}")
 
 
-class HybridForward:
-    """Nominal planning model + online GP residual (force or velocity, module docs), a ``Forward`` for
-    ``SplineSampler(forward=...)``: ``(qpos [nq], qvel [nv], controls [K, H, nu]) -> (qpos [K, H, nq], qvel [K, H, nv])``.
+class HybridForward(PathModel):
+    """Nominal planning model + online GP residual (force or velocity, module docs), a
+    :class:`~gpdyn.control.planner.PathModel` on numpy arrays over planning steps for ``SplineSampler(forward=...)``.
 
     ``model``: the nominal plant's ``MjModel`` (copied; the copy gets the planning time step
     ``control_dt * stride`` and ``integrator``, as the sampler's own planning model).
@@ -219,19 +221,25 @@ class HybridForward:
         out[..., self.force_dofs] = r * self.r_scale
         return out
 
-    def __call__(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        k, h, _ = controls.shape
-        init = self.states.initial(qpos, qvel, rows=k)
+    def rollout(self, state: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        """Planning states ``[K, H, nx]`` after each planning step of ``actions [K, H, nu]`` from ``state [nx]``
+        or ``[K, nx]``: the nominal planning model with the residual (module docs)."""
         if not self.in_use:  # zero residual: the nominal model's one rollout call
-            states, _ = mj_rollout.rollout(self.model, self.data, init, controls)
-            return states[..., self.states.qpos], states[..., self.states.qvel]
+            return mujoco_rollout(self.model, self.data, self.states, state, actions)
+        k, h, _ = actions.shape
+        state = np.asarray(state, dtype=float)
+        if state.shape[-1] != self.nq + self.nv or state.ndim not in (1, 2):
+            raise InputError(f"hybrid model: state of shape {state.shape}, expected [{self.nq + self.nv}] or "
+                             f"[K, {self.nq + self.nv}]")
+        init = self.states.initial(state[..., : self.nq], state[..., self.nq :], rows=k)
+        # each (sample, step) row's start state [K * H, nx], the state part of a residual of the action alone
+        # (which ignores it): one start broadcast without a copy, or each sample's repeated over the steps
+        starts = np.broadcast_to(state, (k * h, state.shape[-1])) if state.ndim == 1 else np.repeat(state, h, axis=0)
+        starts_q, starts_v = split_state(starts, self.nq)
         if self.config.space == "force":  # a force of the action alone: predicted for all K x H, one rollout call
-            force = self.residual(np.broadcast_to(qpos, (k * h, self.nq)), np.broadcast_to(qvel, (k * h, self.nv)),
-                                  controls.reshape(k * h, -1)).reshape(k, h, self.nv)
+            force = self.residual(starts_q, starts_v, actions.reshape(k * h, -1)).reshape(k, h, self.nv)
             spec = mujoco.mjtState.mjSTATE_CTRL.value | mujoco.mjtState.mjSTATE_QFRC_APPLIED.value
-            states, _ = mj_rollout.rollout(self.model, self.data, init, np.concatenate([controls, force], -1),
-                                           control_spec=spec)
-            return states[..., self.states.qpos], states[..., self.states.qvel]
+            return mujoco_rollout(self.model, self.data, self.states, state, np.concatenate([actions, force], -1), spec)
         # one planning step at a time (the residual enters between steps) through a persistent Rollout without
         # its per-call checks and allocations, so that H one-step calls cost about one whole-horizon call
         # (docs/results/implementation-timings.md)
@@ -240,27 +248,25 @@ class HybridForward:
         if len(self._models) != k:
             self._models = [self.model] * k
             self._step_out, self._no_sensors = np.empty((k, 1, self.states.size)), np.empty((k, 1, self.model.nsensordata))
-        controls = np.ascontiguousarray(controls, dtype=np.float64)
+        controls = np.ascontiguousarray(actions, dtype=np.float64)
         paths = np.empty((k, h, self.states.size))
-        state = init
+        current = init
         # a residual of the action alone does not depend on the rolled-out states: one batched prediction for all K x H
         ahead = None
         if self.config.kernel == "linear" and self.config.linear_inputs == "action":
-            flat = controls.reshape(k * h, -1)
-            ahead = self.residual(np.broadcast_to(init[:1, self.states.qpos], (k * h, self.nq)),
-                                  np.broadcast_to(init[:1, self.states.qvel], (k * h, self.nv)), flat).reshape(k, h, self.nv)
+            ahead = self.residual(starts_q, starts_v, controls.reshape(k * h, -1)).reshape(k, h, self.nv)
         for t in range(h):
-            self._runner.rollout(self._models, [self.data], state, np.ascontiguousarray(controls[:, t : t + 1]),
+            self._runner.rollout(self._models, [self.data], current, np.ascontiguousarray(controls[:, t : t + 1]),
                                  skip_checks=True, nstep=1, control_spec=mujoco.mjtState.mjSTATE_CTRL.value,
                                  state=self._step_out, sensordata=self._no_sensors)
             nxt = paths[:, t]
             nxt[:] = self._step_out[:, 0]
-            r = ahead[:, t] if ahead is not None else self.residual(state[:, self.states.qpos],
-                                                                    state[:, self.states.qvel], controls[:, t])
+            r = ahead[:, t] if ahead is not None else self.residual(current[:, self.states.qpos],
+                                                                    current[:, self.states.qvel], controls[:, t])
             nxt[:, self.states.qvel] += r
             nxt[:, self.states.qpos] += self.dt * r
-            state = nxt
-        return paths[..., self.states.qpos], paths[..., self.states.qvel]
+            current = nxt
+        return paths[..., self.states.qpos.start : self.states.qvel.stop]
 
     # ----------------------------------------------------------------- learning
     def nominal_plant(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray,
@@ -448,16 +454,17 @@ class HybridSamplingController(SamplingController):
             if isinstance(learned, IdentificationConfig)
             else HybridForward(nominal, control_dt, self.config.stride, self.config.integrator, learned, seed))
         self.rng = np.random.default_rng(seed + 7919)
+        self.low, self.high = nominal.actuator_ctrlrange[:, 0], nominal.actuator_ctrlrange[:, 1]
         self._history: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
-    def reset(self, env: Any) -> None:
-        self.data = env.unwrapped.data
-        low, high = self.nominal.actuator_ctrlrange[:, 0], self.nominal.actuator_ctrlrange[:, 1]
-        self.low, self.high = low, high
-        self.sampler = SplineSampler(self.nominal, self.cost, self.control_dt, low, high, self.config,
-                                     seed=self.seed + self._episodes, forward=self.forward)
+    def make_sampler(self, env: Any) -> SplineSampler:
+        """The episode's sampler on the learned model of the nominal plant (a fresh seed per episode)."""
         self._episodes += 1
-        self._cpu = []
+        return SplineSampler(self.nominal, self.cost, self.control_dt, self.low, self.high, self.config,
+                             seed=self.seed + self._episodes - 1, forward=self.forward)
+
+    def start_episode(self) -> None:
+        super().start_episode()
         self._history = []
 
     def act(self, obs: np.ndarray, info: Any) -> tuple[np.ndarray, dict[str, Any]]:
@@ -465,7 +472,8 @@ class HybridSamplingController(SamplingController):
         action, record = super().act(obs, info)
         if self.learn and self.explore_std > 0:
             action = np.clip(action + self.explore_std * self.rng.standard_normal(action.shape), self.low, self.high)
-        self._history.append((self.data.qpos.copy(), self.data.qvel.copy(), np.asarray(action, dtype=float)))
+        assert self._state is not None
+        self._history.append((self._state[: self.nominal.nq], self._state[self.nominal.nq :], np.asarray(action, dtype=float)))
         self._cpu[-1] = time.process_time() - start
         return action, record
 
@@ -475,7 +483,7 @@ class HybridSamplingController(SamplingController):
         start = time.process_time()
         qpos, qvel, _ = self._history[-self.config.stride]
         controls = np.stack([h[2] for h in self._history[-self.config.stride:]])
-        self.forward.observe(qpos, qvel, controls, self.data.qvel.copy())
+        self.forward.observe(qpos, qvel, controls, self.state(self.env)[self.nominal.nq :])
         del self._history[: -self.config.stride]  # older entries are no longer needed
         self._cpu[-1] += time.process_time() - start
         return {}

@@ -47,7 +47,8 @@ import numpy as np
 from mujoco import rollout as mj_rollout
 
 from gpdyn.control.online_check import OnlineCheck
-from gpdyn.control.spline_sampling import INTEGRATORS
+from gpdyn.control.planner import PathModel
+from gpdyn.control.spline_sampling import INTEGRATORS, mujoco_rollout
 from gpdyn.errors import InputError
 from gpdyn.sim.rollout_states import RolloutStates
 
@@ -131,9 +132,9 @@ class PlantParameters:
         return out
 
 
-class IdentifiedForward:
-    """The nominal planning model with online-identified physical parameters (module docs): a ``Forward`` for
-    ``SplineSampler(forward=...)``, ``(qpos [nq], qvel [nv], controls [K, H, nu]) -> (qpos [K, H, nq], qvel [K, H, nv])``.
+class IdentifiedForward(PathModel):
+    """The nominal planning model with online-identified physical parameters (module docs): a
+    :class:`~gpdyn.control.planner.PathModel` on numpy arrays over planning steps for ``SplineSampler(forward=...)``.
 
     ``model``: the nominal plant's ``MjModel`` (copied); plans run on a copy at the planning time step
     ``control_dt * stride`` with ``integrator``, identification on copies at the plant's own step.
@@ -190,12 +191,11 @@ class IdentifiedForward:
     def _clipped(self) -> np.ndarray:
         return np.clip(self.theta, self.config.min_factor - 1, self.config.max_factor - 1)
 
-    def __call__(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        k = controls.shape[0]
-        init = self.states.initial(qpos, qvel, rows=k)
+    def rollout(self, state: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        """Planning states ``[K, H, nx]`` after each planning step of ``actions [K, H, nu]`` from ``state [nx]`` or
+        ``[K, nx]``: the planning model with the identified parameters while they are in use, else the nominal one."""
         model = self.identified_plan if self.in_use else self.nominal_plan
-        states, _ = mj_rollout.rollout(model, self._plan_data, init, controls)
-        return states[..., self.states.qpos], states[..., self.states.qvel]
+        return mujoco_rollout(model, self._plan_data, self.states, state, actions)
 
     # ----------------------------------------------------------------- learning
     def observe(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, next_qvel: np.ndarray) -> None:

@@ -1,7 +1,8 @@
 """Sampling-based model-predictive control in torch: MPPI and CEM (docs/architecture.md "Controllers and the episode loop").
 
-Both planners roll ``K`` action sequences of horizon ``H`` through a dynamics model in one
-batch per time step and score them with a task cost:
+Both implement :class:`gpdyn.control.planner.Planner` on torch tensors. They roll ``K``
+action sequences of horizon ``H`` through a dynamics model in one batch per time step and
+score them with a task cost:
 
 - dynamics: ``(state [K, nx], action [K, nu]) -> next_state [K, nx]``, or
   ``-> (next_state, variance [K, nx])`` for a probabilistic model (a GP's predictive
@@ -10,10 +11,11 @@ batch per time step and score them with a task cost:
   ``var_weight * sum(variance)`` to the step cost, ``"sample"`` propagates a sample
   ``mean + sqrt(variance) * eps`` of the predictive distribution (trajectory sampling, as
   in PETS, Chua et al. 2018). When the cost does not use the variance (``"mean"``, or
-  ``"penalty"`` with ``var_weight = 0``: :meth:`MPCConfig.uses_variance`) and the model has
-  a ``predict_mean(state, action) -> next_state`` method (a learned model,
-  :class:`gpdyn.control.dynamics.LearnedDynamics`), the planner calls that instead: the GP
-  learners' mean-only path, which skips the variance arithmetic (most of a prediction's).
+  ``"penalty"`` with ``var_weight = 0``: :meth:`MPCConfig.uses_variance`) and the model is
+  a :class:`gpdyn.control.planner.PlanningModel`, with ``predict_mean(state, action) ->
+  next_state`` (:class:`gpdyn.control.dynamics.LearnedDynamics`,
+  :class:`~gpdyn.control.dynamics.SimDynamics`), the planner calls that instead: for the GP
+  learners the mean-only path, which skips the variance arithmetic (most of a prediction's).
   ``PlanInfo.variance`` is then 0.
 - cost: ``(state, action, next_state) -> (cost [K], terminated [K] bool)``. A sample that
   terminates pays ``terminal_cost`` once and nothing after (its state is frozen), so that
@@ -75,8 +77,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
@@ -84,6 +86,7 @@ from torch import Tensor
 
 from gpdyn.compiled import traced
 from gpdyn.control.mpc_config import UNCERTAINTY, MPCConfig, MPCConfigError
+from gpdyn.control.planner import Planner as PlannerInterface
 from gpdyn.errors import InputError
 
 DynamicsOut = Tensor | tuple[Tensor, Tensor]
@@ -91,9 +94,12 @@ Dynamics = Callable[[Tensor, Tensor], DynamicsOut]
 Cost = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor | None]]
 Proposal = Callable[[Tensor], Tensor]
 Value = Callable[[Tensor], Tensor]
+
+
 @dataclass
-class PlanInfo:
-    """What one :meth:`Planner.plan` call did (logged per control step)."""
+class PlanInfo(Mapping[str, Any]):
+    """What one :meth:`Planner.plan` call did (logged per control step): its fields as attributes, and as a
+    mapping of their names to their values, the ``info`` of :class:`gpdyn.control.planner.Planner`."""
 
     cost: float  # the best sampled cost
     expected_cost: float  # the weighted (MPPI) or elite (CEM) mean cost
@@ -114,6 +120,20 @@ class PlanInfo:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def __getitem__(self, name: str) -> Any:
+        if name not in _PLAN_INFO_FIELDS:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_PLAN_INFO_FIELDS)
+
+    def __len__(self) -> int:
+        return len(_PLAN_INFO_FIELDS)
+
+
+_PLAN_INFO_FIELDS = tuple(f.name for f in fields(PlanInfo))
+
 
 @dataclass
 class Rollout:
@@ -126,8 +146,9 @@ class Rollout:
     noise: Tensor  # [K, H, nu], the exploration noise added to the mean sequence (zero for the nominal sample)
 
 
-class Planner:
-    """Shared machinery of :class:`MPPI` and :class:`CEM`: sampling, rollouts, fallback."""
+class Planner(PlannerInterface):
+    """Shared machinery of :class:`MPPI` and :class:`CEM`: sampling, rollouts, fallback. A
+    :class:`gpdyn.control.planner.Planner` on torch tensors, its ``info`` a :class:`PlanInfo`."""
 
     def __init__(
         self,

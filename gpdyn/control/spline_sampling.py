@@ -21,14 +21,14 @@ The planning model is a copy of the plant's ``MjModel`` with a longer time step
 integrator (``implicitfast``, damping taken implicitly; at 24 ms, 3 control steps, it
 diverged on some rollouts, which then count as the worst). One planning step costs one ``mj_step`` instead of
 the plant's eight RK4 steps: 20 samples x 0.5 s of horizon in about 7-8 ms of one core for
-Walker2d (``scripts/walk_true_model.py`` measures it). The plant itself is untouched.
+Walker2d (the ``walker-sampling`` recipes report it). The plant itself is untouched.
 """
 
 from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,15 +36,13 @@ import mujoco
 import numpy as np
 from mujoco import rollout as mj_rollout
 
-from gpdyn.sim.loop import Controller
+from gpdyn.control.planner import PathModel, Planner, PlanningController
 from gpdyn.errors import InputError
 from gpdyn.sim.rollout_states import RolloutStates
 
 #: ``(qpos [K, H, nq], qvel [K, H, nv], controls [K, H, nu]) -> cost [K]``, the states after each
 #: planning step; non-finite costs (a diverged rollout) count as the worst
 PathCost = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
-#: a planning model other than MuJoCo's: ``(qpos, qvel, controls [K, H, nu]) -> (qpos [K, H, nq], qvel [K, H, nv])``
-Forward = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 INTEGRATORS = {"euler": mujoco.mjtIntegrator.mjINT_EULER, "rk4": mujoco.mjtIntegrator.mjINT_RK4,
                "implicit": mujoco.mjtIntegrator.mjINT_IMPLICIT, "implicitfast": mujoco.mjtIntegrator.mjINT_IMPLICITFAST}
 
@@ -84,18 +82,61 @@ def linear_spline_matrix(horizon: int, knots: int) -> np.ndarray:
     return weights
 
 
-class SplineSampler:
-    """Predictive sampling (module docs) with ``model`` as the planning model.
+def mujoco_rollout(model: mujoco.MjModel, data: mujoco.MjData, states: RolloutStates, state: np.ndarray,
+                   controls: np.ndarray, control_spec: int | None = None) -> np.ndarray:
+    """The planning states ``[K, H, nx]`` (a view of ``mujoco.rollout``'s output) after each step of ``model`` under
+    ``controls [K, H, ...]`` from ``state [nx]`` or ``[K, nx]``: MuJoCo's rollout as a
+    :class:`~gpdyn.control.planner.PathModel` (``control_spec``: what each control row holds, default the actuators')."""
+    nq = model.nq
+    state = np.asarray(state, dtype=float)
+    if state.shape[-1] != nq + model.nv or state.ndim not in (1, 2):
+        raise InputError(f"planning model: state of shape {state.shape}, expected [{nq + model.nv}] or [K, {nq + model.nv}]")
+    init = states.initial(state[..., :nq], state[..., nq:], rows=controls.shape[0])
+    kwargs = {} if control_spec is None else {"control_spec": control_spec}
+    out, _ = mj_rollout.rollout(model, data, init, controls, **kwargs)
+    return out[..., states.qpos.start : states.qvel.stop]  # [qpos, qvel] are adjacent in the rollout state
 
-    ``model``: the plant's ``MjModel`` (copied; the copy gets the planning time step and
-    integrator). ``control_dt``: the plant's control period. ``low``/``high``: the action box.
-    ``forward``: another planning model in place of MuJoCo's, ``(qpos [nq], qvel [nv],
-    controls [K, H, nu]) -> (qpos [K, H, nq], qvel [K, H, nv])`` with each control held for
+
+def split_state(states: np.ndarray, nq: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(qpos, qvel)`` views of planning states ``[..., nx]``."""
+    return states[..., :nq], states[..., nq:]
+
+
+class MujocoForward(PathModel):
+    """A MuJoCo model as the sampler's planning model: a copy of ``model`` with the planning time step
+    ``control_dt * stride`` and ``integrator`` (module docs), a :class:`~gpdyn.control.planner.PathModel` on numpy
+    arrays whose step is one planning step. The true-model planner's, on a copy of the plant's own ``MjModel``."""
+
+    def __init__(self, model: mujoco.MjModel, control_dt: float, stride: int = 2, integrator: str = "implicitfast") -> None:
+        if integrator not in INTEGRATORS:
+            raise InputError(f"planning model: integrator {integrator!r} is not one of {', '.join(INTEGRATORS)}")
+        if not (control_dt > 0 and stride >= 1):
+            raise InputError(f"planning model: need control_dt > 0 and stride >= 1, got {control_dt}, {stride}")
+        if model.na:
+            raise InputError(f"planning model: the model has {model.na} actuator activation states, which [qpos, qvel] "
+                             "does not carry")
+        self.model = copy.deepcopy(model)
+        self.model.opt.timestep = control_dt * stride
+        self.model.opt.integrator = INTEGRATORS[integrator]
+        self.data = mujoco.MjData(self.model)
+        self.states = RolloutStates(self.model)
+
+    def rollout(self, state: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        return mujoco_rollout(self.model, self.data, self.states, state, actions)
+
+
+class SplineSampler(Planner):
+    """Predictive sampling (module docs), a :class:`~gpdyn.control.planner.Planner` on numpy arrays.
+
+    ``model``: the plant's ``MjModel`` (its sizes; with no ``forward``, its copy at the planning
+    time step and integrator is the planning model, :class:`MujocoForward`). ``control_dt``: the
+    plant's control period. ``low``/``high``: the action box. ``forward``: another planning model,
+    a :class:`~gpdyn.control.planner.PathModel` on numpy arrays whose step holds each control for
     ``stride`` control steps (e.g. :class:`LearnedForward`, a learned model).
     """
 
     def __init__(self, model: mujoco.MjModel, cost: PathCost, control_dt: float, low: np.ndarray, high: np.ndarray,
-                 config: SamplerConfig | None = None, seed: int = 0, forward: Forward | None = None) -> None:
+                 config: SamplerConfig | None = None, seed: int = 0, forward: PathModel | None = None) -> None:
         self.config = config or SamplerConfig()
         self.config.validate()
         if model.na:
@@ -104,45 +145,40 @@ class SplineSampler:
         if not control_dt > 0:
             raise InputError(f"spline sampler: control_dt must be > 0, got {control_dt}")
         cfg = self.config
-        self.model = copy.deepcopy(model)
-        self.model.opt.timestep = control_dt * cfg.stride
-        self.model.opt.integrator = INTEGRATORS[cfg.integrator]
-        self.data = mujoco.MjData(self.model)
+        self.nq, self.nx, self.nu = model.nq, model.nq + model.nv, model.nu
         self.cost = cost
         self.low, self.high = np.broadcast_to(low, (model.nu,)).astype(float), np.broadcast_to(high, (model.nu,)).astype(float)
         self.rng = np.random.default_rng(seed)
         self.spline = linear_spline_matrix(cfg.horizon, cfg.knots)
         self.knot_times = np.linspace(0.0, cfg.horizon - 1.0, cfg.knots)
-        self.states = RolloutStates(self.model)
-        self.forward = forward
+        self.forward: PathModel = forward if forward is not None else MujocoForward(model, control_dt, cfg.stride,
+                                                                                    cfg.integrator)
         self.reset()
 
     def reset(self) -> None:
         """Forget the nominal plan (zero actions)."""
-        self.nominal = np.zeros((self.config.knots, self.model.nu))
+        self.nominal = np.zeros((self.config.knots, self.nu))
 
-    def rollout(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """States after each planning step, ``(qpos [K, H, nq], qvel [K, H, nv])``, of ``controls [K, H, nu]``
-        from ``(qpos, qvel)``."""
-        if self.forward is not None:
-            return self.forward(qpos, qvel, controls)
-        init = self.states.initial(qpos, qvel, rows=controls.shape[0])
-        states, _ = mj_rollout.rollout(self.model, self.data, init, controls)
-        return states[..., self.states.qpos], states[..., self.states.qvel]
+    def rollout(self, state: np.ndarray, controls: np.ndarray) -> np.ndarray:
+        """Planning states after each planning step, ``[K, H, nx]``, of ``controls [K, H, nu]`` from ``state [nx]``."""
+        return self.forward.rollout(state, controls)
 
-    def plan(self, qpos: np.ndarray, qvel: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
-        """The action for the current state and a record of the plan (best cost, CPU seconds)."""
+    def controls(self, knots: np.ndarray) -> np.ndarray:
+        """The control sequences ``[K, H, nu]`` of spline knots ``[K, knots, nu]``."""
+        return np.einsum("hn,knu->khu", self.spline, knots)
+
+    def plan(self, state: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+        """The action for the planning state ``[qpos, qvel]`` and a record of the plan (best cost, CPU seconds)."""
         start = time.process_time()
         cfg = self.config
-        qpos, qvel = np.asarray(qpos, dtype=float), np.asarray(qvel, dtype=float)
-        if qpos.shape != (self.model.nq,) or qvel.shape != (self.model.nv,):
-            raise InputError(f"spline sampler: state of shapes {qpos.shape}, {qvel.shape}, expected "
-                             f"({self.model.nq},), ({self.model.nv},)")
-        knots = self.nominal + cfg.noise_std * self.rng.standard_normal((cfg.samples, cfg.knots, self.model.nu))
+        state = np.asarray(state, dtype=float)
+        if state.shape != (self.nx,):
+            raise InputError(f"spline sampler: state of shape {state.shape}, expected ({self.nx},) = [qpos, qvel]")
+        knots = self.nominal + cfg.noise_std * self.rng.standard_normal((cfg.samples, cfg.knots, self.nu))
         knots[0] = self.nominal
         knots = np.clip(knots, self.low, self.high)
-        controls = np.einsum("hn,knu->khu", self.spline, knots)
-        path_q, path_v = self.rollout(qpos, qvel, controls)
+        controls = self.controls(knots)
+        path_q, path_v = split_state(self.rollout(state, controls), self.nq)
         cost = self.cost(path_q, path_v, controls)
         cost = np.where(np.isfinite(cost), cost, np.inf)
         best = int(np.argmin(cost))
@@ -158,81 +194,90 @@ class SplineSampler:
         action = self.spline[0] @ chosen
         # warm start: the chosen spline, shifted by one control step (a fraction of a planning step)
         shifted = self.knot_times + 1.0 / cfg.stride
-        self.nominal = np.stack([np.interp(shifted, self.knot_times, chosen[:, u]) for u in range(self.model.nu)], -1)
+        self.nominal = np.stack([np.interp(shifted, self.knot_times, chosen[:, u]) for u in range(self.nu)], -1)
         return action, {"plan_cost": float(cost[best]), "plan_cpu_s": time.process_time() - start}
 
 
-class SamplingController(Controller):
-    """:class:`SplineSampler` on the episode's own plant, as a :class:`gpdyn.sim.loop.Controller`.
+class SamplingController(PlanningController):
+    """:class:`SplineSampler` on the episode's own plant: the :class:`~gpdyn.control.planner.PlanningController`
+    of the spline sampler.
 
     At each episode's start the planning model is copied from the environment's ``MjModel``
     (so a plant change made before the episode is in the model; one made during it is not:
     that is the learned model's job). ``act`` plans from the simulator's raw state
-    ``(qpos, qvel)``, not the observation (which may clip velocities).
+    ``[qpos, qvel]``, not the observation (which may clip velocities).
     """
 
     def __init__(self, cost: PathCost, control_dt: float, config: SamplerConfig | None = None, seed: int = 0,
                  name: str = "true-sampling") -> None:
-        self.cost, self.control_dt, self.config, self.seed, self.name = cost, control_dt, config or SamplerConfig(), seed, name
+        super().__init__(name, self.make_sampler)
+        self.cost, self.control_dt, self.config, self.seed = cost, control_dt, config or SamplerConfig(), seed
         self.config.validate()
-        self.sampler: SplineSampler | None = None
         self._episodes = 0
         self._cpu: list[float] = []
 
-    def reset(self, env: Any) -> None:
+    def make_sampler(self, env: Any) -> SplineSampler:
+        """The episode's sampler on a copy of the environment's model (a fresh seed per episode)."""
         model = env.unwrapped.model
-        self.data = env.unwrapped.data
-        self.sampler = SplineSampler(model, self.cost, self.control_dt, model.actuator_ctrlrange[:, 0],
-                                     model.actuator_ctrlrange[:, 1], self.config, seed=self.seed + self._episodes)
         self._episodes += 1
+        return SplineSampler(model, self.cost, self.control_dt, model.actuator_ctrlrange[:, 0],
+                             model.actuator_ctrlrange[:, 1], self.config, seed=self.seed + self._episodes - 1)
+
+    @property
+    def sampler(self) -> SplineSampler | None:
+        """The episode's sampler (None before the first episode)."""
+        return self.planner
+
+    def start_episode(self) -> None:
         self._cpu = []
 
-    def act(self, obs: np.ndarray, info: Any) -> tuple[np.ndarray, dict[str, Any]]:
-        if self.sampler is None:
-            raise InputError("SamplingController.act: reset(env) was not called")
-        action, record = self.sampler.plan(self.data.qpos.copy(), self.data.qvel.copy())
-        self._cpu.append(record["plan_cpu_s"])
-        return action, record
+    def record(self, plan: Mapping[str, Any]) -> dict[str, Any]:
+        self._cpu.append(plan["plan_cpu_s"])
+        return dict(plan)
 
     def summary(self) -> dict[str, Any]:
         cpu = np.asarray(self._cpu) if self._cpu else np.zeros(1)
         return {"plan_cpu_ms_mean": float(cpu.mean() * 1e3), "plan_cpu_ms_p95": float(np.percentile(cpu, 95) * 1e3)}
 
 
+class LearnedForward(PathModel):
+    """A torch planning model as the sampler's planning model (``SplineSampler(forward=...)``): a
+    :class:`~gpdyn.control.planner.PathModel` on numpy arrays over planning steps.
 
-class LearnedForward:
-    """A learned forward model as the sampler's planning model (``SplineSampler(forward=...)``).
-
-    ``dynamics``: ``(state [K, nx], action [K, nu]) -> next_state [K, nx]`` over one control
-    step in torch, e.g. ``LearnedDynamics.predict_mean`` (:mod:`gpdyn.control.dynamics`;
-    the state is ``[qpos, qvel]``). Each planning step holds its control for ``stride``
-    control steps, as the MuJoCo planning model does with its longer time step.
+    ``dynamics``: a torch :class:`~gpdyn.control.planner.PlanningModel` over one control step, e.g.
+    :class:`~gpdyn.control.dynamics.LearnedDynamics` (its ``predict_mean`` is called; the state is
+    ``[qpos, qvel]``), or such a step function ``(state [K, nx], action [K, nu]) -> next_state [K, nx]``.
+    Each planning step holds its control for ``stride`` control steps, as the MuJoCo planning model does
+    with its longer time step.
 
     A pure GP model of contact-rich walking does not rank the sampler's plans
     (``scripts/sampler_learned_model.py``); :class:`gpdyn.control.hybrid_model.HybridForward`
     keeps MuJoCo's nominal physics and learns only a GP residual on top of it.
     """
 
-    def __init__(self, dynamics: Callable[[Any, Any], Any], nq: int, stride: int, device: Any = "cpu",
-                 dtype: Any = None) -> None:
+    def __init__(self, dynamics: Any, nq: int, stride: int, device: Any = "cpu", dtype: Any = None) -> None:
         import torch
 
-        self.torch, self.dynamics, self.nq, self.stride = torch, dynamics, int(nq), int(stride)
+        step = getattr(dynamics, "predict_mean", dynamics)
+        if not callable(step):
+            raise InputError(f"LearnedForward: dynamics must be a planning model or a step function, got {dynamics!r}")
+        self.torch, self.dynamics, self.nq, self.stride = torch, step, int(nq), int(stride)
         self.device, self.dtype = torch.device(device), dtype or torch.float64
 
-    def __call__(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def rollout(self, state: np.ndarray, actions: np.ndarray) -> np.ndarray:
         torch = self.torch
-        k, h, _ = controls.shape
+        k, h, _ = actions.shape
         kw = {"device": self.device, "dtype": self.dtype}
-        state = torch.as_tensor(np.concatenate([qpos, qvel]), **kw).expand(k, -1)
-        u = torch.as_tensor(controls, **kw)
-        path = torch.empty(k, h, state.shape[-1], **kw)
+        x = torch.as_tensor(np.asarray(state, dtype=float), **kw).expand(k, -1)
+        u = torch.as_tensor(actions, **kw)
+        path = torch.empty(k, h, x.shape[-1], **kw)
         with torch.no_grad():
             for t in range(h):
                 for _ in range(self.stride):
-                    state = self.dynamics(state, u[:, t])
-                path[:, t] = state
-        out = path.cpu().numpy().astype(np.float64)
-        return out[..., : self.nq], out[..., self.nq :]
-__all__ = ["INTEGRATORS", "Forward", "LearnedForward", "PathCost", "SamplerConfig", "SamplingController", "SplineSampler",
-           "linear_spline_matrix"]
+                    x = self.dynamics(x, u[:, t])
+                path[:, t] = x
+        return path.cpu().numpy().astype(np.float64)
+
+
+__all__ = ["INTEGRATORS", "LearnedForward", "MujocoForward", "PathCost", "SamplerConfig", "SamplingController",
+           "SplineSampler", "linear_spline_matrix", "mujoco_rollout", "split_state"]

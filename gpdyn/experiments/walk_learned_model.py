@@ -1,4 +1,4 @@
-"""Walker2d walking by predictive sampling on a learned (hybrid) model, after a plant change (``scripts/walk_learned_model.py``).
+"""Walker2d walking by predictive sampling on a learned model after a plant change (``gpdyn control walker --recipe NAME`` of a ``walker-learned`` recipe).
 
 For each plant change (``the task's ``plant_changes````, e.g. the right hip motor at
 30 %) and each seed, one episode of Walker2d-v5 on the CHANGED plant under three
@@ -39,8 +39,9 @@ import numpy as np
 
 from gpdyn.control.hybrid_model import HybridForward, HybridSamplingController, ResidualConfig
 from gpdyn.control.identified_model import IdentificationConfig, IdentifiedForward
+from gpdyn.control.planner import env_state
 from gpdyn.sim.loop import run_episode
-from gpdyn.control.spline_sampling import SamplerConfig, SamplingController, SplineSampler
+from gpdyn.control.spline_sampling import MujocoForward, SamplerConfig, SamplingController, split_state
 from gpdyn.errors import InputError
 from gpdyn.progress import progress_bar
 from gpdyn.robots.walker import DT, WALKER, make_env
@@ -147,7 +148,7 @@ class Diagnostics:
     def __init__(self, controller: HybridSamplingController, changed: Any, cost: WalkingCost, every: int, seed: int) -> None:
         self.controller, self.cost, self.every = controller, cost, every
         cfg = controller.config
-        self.truth = SplineSampler(changed, cost, DT, changed.actuator_ctrlrange[:, 0], changed.actuator_ctrlrange[:, 1], cfg)
+        self.truth = MujocoForward(changed, DT, cfg.stride, cfg.integrator)  # the changed plant's planning model
         self.nominal = HybridForward(controller.nominal, DT, cfg.stride, cfg.integrator)  # never observes: nominal
         self.rng = np.random.default_rng(seed + 104729)
         self.rank: list[dict[str, float]] = []
@@ -156,12 +157,12 @@ class Diagnostics:
     def __call__(self, t: int, env: Any) -> None:
         if not self.every or t % self.every or not self.controller.forward.active:
             return None
-        data, sampler, cfg = env.unwrapped.data, self.controller.sampler, self.controller.config
-        qpos, qvel = data.qpos.copy(), data.qvel.copy()
-        knots = sampler.nominal + cfg.noise_std * self.rng.standard_normal((cfg.samples, cfg.knots, sampler.model.nu))
-        controls = np.einsum("hn,knu->khu", sampler.spline, np.clip(knots, sampler.low, sampler.high))
-        costs = {name: self.cost(*model(qpos, qvel, controls), controls) for name, model in
-                 (("true", self.truth.rollout), ("nominal", self.nominal), ("online", self.controller.forward))}
+        sampler, cfg = self.controller.sampler, self.controller.config
+        state = env_state(env)
+        knots = sampler.nominal + cfg.noise_std * self.rng.standard_normal((cfg.samples, cfg.knots, sampler.nu))
+        controls = sampler.controls(np.clip(knots, sampler.low, sampler.high))
+        costs = {name: self.cost(*split_state(model.rollout(state, controls), sampler.nq), controls) for name, model in
+                 (("true", self.truth), ("nominal", self.nominal), ("online", self.controller.forward))}
         self.rank.append({"t": t, **{f"spearman_{k}": spearman(costs["true"], costs[k])
                                      for k in ("nominal", "online")}})
         self.snapshots.append((t, self.controller.forward.snapshot()))
@@ -185,7 +186,7 @@ class Diagnostics:
             true_q, true_v = next_qpos[idx], next_qvel[idx]
             record: dict[str, float] = {"t": t}
             for name, model in (("nominal", self.nominal), ("online", snap)):
-                pq, pv = model(qpos[t], qvel[t], u)
+                pq, pv = split_state(model.rollout(np.concatenate([qpos[t], qvel[t]]), u), qpos.shape[1])
                 record[f"qvel_rmse_{name}"] = float(np.sqrt(((pv[0] - true_v) ** 2).mean()))
                 record[f"one_step_qvel_rmse_{name}"] = float(np.sqrt(((pv[0, 0] - true_v[0]) ** 2).mean()))
                 record[f"torso_end_err_{name}"] = float(np.abs(pq[0, -1, 1:3] - true_q[-1, 1:3]).sum())

@@ -1,4 +1,4 @@
-"""Walker2d walking by predictive sampling on the true model (``scripts/walk_true_model.py``).
+"""Walker2d walking by predictive sampling on the true model (``gpdyn control walker --recipe NAME`` of a ``walker-sampling`` recipe).
 
 The check that the planner and its cost can walk before any learned model is involved:
 for each seed, one episode of Walker2d-v5 (up to ``steps`` control steps) under
