@@ -132,7 +132,7 @@ def test_an_exception_in_a_worker_reaches_the_collector_after_it_commits(tmp_pat
     collect_legged(WALKER, path, 1, envs=1, progress=False)
     store = EpisodeStore.open(path, mode="a")
     # the worker, not the collector, meets the missing policy file
-    config = CollectConfig(policies=(tmp_path / "gone.pt",))
+    config = CollectConfig(task=WALKER, policies=(tmp_path / "gone.pt",))
     with store, pytest.raises(PolicyError, match="gone.pt"):
         _collect(store, config, 3, 1, StopSignals(), tqdm(disable=True), commit_seconds=0)
     assert EpisodeStore.open(path).n_episodes == 1

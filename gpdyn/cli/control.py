@@ -172,6 +172,11 @@ def add_legged_parser(robots: argparse._SubParsersAction, task: str) -> None:
     p.add_argument("--learner-option", type=size_option, action="append", default=[], metavar="KEY=VALUE",
                    help="an option of the learner's constructor over its preset and the recipe's, e.g. "
                         "compiled_mean=true (wiski) or shared_kernel=true (svdgp); repeatable (default: none)")
+    if task == "walker":  # the walker's spline-sampling recipes run from its command too; added last (they check
+        # that no option of the MPC run above was given with them)
+        from gpdyn.cli.control_sampling import add_sampling_options
+
+        add_sampling_options(p)
     p.set_defaults(handler="gpdyn.cli.control:cli_control", task=task, config_options=tuple(options))
 
 
@@ -213,8 +218,11 @@ def cli_control(args: argparse.Namespace) -> int:
     from gpdyn.experiments.control_legged import run_legged
     from gpdyn.runs import RunDir
 
+    from gpdyn.cli.control_sampling import is_sampling_recipe, run_sampling_recipe
     from gpdyn.cli.options import apply_config_options
 
+    if args.task == "walker" and args.recipe is not None and is_sampling_recipe(args.recipe):
+        return run_sampling_recipe(args.recipe, args)
     recipe = recipe_for(args, args.task)
     cfg = recipe.build(device=args.device)
     given = apply_config_options(cfg, args, args.config_options)
