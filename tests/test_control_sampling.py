@@ -96,3 +96,14 @@ def test_bad_values_are_refused_before_any_run(tmp_path):
     assert not (tmp_path / "x").exists()
     with pytest.raises(SystemExit):
         _args("--recipe", "walker-learned-hip", "--learned-model", "gp")
+
+
+def test_the_walker_command_runs_a_sampling_recipe_and_refuses_its_mpc_options(tmp_path, capsys):
+    from gpdyn.cli import main
+
+    assert main(["control", "walker", "--recipe", "walker-true-model-walk", "--seeds", "5", "--steps", "2",
+                 "--samples", "4", "--out", str(tmp_path / "w")]) == 0
+    assert "| 5 | 2 |" in (tmp_path / "w" / "report.md").read_text()
+    assert main(["control", "walker", "--recipe", "walker-true-model-walk", "--planner", "cem",
+                 "--out", str(tmp_path / "x")]) == 2
+    assert "--planner" in capsys.readouterr().err and not (tmp_path / "x").exists()
