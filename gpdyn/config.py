@@ -72,6 +72,7 @@ LEGGED_TASKS = RegistryNames("gpdyn.robots.task", "BUILTIN_TASKS", ("walker", "h
 PRESET_NAMES = RegistryNames("gpdyn.gp", "PRESETS", ("small", "cpu", "paper"))
 PROTOCOL_NAMES = RegistryNames("gpdyn.data.problems", "PROTOCOLS", ("iid", "ordered", "block", "split", "stream"))
 DTYPE_NAMES = RegistryNames("gpdyn.device", "DTYPES", ("float32", "float64"))
+FAMILY_NAMES = RegistryNames("gpdyn.sim.arm", "FAMILIES", ("kuka1", "kuka2"))  # trajectory families of the arm streams
 
 
 def setting(default: Any = MISSING, *, help: str, low: float | None = None, high: float | None = None,
@@ -294,6 +295,6 @@ def hint_base(hint: Any) -> tuple[Any, bool]:
     return hint, False
 
 
-__all__ = ["Compute", "DTYPE_NAMES", "LEARNER_NAMES", "LEGGED_TASKS", "PRESET_NAMES", "PROBLEM_NAMES", "PROTOCOL_NAMES", "Leaf",
+__all__ = ["Compute", "DTYPE_NAMES", "FAMILY_NAMES", "LEARNER_NAMES", "LEGGED_TASKS", "PRESET_NAMES", "PROBLEM_NAMES", "PROTOCOL_NAMES", "Leaf",
            "RegistryNames", "build", "check", "check_leaf", "flat", "flatten_dict", "get", "hint_base", "is_section", "leaves",
            "put", "setting", "settings_table", "show"]

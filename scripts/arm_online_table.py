@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpdyn.experiments.control_arm import ArmRunConfig, run_arm
+from gpdyn.experiments.arm_config import ArmRunConfig
+from gpdyn.experiments.control_arm import run_arm
 from gpdyn.runs import RunDir
 
 # online model -> ArmRunConfig fields (adapt rigid-body throughout: the rigid-body filter, its GP frozen or learning)
@@ -101,13 +102,15 @@ def run_all(args: argparse.Namespace) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as work:
         for seed in seeds(args.seeds):
-            base = ArmRunConfig(robot=robot, model=args.model, seed=seed, progress=False)
+            base = ArmRunConfig.of(robot=robot, model=args.model, seed=seed, progress=False)
             store = Path(work) / f"{seed}.zarr"  # what run_arm collects when given no store
-            collect_arm(store, offline=base.offline, online=max(100, base.offline // 10), family=base.family, seed=seed,
-                        arm=base.arm(), rate_hz=base.rate_hz, progress=False)
+            collect_arm(store, offline=base.model.offline, online=max(100, base.model.offline // 10),
+                        family=base.reference.family, seed=seed,
+                        arm=base.arm(), rate_hz=base.reference.rate_hz, progress=False)
             for change in args.changes.split(","):
                 for model in args.models.split(","):
-                    cfg = ArmRunConfig(robot=robot, model=args.model, seed=seed, controllers=("online",), progress=False,
+                    cfg = ArmRunConfig.of(robot=robot, model=args.model, seed=seed, controllers=("online",),
+                                          progress=False,
                                        payload=args.payload, **CHANGES[change], **MODELS[model])
                     r = one(cfg, store, Path(work))
                     rows.append({"robot": robot, "change": change, "model": model, "seed": seed, **r})

@@ -9,7 +9,8 @@ import pytest
 from synthetic import make_kuka_store
 
 from gpdyn.errors import InputError
-from gpdyn.experiments.control_arm import ArmRunConfig, run_arm
+from gpdyn.experiments.arm_config import ArmRunConfig
+from gpdyn.experiments.control_arm import run_arm
 from gpdyn.runs import RunDir
 
 
@@ -20,7 +21,7 @@ def _records(run: RunDir, kind: str) -> list[dict]:
 @pytest.mark.slow
 def test_kuka_tracking_runs_and_reports_rmse(tmp_path: Path) -> None:
     store = make_kuka_store(tmp_path / "kuka.zarr", offline=[60], online=[40, 40]).path
-    cfg = ArmRunConfig(learner="svdgp", steps=6, change_at=3, pretrain_iterations=3, pretrain_batch=32, progress=False)
+    cfg = ArmRunConfig.of(learner="svdgp", steps=6, change_at=3, pretrain_iterations=3, pretrain_batch=32, progress=False)
     run = RunDir.create("t", {}, out=tmp_path / "run")
     result = run_arm(run, cfg, store)
     assert set(result["rmse"]) == {"pd", "true", "frozen", "online"}
@@ -60,7 +61,7 @@ def test_kuka_pd_gains_keep_the_sampled_loop_stable() -> None:
 
 def test_kuka_true_model_tracks_to_a_millirad(tmp_path: Path) -> None:
     """Past t = 1.1 s, where the unstable gains used to chatter against the torque limits."""
-    cfg = ArmRunConfig(steps=160, change_at=80, controllers=("pd", "true"), progress=False)
+    cfg = ArmRunConfig.of(steps=160, change_at=80, controllers=("pd", "true"), progress=False)
     result = run_arm(RunDir.create("t", {}, out=tmp_path / "run"), cfg)
     true = result["rmse"]["true"]
     assert max(true["before"]) < 5e-3 and max(true["after"]) < 1e-3

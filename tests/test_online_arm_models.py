@@ -12,7 +12,8 @@ from synthetic import make_kuka_store
 from test_rigid_body import N, make_gp, states, tensor, torques
 
 from gpdyn.errors import InputError
-from gpdyn.experiments.control_arm import CHANGES, ArmRunConfig, apply_change, run_arm
+from gpdyn.experiments.arm_config import CHANGES, ArmRunConfig
+from gpdyn.experiments.control_arm import apply_change, run_arm
 from gpdyn.gp import make_learner
 from gpdyn.gp.base import LearnerError
 from gpdyn.robots.arm import inverse_dynamics
@@ -132,7 +133,7 @@ def test_joint_friction_and_motor_gain_change_the_plant_by_what_they_say() -> No
 def test_each_arm_change_is_applied_and_named(change: str) -> None:
     env = _env()
     before = (env.model.body_mass.copy(), env.model.dof_frictionloss.copy(), env.model.actuator_gear.copy())
-    text = apply_change(ArmRunConfig(change=change), env)
+    text = apply_change(ArmRunConfig.of(change=change), env)
     after = (env.model.body_mass, env.model.dof_frictionloss, env.model.actuator_gear)
     changed = [not np.array_equal(a, b) for a, b in zip(before, after)]
     assert changed == [change == "payload", change == "joint-friction", change == "motor-gain"] and text
@@ -141,14 +142,14 @@ def test_each_arm_change_is_applied_and_named(change: str) -> None:
 @pytest.mark.parametrize("field, value", [("change", "gravity"), ("joint_friction", -0.1), ("motor_gain", 0.0),
                                           ("motor_gain", float("nan")), ("gp_steps", -1)])
 def test_bad_change_settings_are_refused_by_name(field: str, value) -> None:
-    with pytest.raises(InputError, match=field.replace("_", "-") if field != "change" else "--change"):
-        ArmRunConfig(**{field: value}).validate()
+    with pytest.raises(InputError, match=f"control kuka: {field} "):
+        ArmRunConfig.of(**{field: value}).validate()
 
 
 @pytest.mark.slow
 def test_the_online_gp_is_the_recorded_online_learner_and_counts_its_updates(tmp_path: Path) -> None:
     store = make_kuka_store(tmp_path / "kuka.zarr", offline=[60], online=[40, 40]).path
-    cfg = ArmRunConfig(learner="wiski", steps=8, change_at=4, change="motor-gain", controllers=("frozen", "online"), gp_online=True,
+    cfg = ArmRunConfig.of(learner="wiski", steps=8, change_at=4, change="motor-gain", controllers=("frozen", "online"), gp_online=True,
                        pretrain_iterations=2, pretrain_batch=32, progress=False)
     run = RunDir.create("t", {}, out=tmp_path / "run")
     run_arm(run, cfg, store)
@@ -158,4 +159,4 @@ def test_the_online_gp_is_the_recorded_online_learner_and_counts_its_updates(tmp
     assert online["prior_updates"] == 8 and online["change"] == "motor gain x0.7"
     assert "motor gain x0.7 from step 4" in (run.path / "report.md").read_text()
     # the default: the filter alone learns online, the GP stays frozen
-    assert ArmRunConfig().gp_online is False
+    assert ArmRunConfig().adaptation.gp_online is False

@@ -217,14 +217,15 @@ def test_learner_options_come_from_the_recipe_and_the_command_line(tmp_path, cap
 
 def test_kuka_runs_its_recipe_and_a_user_file(tmp_path, captured):
     assert main(["control", "kuka", "--payload", "1.5", "--out", str(tmp_path / "a")]) == 0
-    cfg = captured["kuka"][1]
-    assert (cfg.robot, cfg.payload, cfg.steps, cfg.change_at, cfg.learner) == ("kuka", 1.5, 400, 200, "svdgp")
+    cfg = _settings_of(captured["kuka"][1])
+    assert ((cfg["robot"], cfg["payload"], cfg["steps"], cfg["change_at"], cfg["learner"])
+            == ("kuka", 1.5, 400, 200, "svdgp"))
     assert json.loads((tmp_path / "a" / "config.json").read_text())["recipe"] == "kuka-payload"
     path = _write(tmp_path, "[config]\nsteps = 60\nchange_at = 20\npayload = 2\n",
                   HEAD.replace('robot = "walker"', 'robot = "kuka"'))
     assert main(["control", "kuka", "--recipe", str(path), "--out", str(tmp_path / "b")]) == 0
-    cfg = captured["kuka"][1]
-    assert (cfg.steps, cfg.change_at, cfg.payload) == (60, 20, 2.0)
+    cfg = _settings_of(captured["kuka"][1])
+    assert (cfg["steps"], cfg["change_at"], cfg["payload"]) == (60, 20, 2.0)
     assert json.loads((tmp_path / "b" / "config.json").read_text())["recipe_file"] == str(path)
 
 
@@ -251,7 +252,7 @@ def test_the_demo_control_stage_reports_the_comparison_it_computes(tmp_path):
     from gpdyn.runs import RunDir
 
     summary = control_stage(tmp_path / "c", seed=0, steps=30, change_at=15, offline=200, pretrain_iterations=5)
-    config = json.loads((tmp_path / "c" / "config.json").read_text())
+    config = flatten_dict(json.loads((tmp_path / "c" / "config.json").read_text()))
     assert summary["recipe"] == config["recipe"] == "kuka-payload" and config["payload"] == 3.0
     tracking = {r["controller"]: r["rmse"] for r in RunDir(tmp_path / "c").metrics() if r.get("kind") == "tracking"}
     assert set(tracking) == set(summary["rmse_after"]) == {"pd", "true", "frozen", "online"}
@@ -268,9 +269,9 @@ def test_kuka_from_a_learn_run_takes_its_learner_unless_one_is_given(tmp_path, c
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"job": "learn", "learner": "svi"}))
     assert main(["control", "kuka", "--from-run", str(folder), "--out", str(tmp_path / "a")]) == 0
-    assert captured["kuka"][1].learner == "svi"  # not the recipe's svdgp
+    assert captured["kuka"][1].model.learner == "svi"  # not the recipe's svdgp
     assert main(["control", "kuka", "--from-run", str(folder), "--learner", "exact", "--out", str(tmp_path / "b")]) == 0
-    assert captured["kuka"][1].learner == "exact"
+    assert captured["kuka"][1].model.learner == "exact"
 
 
 def test_the_walking_script_runs_its_recipe_with_options_over_it(tmp_path):

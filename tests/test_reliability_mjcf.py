@@ -25,7 +25,8 @@ from synthetic import make_kuka_store
 from gpdyn.cli import main
 from gpdyn.data.store import EpisodeStore
 from gpdyn.errors import InputError
-from gpdyn.experiments.control_arm import ArmRunConfig, check_recorded_arm
+from gpdyn.experiments.arm_config import ArmRunConfig
+from gpdyn.experiments.control_arm import check_recorded_arm
 from gpdyn.robots.arm import ArmModel, ArmModelError, inverse_dynamics, mjcf_identity
 from gpdyn.runs import RunDir
 from gpdyn.sim.arm import ArmConfigError, ArmStream, TorqueLimitWarning, collect_arm
@@ -398,7 +399,7 @@ def test_rates_from_one_step_to_one_hertz_collect(tmp_path: Path, rate: str, ste
 
 
 def test_control_refuses_a_rate_before_anything_runs(tmp_path: Path) -> None:
-    cfg = ArmRunConfig(robot="arm", model=str(_arm(tmp_path)), rate_hz=1e-300, payload=0.0, progress=False)
+    cfg = ArmRunConfig.of(robot="arm", model=str(_arm(tmp_path)), rate_hz=1e-300, payload=0.0, progress=False)
     cfg.validate()
     with pytest.raises(ArmModelError, match=r"rate_hz must be a finite rate in \[1, 500\] Hz"):
         cfg.check_arm(cfg.arm())

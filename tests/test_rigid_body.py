@@ -152,14 +152,15 @@ def test_a_large_batch_is_one_update_of_fixed_size(arm, regressor):
 
 
 def test_an_arm_run_refuses_a_bad_change_body_before_collecting(tmp_path):
-    from gpdyn.experiments.control_arm import ArmRunConfig, run_arm
+    from gpdyn.experiments.arm_config import ArmRunConfig
+    from gpdyn.experiments.control_arm import run_arm
     from gpdyn.runs import RunDir
 
-    cfg = ArmRunConfig(change_bodies=("gripper",), progress=False)
+    cfg = ArmRunConfig.of(change_bodies=("gripper",), progress=False)
     with pytest.raises(InputError, match=r"change_bodies \['gripper'\].*payload"):
         cfg.check_arm(cfg.arm())
     run = RunDir.create("t", {}, out=tmp_path / "run")
     with pytest.raises(InputError, match="change_bodies"):
         run_arm(run, cfg)
     assert not (tmp_path / "run" / "kuka.zarr").exists()  # refused before any data was collected
-    ArmRunConfig(change_bodies=("payload", "link7")).check_arm(cfg.arm())  # real bodies pass
+    ArmRunConfig.of(change_bodies=("payload", "link7")).check_arm(cfg.arm())  # real bodies pass

@@ -220,21 +220,23 @@ def test_the_online_arm_controller_keeps_tracking_while_its_model_predicts_nan(t
 
     from gpdyn.control.dynamics import LearnedModel
     from gpdyn.sim.loop import run_episode
-    from gpdyn.experiments.control_arm import ArmRunConfig, _controller, _pretrained
+    from gpdyn.experiments.arm_config import ArmRunConfig
+    from gpdyn.experiments.control_arm import _controller, _pretrained
     from gpdyn.robots.arm import pd_gains
     from gpdyn.sim.arm_env import ArmEnv
     from gpdyn.runs import RunDir
     from gpdyn.sim.arm import get_family
 
     store = make_kuka_store(tmp_path / "kuka.zarr", offline=[60], online=[40]).path
-    cfg = ArmRunConfig(learner="svdgp", steps=5, change_at=2, pretrain_iterations=3, pretrain_batch=32, progress=False)
+    cfg = ArmRunConfig.of(learner="svdgp", steps=5, change_at=2, pretrain_iterations=3, pretrain_batch=32, progress=False)
     run = RunDir.create("t", {}, out=tmp_path / "run")
     arm = cfg.arm()
     frozen, x_train = _pretrained(run, cfg, arm, store)
     frozen = LearnedModel(_nan_prior(frozen.learner, "params.a"), frozen.normalizer)
-    poses = get_family(cfg.family).pattern(cfg.seed, arm.limits).evaluate(np.arange(0.0, 0.3, 0.05), cfg.speed)[0]
-    controller = _controller("online", cfg, arm, pd_gains(arm.torque_model(), poses, cfg.omega), frozen, x_train)
-    env = ArmEnv(arm, frame_skip=arm.steps_per_sample(cfg.rate_hz), family=cfg.family, pattern_seed=cfg.seed)
+    ref = cfg.reference
+    poses = get_family(ref.family).pattern(cfg.seed, arm.limits).evaluate(np.arange(0.0, 0.3, 0.05), ref.speed)[0]
+    controller = _controller("online", cfg, arm, pd_gains(arm.torque_model(), poses, ref.omega), frozen, x_train)
+    env = ArmEnv(arm, frame_skip=arm.steps_per_sample(ref.rate_hz), family=ref.family, pattern_seed=cfg.seed)
     episode = run_episode(env, controller, steps=cfg.steps, reset_seed=cfg.seed, log=run.log)
     env.close()
     steps = [r for r in run.metrics() if r.get("kind") == "step"]

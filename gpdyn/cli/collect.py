@@ -16,14 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from gpdyn.cli.common import (COUNT, NON_NEGATIVE, NON_NEGATIVE_INT, NON_NEGATIVE_LIST, POSITIVE, POSITIVE_LIST, Number,
                               add_out, add_seed, comma_list)
-from gpdyn.config import LEGGED_TASKS, RegistryNames
+from gpdyn.config import FAMILY_NAMES, LEGGED_TASKS, RegistryNames
 
 if TYPE_CHECKING:
     from gpdyn.sim.stopping import CollectionStopped
 
 log = logging.getLogger(__name__)
 
-FAMILY_NAMES = RegistryNames("gpdyn.sim.arm", "FAMILIES", ("kuka1", "kuka2"))  # trajectory families of the arm streams
 IMPORT_UNITS = RegistryNames("gpdyn.data.importers", "UNITS", ("physical", "normalised"))  # what imported input columns hold
 
 
@@ -262,5 +261,5 @@ def import_files(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["FAMILY_NAMES", "IMPORT_UNITS", "add_arm_options", "add_parsers", "arm_from_args", "collect_arm", "collect_legged",
+__all__ = ["IMPORT_UNITS", "add_arm_options", "add_parsers", "arm_from_args", "collect_arm", "collect_legged",
            "import_files"]

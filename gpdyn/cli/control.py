@@ -1,8 +1,8 @@
 """`gpdyn control ROBOT`: online control experiments, one subcommand per robot, and `gpdyn control recipes`.
 
-A legged task's options are its config tree's settings, one option each
-(:mod:`gpdyn.cli.options`, :mod:`gpdyn.experiments.legged_config`); an arm's are declared here
-and in :mod:`gpdyn.cli.control_arm`. Every run takes :func:`add_run_options`.
+A run's options are its config tree's settings, one option each (:mod:`gpdyn.cli.options`;
+:mod:`gpdyn.experiments.legged_config` for a legged task, :mod:`gpdyn.experiments.arm_config`
+for an arm). Every run takes :func:`add_run_options` beside them.
 A run starts from a recipe (:mod:`gpdyn.recipes`: ``--recipe NAME|FILE.toml``, else the
 robot's default); the options given on the command line override the recipe's values.
 
@@ -15,78 +15,49 @@ source, when the help is printed: the configs' modules import torch and MuJoCo.
 from __future__ import annotations
 
 import argparse
-import ast
 import functools
 from pathlib import Path
-from typing import Any
 
-from gpdyn.cli.common import (COUNT, DTYPE_NAMES, LEARNER_NAMES, NON_NEGATIVE_INT, PRESET_NAMES, SEED, add_device,
-                              add_out)
+from gpdyn.cli.common import add_device, add_out
 from gpdyn.cli.jobs import size_option
 from gpdyn.config import LEGGED_TASKS
 from gpdyn.errors import InputError
 
 
-# the run config each arm's command builds: its source file (under gpdyn/) and class (a legged task's is the config
-# tree gpdyn.experiments.legged_config.LeggedRunConfig, whose options and defaults are read from the tree itself)
-RUN_CONFIGS = {"kuka": ("experiments/control_arm.py", "ArmRunConfig"),
-               "arm": ("experiments/control_arm.py", "ArmRunConfig")}
 # what `control arm` sets over ArmRunConfig's defaults when no recipe is given (cli_control_arm)
 ARM_WITHOUT_RECIPE = {"payload": 0.0}
-# how --help words a default of None: what the arm run does then
-NONE_MEANS = {"dtype": "the device's: float64 on the CPU, float32 on CUDA"}
 
 
-@functools.cache
-def config_defaults(source: str, class_name: str) -> dict[str, Any]:
-    """The defaults of the dataclass ``class_name`` in ``gpdyn/<source>`` that are literals or module-level
-    literal constants, read from the source without importing it. Other defaults (``field(...)``, calls)
-    are left out; tests/test_cli_help.py checks what --help states against the dataclasses themselves."""
-    tree = ast.parse((Path(__file__).resolve().parents[1] / source).read_text())
-    constants = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            try:
-                constants[node.targets[0].id] = ast.literal_eval(node.value)
-            except ValueError:
-                pass
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name)
-    defaults = {}
-    for node in cls.body:
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
-            if isinstance(node.value, ast.Name) and node.value.id in constants:
-                defaults[node.target.id] = constants[node.value.id]
-                continue
-            try:
-                defaults[node.target.id] = ast.literal_eval(node.value)
-            except ValueError:
-                pass
-    return defaults
+def run_config(robot: str) -> type:
+    """The config tree of ``gpdyn control ROBOT``'s run (light modules: no torch)."""
+    if robot in ("kuka", "arm"):
+        from gpdyn.experiments.arm_config import ArmRunConfig
+
+        return ArmRunConfig
+    from gpdyn.experiments.legged_config import LeggedRunConfig
+
+    return LeggedRunConfig
 
 
 def effective_default(robot: str, key: str) -> str:
     """What ``gpdyn control ROBOT`` uses for setting ``key`` when no option sets it, as --help says it:
-    the robot's default recipe's value (naming the recipe), else its run config's default (a legged task's
-    from its config tree, an arm's from its config's source)."""
+    the robot's default recipe's value (naming the recipe), else its config tree's default."""
     from gpdyn.config import flat, leaves
-    from gpdyn.experiments.legged_config import LeggedRunConfig
     from gpdyn.recipes import DEFAULT_RECIPES, read_recipe, show_value
 
     recipe = DEFAULT_RECIPES.get(robot)
     if key == "recipe":
         return recipe or "none: the run config's defaults, without a payload"
     values = read_recipe(recipe).values["config"] if recipe else {}
-    none_means = NONE_MEANS.get(key)
+    cls = run_config(robot)
     if key in values:
         value, source = values[key], f", from recipe {recipe}"
-    elif robot in RUN_CONFIGS:
-        value = ARM_WITHOUT_RECIPE[key] if robot == "arm" and key in ARM_WITHOUT_RECIPE else None
-        value, source = (value if value is not None else config_defaults(*RUN_CONFIGS[robot])[key]), ""
+    elif robot == "arm" and key in ARM_WITHOUT_RECIPE:
+        value, source = ARM_WITHOUT_RECIPE[key], ""
     else:
-        value, source = flat(LeggedRunConfig())[key], ""
-        none_means = leaves(LeggedRunConfig)[key].meta["none_means"]
+        value, source = flat(cls())[key], ""
     if value is None:
-        return f"{none_means}{source}"
+        return f"{leaves(cls)[key].meta['none_means']}{source}"
     return ("on" if value else "off") + source if isinstance(value, bool) else show_value(value) + source
 
 
@@ -99,31 +70,6 @@ def state_effective_defaults(p: argparse.ArgumentParser, robot: str) -> None:
             action.effective = EffectiveDefault(functools.partial(effective_default, robot), action.dest)
 
 
-def add_common(p: argparse.ArgumentParser) -> None:
-    """The options of an arm's control run: those of every run (:func:`add_run_options`), the learner, the run's
-    length and seed, the controllers."""
-    add_run_options(p)
-    p.add_argument("--learner", choices=LEARNER_NAMES, default=None, metavar="NAME",
-                   help="learner of the model: %(choices)s (default %(effective)s)")
-    p.add_argument("--steps", type=COUNT, default=None, metavar="N",
-                   help="control steps per episode (default %(effective)s)")
-    p.add_argument("--seed", type=SEED, default=None, help="the run's seed (default %(effective)s)")
-    p.add_argument("--change-at", type=NON_NEGATIVE_INT, default=None, metavar="STEP",
-                   help="step of the plant change, 0 = from the start (default %(effective)s)")
-    p.add_argument("--controllers", default=None, metavar="A,B,...",
-                   help="comma-separated controllers to compare (default %(effective)s)")
-    p.add_argument("--scale", choices=PRESET_NAMES, default=None, metavar="PRESET",
-                   help="learner sizes, a preset of %(choices)s (default %(effective)s)")
-    p.add_argument("--pretrain-iterations", type=NON_NEGATIVE_INT, default=None, metavar="N",
-                   help="minibatch steps on the stored data before control (default %(effective)s)")
-    p.add_argument("--adapt", choices=("rigid-body", "residual", "steps"), default=None,
-                   help="online model: a GP on the arm's rigid-body features and the frozen model (rigid-body); an "
-                        "exact GP on the frozen model's residuals (residual); or the learner's own steps (default "
-                        "%(effective)s)")
-    p.add_argument("--dtype", choices=DTYPE_NAMES, default=None, metavar="DTYPE",
-                   help="%(choices)s (default %(effective)s)")
-
-
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     robots = sub.add_parser("control", help="online control with a learned model").add_subparsers(
         dest="robot", metavar="ROBOT", required=True, help="the robot to control, or recipes to list the settings"
@@ -133,8 +79,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     from gpdyn.cli import control_arm
 
-    control_arm.add_parsers(robots, add_common)
-    for robot in (*LEGGED_TASKS, *RUN_CONFIGS):
+    control_arm.add_parsers(robots, add_run_options, effective_default)
+    for robot in (*LEGGED_TASKS, "kuka", "arm"):
         state_effective_defaults(robots.choices[robot], robot)
     p = robots.add_parser("recipes", help="the shipped recipes, one line each (NAME --explain: what one runs, what "
                                           "it is for, what it reproduces)")
@@ -178,20 +124,6 @@ def add_legged_parser(robots: argparse._SubParsersAction, task: str) -> None:
 
         add_sampling_options(p)
     p.set_defaults(handler="gpdyn.cli.control:cli_control", task=task, config_options=tuple(options))
-
-
-def copy_options(cfg: Any, args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, Any]:
-    """Copy the command-line options that were given onto ``cfg`` (comma lists become tuples); returns them."""
-    given = {}
-    for name in names:
-        value = getattr(args, name, None)
-        if value is None:
-            continue
-        if name in ("controllers", "conditions"):
-            value = tuple(v.strip() for v in value.split(",") if v.strip())
-        setattr(cfg, name, value)
-        given[name] = str(value) if isinstance(value, Path) else value
-    return given
 
 
 def check_store_exists(store: Path | None, robot: str) -> None:

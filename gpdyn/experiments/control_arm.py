@@ -41,190 +41,44 @@ import copy
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import mujoco
 import numpy as np
 import torch
 
 from gpdyn.control.computed_torque import ComputedTorqueController
 from gpdyn.control.dynamics import LearnedModel
-from gpdyn.device import DTYPES, MAX_SEED, check_memory, resolve_dtype
 from gpdyn.errors import InputError
 from gpdyn.gp import make_learner
 from gpdyn.gp.residual import ResidualGP
 from gpdyn.gp.rigid_body import RigidBodyGP
 from gpdyn.gp.training import OnlineUpdater, pretrain_learner
 from gpdyn.robots.arm import ArmModel, pd_gains, without_contacts
-from gpdyn.robots.regressor import InertialRegressor, moving_bodies
+from gpdyn.robots.regressor import InertialRegressor
+from gpdyn.experiments.arm_config import ARM_CONTROLLERS, ArmRunConfig
 from gpdyn.experiments.control import run_control
 from gpdyn.runs import RunDir
 from gpdyn.sim.loop import Episode
 
 log = logging.getLogger(__name__)
 
-ARM_CONTROLLERS = ("pd", "true", "frozen", "online")
-# plant changes at change_at: a load at the payload body, added joint friction, weaker (or stronger) motors
-CHANGES = ("payload", "joint-friction", "motor-gain")
 FEEDFORWARD = {"pd": "none", "true": "true", "frozen": "learned", "online": "learned"}
-# online model: "rigid-body" (RigidBodyGP: rigid-body features and the frozen model as a basis function,
-# Kalman updates), "residual" (ResidualGP, an exact GP on the frozen model's residuals) or "steps"
-# (the learner's own optimiser steps)
-ADAPT = ("rigid-body", "residual", "steps")
 # rows a WISKI learner updated online takes by the Woodbury identity between full refreshes of its posterior
 INCREMENTAL_ROWS = 1000
 PROBLEM = "arm"  # the inverse-dynamics problem of any arm store, [q, qd, qdd] -> tau
-# memory per control step: the episode's rows (a few small arrays per step, with Python's
-# overhead) and the reference poses; generous for arms of up to ~30 joints
-STEP_BYTES = 4096
 
 
-@dataclass
-class ArmRunConfig:
-    """Settings of an arm tracking run; defaults (the iiwa) run in about a minute on 2 cores.
-
-    The arm: ``model`` (an MJCF file; None: the shipped iiwa 14) with the
-    :class:`~gpdyn.robots.arm.ArmModel` options ``joints`` (the arm's joints where the file
-    holds more; None: all), ``velocity_limits``, ``payload_body`` and the joint terms
-    ``damping``, ``armature``, ``friction`` (None: the file's values).
-    """
-
-    robot: str = "kuka"  # the name runs and logs carry: "kuka" or "arm"
-    model: str | None = None
-    joints: tuple[str, ...] | None = None
-    velocity_limits: tuple[float, ...] | None = None
-    payload_body: str | None = None
-    damping: tuple[float, ...] | None = None
-    armature: tuple[float, ...] | None = None
-    friction: tuple[float, ...] | None = None
-    learner: str = "svdgp"
-    from_run: str | None = None  # a `gpdyn learn` run folder: its learner is the model, not pretrained here
-    scale: str = "small"
-    steps: int = 400  # control steps
-    change_at: int = 200
-    change: str = "payload"  # the plant change at change_at, one of CHANGES
-    payload: float = 3.0  # change "payload": kg at the payload body (0: no change)
-    # change "joint-friction": dry friction of this fraction of each joint's torque limit, and viscous friction of
-    # the same fraction per rad/s
-    joint_friction: float = 0.05
-    motor_gain: float = 0.7  # change "motor-gain": the actuators' strength factor
-    family: str = "kuka1"
-    speed: float = 1.0
-    rate_hz: float = 100.0  # control rate; a whole number of the model's simulation steps
-    offline: int = 3000  # samples collected to pretrain on when no store is given
-    pretrain_iterations: int = 100
-    pretrain_batch: int = 128
-    online_batch: int = 64
-    updates: int = 1
-    adapt: str = "rigid-body"  # online model, one of ADAPT
-    # rigid-body: True: the learner keeps learning what the rigid-body term leaves (an observe per control step),
-    # with gp_steps optimiser steps per control step; False (default): it stays frozen and the filter alone learns,
-    # which tracked as well or better over fresh seeds (docs/control.md, "Arms: the GP learning online")
-    gp_online: bool = False
-    gp_steps: int = 0
-    # rigid-body: the bodies whose parameters a detected change re-opens widely (None: the arm's payload body)
-    change_bodies: tuple[str, ...] | None = None
-    window: int = 400  # ResidualGP: most recent samples it conditions on
-    qdd_lengthscale: float = 10.0  # ResidualGP: factor on the median-trick lengthscales of the accelerations
-    omega: float = 20.0  # PD bandwidth, rad/s
-    controllers: tuple[str, ...] = ARM_CONTROLLERS
-    seed: int = 0
-    device: str = "cpu"
-    dtype: str | None = None  # None: the device's default (gpdyn.device.resolve_dtype)
-    progress: bool = True
-
-    @property
-    def dt(self) -> float:
-        return 1.0 / self.rate_hz
-
-    def arm(self) -> ArmModel:
-        """The arm this run controls."""
-        terms = {"damping": self.damping, "armature": self.armature, "friction": self.friction}
-        if self.model is None:
-            from gpdyn.robots.kuka import kuka_arm
-
-            return kuka_arm(**terms)
-        return ArmModel(self.model, joints=self.joints, velocity_limits=self.velocity_limits,
-                        payload_body=self.payload_body, **terms)
-
-    def validate(self) -> None:
-        """Raise InputError naming the first bad option."""
-        where = f"control {self.robot}"
-        if self.steps < 2 or not 0 <= self.change_at < self.steps:
-            raise InputError(f"{where}: need --steps >= 2 and 0 <= --change-at < --steps, got {self.steps}, {self.change_at}")
-        if self.change not in CHANGES:
-            raise InputError(f"{where}: --change must be one of {', '.join(CHANGES)}, got '{self.change}'")
-        if not (np.isfinite(self.joint_friction) and self.joint_friction >= 0):
-            raise InputError(f"{where}: --joint-friction must be a finite fraction >= 0, got {self.joint_friction}")
-        if not (np.isfinite(self.motor_gain) and self.motor_gain > 0):
-            raise InputError(f"{where}: --motor-gain must be a finite factor > 0, got {self.motor_gain}")
-        if not np.isfinite(self.payload) or self.payload < 0:
-            raise InputError(f"{where}: --payload must be a finite mass >= 0 kg, got {self.payload}")
-        for name in ("speed", "rate_hz"):
-            if not (np.isfinite(getattr(self, name)) and getattr(self, name) > 0):
-                raise InputError(f"{where}: {name} must be finite and > 0, got {getattr(self, name)}")
-        if not 0 <= self.seed <= MAX_SEED:
-            raise InputError(f"{where}: seed must be in [0, {MAX_SEED}], got {self.seed}")
-        if self.offline < 1 or self.pretrain_iterations < 0 or self.pretrain_batch < 1 or self.online_batch < 1:
-            raise InputError(f"{where}: need offline, pretrain_batch, online_batch >= 1 and pretrain_iterations >= 0, got "
-                             f"{self.offline}, {self.pretrain_batch}, {self.online_batch}, {self.pretrain_iterations}")
-        # an episode keeps its rows in memory: refused here rather than by the allocator after pretraining
-        check_memory(self.steps * STEP_BYTES, f"{where}: --steps {self.steps}", self.device)
-        if not self.omega > 0:
-            raise InputError(f"{where}: omega must be > 0, got {self.omega}")
-        bad = [c for c in self.controllers if c not in ARM_CONTROLLERS]
-        if bad or not self.controllers:
-            raise InputError(f"{where}: controllers {bad or '(none)'} not in {', '.join(ARM_CONTROLLERS)}")
-        if self.adapt not in ADAPT:
-            raise InputError(f"{where}: adapt must be one of {', '.join(ADAPT)}, got '{self.adapt}'")
-        if self.gp_steps < 0:
-            raise InputError(f"{where}: --gp-steps must be >= 0, got {self.gp_steps}")
-        if self.window < 4 or self.updates < 0 or not self.qdd_lengthscale > 0:
-            raise InputError(f"{where}: need window >= 4, updates >= 0 and qdd_lengthscale > 0, got "
-                             f"{self.window}, {self.updates}, {self.qdd_lengthscale}")
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise InputError(f"{where}: dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
-        if self.from_run is not None and not (Path(self.from_run) / "config.json").is_file():
-            raise InputError(f"{where}: --from-run {self.from_run} is not a run folder of `gpdyn learn`")
-
-    def resolved_change_bodies(self, arm: ArmModel) -> list[str]:
-        """``change_bodies``, or the arm's payload body (where a load attaches) when it is None."""
-        if self.change_bodies is not None:
-            return list(self.change_bodies)
-        return [arm.payload_body] if arm.payload_body else []
-
-    def check_arm(self, arm: ArmModel) -> None:
-        """Raise InputError if ``arm`` cannot run at ``rate_hz`` or the online model cannot be built for it (checked
-        before any data is collected)."""
-        arm.steps_per_sample(self.rate_hz, option=f"control {self.robot}: rate_hz")
-        if self.change == "payload" and self.payload > 0:  # the load goes on at change_at, after pretraining
-            arm.set_payload(arm.new_model(), self.payload)  # no payload body: refused naming --payload-body
-        if "online" not in self.controllers or self.adapt != "rigid-body":
-            return
-        where = f"control {self.robot}: --adapt rigid-body"
-        model = arm.torque_model()
-        if model.nq != model.nv:
-            raise InputError(f"{where} needs hinge or slide joints (nq = nv); {arm.path.name} has nq={model.nq}, "
-                             f"nv={model.nv}: use --adapt residual")
-        known = {mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, b) for b in moving_bodies(model)}
-        unknown = [b for b in self.resolved_change_bodies(arm) if b not in known]
-        if unknown:
-            raise InputError(f"{where}: change_bodies {unknown} are not moving bodies of {arm.path.name} "
-                             f"({', '.join(sorted(str(b) for b in known))})")
-
-
-    def check_sources(self, arm: ArmModel, store: str | Path | None) -> None:
-        """Raise InputError if ``store`` or the store the ``from_run`` learner was trained on records another arm."""
-        where = f"control {self.robot}"
-        if store is not None:
-            check_recorded_arm(store, arm, where, f"--store {store}")
-        if self.from_run is not None:
-            trained_on = _recorded_store(self.from_run)
-            if trained_on is not None:
-                check_recorded_arm(trained_on, arm, where,
-                                   f"the learner of --from-run {self.from_run} was trained on {trained_on}, which")
+def check_sources(cfg: ArmRunConfig, arm: ArmModel, store: str | Path | None) -> None:
+    """Raise InputError if ``store`` or the store the ``from_run`` learner was trained on records another arm."""
+    where = f"control {cfg.robot}"
+    if store is not None:
+        check_recorded_arm(store, arm, where, f"--store {store}")
+    if cfg.model.from_run is not None:
+        trained_on = _recorded_store(cfg.model.from_run)
+        if trained_on is not None:
+            check_recorded_arm(trained_on, arm, where,
+                               f"the learner of --from-run {cfg.model.from_run} was trained on {trained_on}, which")
 
 
 def _recorded_store(run_dir: str | Path) -> str | None:
@@ -266,8 +120,8 @@ def _problem(run: RunDir, cfg: ArmRunConfig, arm: ArmModel, store: str | Path | 
 
     if store is None:
         store = run.path / f"{cfg.robot}.zarr"
-        collect_arm(store, offline=cfg.offline, online=max(100, cfg.offline // 10), family=cfg.family, seed=cfg.seed,
-                    arm=arm, rate_hz=cfg.rate_hz, progress=cfg.progress)
+        collect_arm(store, offline=cfg.model.offline, online=max(100, cfg.model.offline // 10), family=cfg.reference.family, seed=cfg.seed,
+                    arm=arm, rate_hz=cfg.reference.rate_hz, progress=cfg.progress)
     elif not Path(store).exists():
         raise InputError(f"control {cfg.robot}: --store {store} does not exist")
     else:
@@ -283,27 +137,28 @@ def _pretrained(run: RunDir, cfg: ArmRunConfig, arm: ArmModel, store: str | Path
     """The frozen model and the normalised inputs it was trained on (the residual GP's lengthscales come from them)."""
     from gpdyn.experiments.learned import load_learned as load
 
-    if cfg.from_run is not None:
-        learner, normalizer = load(cfg.from_run, device=cfg.device)
-        if learner.name != cfg.learner:
-            raise InputError(f"control {cfg.robot}: --learner {cfg.learner}, but {cfg.from_run} holds a {learner.name}")
+    if cfg.model.from_run is not None:
+        learner, normalizer = load(cfg.model.from_run, device=cfg.compute.device)
+        if learner.name != cfg.model.learner:
+            raise InputError(f"control {cfg.robot}: --learner {cfg.model.learner}, but {cfg.model.from_run} holds a "
+                             f"{learner.name}")
         if store is None:  # the store the learner was trained on
-            store = run_store(cfg.from_run)
+            store = run_store(cfg.model.from_run)
         problem = _problem(run, cfg, arm, store)
         x_raw = torch.as_tensor(np.concatenate([problem.x_init, problem.x_train]), device=learner.device,
                                 dtype=learner.dtype)
         return LearnedModel(learner, normalizer), normalizer.normalize_x(x_raw)
     problem = _problem(run, cfg, arm, store)
-    dtype = resolve_dtype(cfg.dtype, cfg.device)
-    parts = [problem.tensors(s, cfg.device, dtype) for s in ("init", "train") if len(problem.split(s)[0])]
+    on = cfg.compute.kwargs()
+    parts = [problem.tensors(s, **on) for s in ("init", "train") if len(problem.split(s)[0])]
     x_train, y_train = torch.cat([a for a, _ in parts]), torch.cat([b for _, b in parts])
-    learner = make_learner(cfg.learner, 3 * arm.n, arm.n, preset=cfg.scale, device=cfg.device, dtype=dtype, seed=cfg.seed)
+    learner = make_learner(cfg.model.learner, 3 * arm.n, arm.n, preset=cfg.model.scale, seed=cfg.seed, **on)
     t0 = time.perf_counter()
-    fit = pretrain_learner(learner, x_train, y_train, iterations=cfg.pretrain_iterations, batch=cfg.pretrain_batch,
-                           seed=cfg.seed, progress=cfg.progress)
+    fit = pretrain_learner(learner, x_train, y_train, iterations=cfg.model.pretrain_iterations,
+                           batch=cfg.model.pretrain_batch, seed=cfg.seed, progress=cfg.progress)
     seconds = time.perf_counter() - t0
-    run.log(kind="pretrain", robot=cfg.robot, learner=cfg.learner, rows=int(x_train.shape[0]), seconds=seconds, **fit)
-    log.info(f"   pretrained {cfg.learner} on {x_train.shape[0]} {cfg.robot} rows in {seconds:.1f} s")
+    run.log(kind="pretrain", robot=cfg.robot, learner=cfg.model.learner, rows=int(x_train.shape[0]), seconds=seconds, **fit)
+    log.info(f"   pretrained {cfg.model.learner} on {x_train.shape[0]} {cfg.robot} rows in {seconds:.1f} s")
     return LearnedModel(learner, problem.normalizer), x_train
 
 
@@ -330,42 +185,42 @@ def _controller(name: str, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.nda
     if name == "frozen":
         return ComputedTorqueController(name, "learned", gains, cfg.dt, model=frozen)
     learner = copy.deepcopy(frozen.learner)  # the frozen controller keeps the pretrained one
-    if cfg.adapt == "rigid-body" and cfg.gp_online and learner.config.get("incremental_rows") == 0:
+    if cfg.adaptation.adapt == "rigid-body" and cfg.adaptation.gp_online and learner.config.get("incremental_rows") == 0:
         # WISKI predicts after every transition here: its posterior follows by rank-one updates, not full solves
         learner.incremental_rows = learner.config["incremental_rows"] = INCREMENTAL_ROWS
-    if cfg.adapt == "rigid-body":
+    if cfg.adaptation.adapt == "rigid-body":
         stats = tuple(getattr(frozen.normalizer, k) for k in ("x_mean", "x_std", "y_mean", "y_std"))
         # the regressor's inverse dynamics, like the data's, leaves contacts out
         learner = RigidBodyGP(learner, InertialRegressor(without_contacts(arm.torque_model())), stats, x_train,
-                              change_bodies=cfg.resolved_change_bodies(arm), learn_prior=cfg.gp_online,
-                              prior_steps=cfg.gp_steps, prior_batch=cfg.online_batch)
-    elif cfg.adapt == "residual":
-        factors = [1.0] * (2 * n) + [cfg.qdd_lengthscale] * n
-        learner = ResidualGP(learner, x_train, window=cfg.window, amplitude=1.0, lengthscale_factor=factors)
-    updater = OnlineUpdater(learner, batch=cfg.online_batch, updates=cfg.updates)
+                              change_bodies=cfg.resolved_change_bodies(arm), learn_prior=cfg.adaptation.gp_online,
+                              prior_steps=cfg.adaptation.gp_steps, prior_batch=cfg.adaptation.online_batch)
+    elif cfg.adaptation.adapt == "residual":
+        factors = [1.0] * (2 * n) + [cfg.adaptation.qdd_lengthscale] * n
+        learner = ResidualGP(learner, x_train, window=cfg.adaptation.window, amplitude=1.0, lengthscale_factor=factors)
+    updater = OnlineUpdater(learner, batch=cfg.adaptation.online_batch, updates=cfg.adaptation.updates)
     return ComputedTorqueController(name, "learned", gains, cfg.dt, model=LearnedModel(learner, frozen.normalizer),
                                     updater=updater)
 
 
 def apply_change(cfg: ArmRunConfig, env: Any) -> str | None:
-    """Apply ``cfg.change`` to the plant of ``env`` (an :class:`~gpdyn.sim.arm_env.ArmEnv`); its description,
+    """Apply ``cfg.plant.change`` to the plant of ``env`` (an :class:`~gpdyn.sim.arm_env.ArmEnv`); its description,
     or None where the change is nothing (no payload)."""
-    if cfg.change == "payload":
-        if cfg.payload == 0:
+    if cfg.plant.change == "payload":
+        if cfg.plant.payload == 0:
             return None
-        env.set_payload(cfg.payload)
-        return f"+{cfg.payload:g} kg"
-    if cfg.change == "joint-friction":
+        env.set_payload(cfg.plant.payload)
+        return f"+{cfg.plant.payload:g} kg"
+    if cfg.plant.change == "joint-friction":
         limit = np.abs(env.arm.limits.torque).max(axis=1)  # [n] N m
-        env.add_joint_friction(cfg.joint_friction * limit, cfg.joint_friction * limit)
-        return f"joint friction +{cfg.joint_friction:g} of the torque limits"
-    env.scale_motor_gain(cfg.motor_gain)
-    return f"motor gain x{cfg.motor_gain:g}"
+        env.add_joint_friction(cfg.plant.joint_friction * limit, cfg.plant.joint_friction * limit)
+        return f"joint friction +{cfg.plant.joint_friction:g} of the torque limits"
+    env.scale_motor_gain(cfg.plant.motor_gain)
+    return f"motor gain x{cfg.plant.motor_gain:g}"
 
 
 class ArmPlan:
     """The arm experiment as :func:`gpdyn.experiments.control.run_control` runs it: one tracking episode
-    per controller on one plant (changed at ``cfg.change_at``), its joint error kept per step."""
+    per controller on one plant (changed at ``cfg.plant.change_at``), its joint error kept per step."""
 
     conditions = ("changed",)
     episodes = 1
@@ -383,15 +238,15 @@ class ArmPlan:
     def make_env(self) -> Any:
         from gpdyn.sim.arm_env import ArmEnv
 
-        return ArmEnv(self.arm, frame_skip=self.arm.steps_per_sample(self.cfg.rate_hz), family=self.cfg.family,
-                      speed=self.cfg.speed, pattern_seed=self.cfg.seed)
+        return ArmEnv(self.arm, frame_skip=self.arm.steps_per_sample(self.cfg.reference.rate_hz), family=self.cfg.reference.family,
+                      speed=self.cfg.reference.speed, pattern_seed=self.cfg.seed)
 
     def reset_seed(self, episode: int) -> int:
         return self.cfg.seed
 
     def plant_change(self, condition: str, elapsed: int) -> Callable[[int, Any], str | None]:
         def change(t: int, env: Any) -> str | None:
-            return apply_change(self.cfg, env.unwrapped) if t == self.cfg.change_at else None
+            return apply_change(self.cfg, env.unwrapped) if t == self.cfg.plant.change_at else None
 
         return change
 
@@ -401,7 +256,7 @@ class ArmPlan:
 
     def record(self, episode: Episode, condition: str, name: str, index: int) -> None:
         errors = episode.rows["next_q_error"]
-        phases = {"before": errors[: self.cfg.change_at], "after": errors[self.cfg.change_at :]}
+        phases = {"before": errors[: self.cfg.plant.change_at], "after": errors[self.cfg.plant.change_at :]}
         self.joint_rmse[name] = {k: np.sqrt((v**2).mean(0)).tolist() for k, v in phases.items() if len(v)}
         self.run.log(kind="tracking", robot=self.robot, controller=name, rmse=self.joint_rmse[name])
         log.info(f"   {name:<7} " + "  ".join(f"{k} RMSE {np.mean(v):.4f} rad" for k, v in self.joint_rmse[name].items()))
@@ -420,13 +275,13 @@ def run_arm(run: RunDir, cfg: ArmRunConfig, store: str | Path | None = None) -> 
     cfg.validate()
     arm = cfg.arm()
     cfg.check_arm(arm)
-    cfg.check_sources(arm, store)
+    check_sources(cfg, arm, store)
     frozen = x_train = None
     if any(FEEDFORWARD[c] == "learned" for c in cfg.controllers):
         frozen, x_train = _pretrained(run, cfg, arm, store)
-    pattern = get_family(cfg.family).pattern(cfg.seed, arm.limits)
-    poses = pattern.evaluate(np.arange(0.0, cfg.steps * cfg.dt, 0.05), cfg.speed)[0]
-    return run_control(run, ArmPlan(run, cfg, arm, pd_gains(arm.torque_model(), poses, cfg.omega), frozen, x_train))
+    pattern = get_family(cfg.reference.family).pattern(cfg.seed, arm.limits)
+    poses = pattern.evaluate(np.arange(0.0, cfg.steps * cfg.dt, 0.05), cfg.reference.speed)[0]
+    return run_control(run, ArmPlan(run, cfg, arm, pd_gains(arm.torque_model(), poses, cfg.reference.omega), frozen, x_train))
 
 
 __all__ = ["ARM_CONTROLLERS", "ArmRunConfig", "check_recorded_arm", "run_arm", "run_store"]

@@ -125,16 +125,18 @@ def control_stage(out: str | Path, seed: int = 0, recipe: str = DEMO["control_re
     by at least a factor 2)."""
     from dataclasses import asdict
 
+    from gpdyn.config import leaves, put
+    from gpdyn.experiments.arm_config import ArmRunConfig
     from gpdyn.experiments.control_arm import run_arm
     from gpdyn.recipes import load_recipe
 
     chosen = load_recipe(recipe, "kuka")
+    known = leaves(ArmRunConfig)
     cfg = chosen.build(robot="kuka", progress=False)
-    cfg.seed = seed
-    for name, value in options.items():
-        if not hasattr(cfg, name):
+    for name, value in {"seed": seed, **options}.items():  # over the recipe's values
+        if name not in known:
             raise TypeError(f"control_stage: ArmRunConfig has no option '{name}'")
-        setattr(cfg, name, value)
+        put(cfg, known[name], value)
     cfg.validate()
     run = RunDir.create("control-kuka", {**asdict(cfg), **chosen.record(options)}, out=out)
     log.info(f"   recipe {chosen.name}: {chosen.title}")
@@ -149,7 +151,7 @@ def control_stage(out: str | Path, seed: int = 0, recipe: str = DEMO["control_re
         others = "".join(f", {label} {rmse[c]['after']:.4f}" for c, label in (("pd", "PD alone"), ("true", "true model"))
                          if "after" in rmse.get(c, {}))
         verdict = "the online model adapted" if summary["adapted"] else "the online model did NOT adapt"
-        log.info(f"   after the +{cfg.payload:g} kg payload (step {cfg.change_at}), tracking RMSE: online {online:.4f} "
+        log.info(f"   after the +{cfg.plant.payload:g} kg payload (step {cfg.plant.change_at}), tracking RMSE: online {online:.4f} "
                  f"rad, frozen {frozen:.4f}{others}: {verdict} ({ratio:.1f}x better than frozen)")
     print(f"   report: {result['report']}")
     return summary

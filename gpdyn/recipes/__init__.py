@@ -8,7 +8,7 @@ A recipe is data, never code: a TOML file (read with :mod:`tomllib`) with
   reproduces, a docs path);
 - one table per section of its run, each checked field by field against the run's config
   dataclass: ``[config]`` for ``walker`` (:class:`~gpdyn.experiments.control_legged.LeggedRunConfig`)
-  and ``kuka`` (:class:`~gpdyn.experiments.control_arm.ArmRunConfig`); ``[sampler]``
+  and ``kuka`` (:class:`~gpdyn.experiments.arm_config.ArmRunConfig`); ``[sampler]``
   (:class:`~gpdyn.control.spline_sampling.SamplerConfig`), ``[cost]``
   (:class:`~gpdyn.robots.legged.WalkingCost`) and ``[run]`` (:class:`WalkRun`) for
   ``walker-sampling``; the same ``[sampler]`` and ``[cost]``,
@@ -53,7 +53,7 @@ RECIPE_DIR = Path(__file__).resolve().parent
 KINDS: dict[str, dict[str, str]] = {
     "walker": {"config": "gpdyn.experiments.legged_config:LeggedRunConfig"},
     "hopper": {"config": "gpdyn.experiments.legged_config:LeggedRunConfig"},
-    "kuka": {"config": "gpdyn.experiments.control_arm:ArmRunConfig"},
+    "kuka": {"config": "gpdyn.experiments.arm_config:ArmRunConfig"},
     "walker-sampling": {"sampler": "gpdyn.control.spline_sampling:SamplerConfig",
                         "cost": "gpdyn.robots.legged:WalkingCost",
                         "run": "gpdyn.recipes:WalkRun"},

@@ -127,9 +127,7 @@ def get_task(name: str) -> Task:
 
 def task_for_env(env_id: str, where: str = "env_id") -> Task:
     """The task whose environment is ``env_id`` (ids come from files: a store's attributes, a policy file)."""
-    for name in BUILTIN_TASKS:
-        get_task(name)
-    for task in TASKS.values():
+    for task in load_builtin_tasks().values():
         if task.env_id == env_id:
             return task
     raise InputError(f"{where} {env_id!r}: no registered task has this environment "
