@@ -271,7 +271,9 @@ def settings_table(values: dict[str, Any], cls: type, given: Sequence[str] = ())
             continue
         section = ".".join(leaf.path[:-1]) or "run"
         mark = " *" if name in given else ""
-        lines.append(f"| {section} | `{name}`{mark} | {show(values[name])} | {leaf.help} |")
+        value = values[name]
+        shown = show(value) if value is not None else (leaf.meta["none_means"] or "none")
+        lines.append(f"| {section} | `{name}`{mark} | {shown} | {leaf.help} |")
     return lines
 
 

@@ -163,25 +163,25 @@ def write_legged_report(run: RunDir, cfg: Any, redraw: bool = False) -> Path:
                              period, c["steps"], change_at, change_label)
 
         plots.append(draw_plot(run.path / f"{robot}_cpu.png", draw_cpu, redraw))
-    lines += _legged_settings_section(run, cfg)
+    from gpdyn.experiments.legged_config import LeggedRunConfig
+
+    lines += _settings_section(run, cfg, LeggedRunConfig)
     lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     path = run.path / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
-def _legged_settings_section(run: RunDir, cfg: Any) -> list[str]:
-    """Every setting of the run, by section, with what it does (from the config tree's declarations), the options
-    given over the recipe marked."""
-    from gpdyn.experiments.legged_config import LeggedRunConfig
-
+def _settings_section(run: RunDir, cfg: Any, tree: type) -> list[str]:
+    """Every setting of the run, by section of its config ``tree``, with what it does (from the tree's declarations),
+    the options given over the recipe marked."""
     values = flatten_dict(dict(asdict(cfg) if is_dataclass(cfg) else cfg))
     recorded = run.config() if (run.path / "config.json").is_file() else {}
     given = recorded.get("options_given") if isinstance(recorded.get("options_given"), dict) else {}
     recipe = recorded.get("recipe")
     note = (f"Recipe `{recipe}`; * marks the options given over it." if recipe
             else "The settings as run (no recipe recorded).")
-    return ["", "## Settings", "", note, "", *settings_table(values, LeggedRunConfig, tuple(given))]
+    return ["", "## Settings", "", note, "", *settings_table(values, tree, tuple(given))]
 
 
 def mean_se(values: list[float], digits: int = 1) -> str:
@@ -467,6 +467,9 @@ def write_arm_report(run: RunDir, cfg: Any, arm: Any = None, joint_rmse: dict[st
                              change_at if mark else 0, "change")
 
         plots.append(draw_plot(run.path / f"{robot}_cpu.png", draw_cpu, redraw))
+    from gpdyn.experiments.arm_config import ArmRunConfig
+
+    lines += _settings_section(run, cfg, ArmRunConfig)
     lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     path = run.path / "report.md"
     path.write_text("\n".join(lines) + "\n")
