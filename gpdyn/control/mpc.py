@@ -58,11 +58,11 @@ samples for a few iterations. Both warm-start from the previous plan shifted by 
 unless ``MPCConfig.warm_start`` is off: then every plan starts again from the initial
 nominal (the proposal's rollout, or zero offsets to it).
 
-Why a cold start (measured on Walker2d MPC around the TRPO policy): planning offsets ``u`` to the
-proposal with the control cost, the term ``u' Sigma^-1 eps`` of a warm-started ``u`` as
-large as the noise spreads by about ``sqrt(H nu)`` across samples (measured 9-10 for H = 10
-and 6 actions), while the sampled costs over lambda spread by 0.1-0.35: the importance
-weights fall on one sample, chosen by its noise, not by the model (``PlanInfo.cost_spread``
+Why a cold start: planning offsets ``u`` to the proposal with the control cost, the term
+``u' Sigma^-1 eps`` of a warm-started ``u`` spreads across samples about as much as the noise
+does (``sqrt(H nu)``), far more than the sampled costs over lambda on Walker2d MPC around the
+TRPO policy (docs/results/implementation-timings.md): the importance weights then fall on one
+sample, chosen by its noise, not by the model (``PlanInfo.cost_spread``
 and ``control_spread`` report both). With the offsets restarted at
 zero the control term vanishes (the proposal is the base distribution itself) and the
 weights are ``softmax(-cost / lambda)`` of what the model predicts.
@@ -289,7 +289,7 @@ class Planner(PlannerInterface):
         cfg = self.config
         k, h, nu = cfg.samples, cfg.horizon, self.nu
         kw = {"dtype": self.dtype, "device": self.device}
-        # std made contiguous: a broadcast over an expanded (zero-stride) operand runs ~6x slower
+        # std made contiguous: a broadcast over an expanded (zero-stride) operand runs several times slower
         noise = torch.randn(k, h, nu, generator=self.generator, **kw).mul_(std.contiguous())
         if cfg.keep_nominal:
             noise[0] = 0.0

@@ -18,10 +18,10 @@ actions with free samples' made a plan that neither follows nor improves it).
 
 The planning model is a copy of the plant's ``MjModel`` with a longer time step
 (``stride`` control steps per planning step) and MuJoCo's implicit-in-velocity
-integrator (``implicitfast``, damping taken implicitly; at 24 ms, 3 control steps, it
-diverged on some rollouts, which then count as the worst). One planning step costs one ``mj_step`` instead of
-the plant's eight RK4 steps: 20 samples x 0.5 s of horizon in about 7-8 ms of one core for
-Walker2d (the ``walker-sampling`` recipes report it). The plant itself is untouched.
+integrator (``implicitfast``, damping taken implicitly; a stride of 3 control steps diverged on
+some rollouts, which then count as the worst). One planning step costs one ``mj_step`` instead of
+the plant's eight RK4 steps, which keeps a plan within the control period (the ``walker-sampling``
+recipes' reports give the times). The plant itself is untouched.
 """
 
 from __future__ import annotations
