@@ -325,6 +325,7 @@ def race_one(
     of the budget. The clock counts the learner's work only (construction, minibatches,
     observe, step; not the scoring): process CPU time on the CPU, wall time with a device
     sync after each iteration on a GPU."""
+    import gpdyn.robots.tasks  # noqa: F401  (registers every built-in task and its problems)
     from gpdyn.data.problems import load_problem
     from gpdyn.data.streams import IIDStream
     from gpdyn.experiments.learn import protocol_options

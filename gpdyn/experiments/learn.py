@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from gpdyn.data.problems import PROTOCOLS, load_problem
+import gpdyn.robots.tasks  # noqa: F401  (registers every built-in task and its problems: walker-1, hopper-1, ...)
 from gpdyn.data.streams import IIDStream
 from gpdyn.device import dtype_name, resolve_device, resolve_dtype
 from gpdyn.errors import InputError

@@ -50,6 +50,7 @@ from typing import Any
 import torch
 
 from gpdyn.data.problems import PROTOCOLS, Problem, load_problem
+import gpdyn.robots.tasks  # noqa: F401  (registers every built-in task and its problems: walker-1, hopper-1, ...)
 from gpdyn.data.streams import IIDStream, OrderedStream
 from gpdyn.device import resolve_device, resolve_dtype
 from gpdyn.errors import InputError

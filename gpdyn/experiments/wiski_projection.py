@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from gpdyn.data.problems import load_problem
+import gpdyn.robots.tasks  # noqa: F401  (registers every built-in task and its problems: walker-1, hopper-1, ...)
 from gpdyn.errors import InputError
 from gpdyn.gp import make_learner
 from gpdyn.gp.base import Learner
