@@ -29,7 +29,7 @@ import torch
 from gpdyn.data.problems import PROBLEMS, load_problem
 from gpdyn.data.store import EpisodeStore
 from gpdyn.errors import InputError
-from gpdyn.robots.legged import LeggedTask, TorchPolicy, WalkingCost, legged_task, make_gym_env, state_rows
+from gpdyn.robots.legged import LeggedTask, TorchPolicy, legged_task, make_gym_env, state_rows
 from gpdyn.robots.policy import load_policy, save_policy
 from gpdyn.robots.task import TASKS, get_task, register_task, task_for_env
 
@@ -57,7 +57,7 @@ def cheetah_task(policy_file: Path) -> LeggedTask:
     task = legged_task(
         NAME, ENV_ID, QPOS_NAMES, nu=NU, healthy_z=(-math.inf, math.inf), healthy_angle=(-math.inf, math.inf),
         healthy_state=None, feet=("bfoot", "ffoot"), motor=(0, "back thigh"), spring_joint="bshin",
-        policy_file=policy_file, walking_cost=WalkingCost(target_speed=2.0, height=0.0, min_height=-1.0, max_pitch=1.0),
+        policy_file=policy_file,
         frame_skip=5, timestep=0.01, episode_steps=STEPS, obs_clip=math.inf, forward_reward_weight=1.0,
         ctrl_cost_weight=0.1, healthy_reward=0.0, description="HalfCheetah-v5 with a tiny seeded policy (test task)")
     return dataclasses.replace(task, make_env=functools.partial(make_gym_env, ENV_ID, max_episode_steps=STEPS))
@@ -89,7 +89,7 @@ def test_the_registered_task_has_its_problems_and_matches_its_environment(cheeta
     for bad in ({"obs_clip": 0.0}, {"obs_clip": math.nan}, {"ctrl_cost_weight": math.inf}):
         with pytest.raises(InputError, match=f"legged_task {NAME}: {next(iter(bad))}"):
             legged_task(NAME, ENV_ID, QPOS_NAMES, nu=NU, healthy_z=(0, 1), healthy_angle=(0, 1), healthy_state=None,
-                        feet=(), motor=(0, "m"), spring_joint="bshin", policy_file=None, walking_cost=WalkingCost(), **bad)
+                        feet=(), motor=(0, "m"), spring_joint="bshin", policy_file=None, **bad)
     layout = cheetah.layout
     env = cheetah.make_env()
     try:

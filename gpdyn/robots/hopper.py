@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import math
 
-from gpdyn.robots.legged import POLICY_DIR, WalkingCost, legged_task, shipped_checkpoints
+from gpdyn.robots.legged import POLICY_DIR, legged_task, shipped_checkpoints
 from gpdyn.robots.task import register_task
 
 ENV_ID = "Hopper-v5"
@@ -23,7 +23,6 @@ HOPPER = register_task(legged_task(
     "hopper", ENV_ID, ("rootx", "rootz", "rooty", "thigh", "leg", "foot"), nu=3, healthy_z=(0.7, math.inf),
     healthy_angle=(-0.2, 0.2), healthy_state=100.0, feet=("foot_geom",), motor=(0, "thigh"), spring_joint="leg_joint",
     policy_file=POLICY_DIR / "hopper_trpo.pt", checkpoint_files=functools.partial(shipped_checkpoints, "hopper_trpo"),
-    walking_cost=WalkingCost(target_speed=1.0, height=1.25, min_height=0.8, max_pitch=0.2),
     description="a one-legged planar hopper (gymnasium Hopper-v5) and its TRPO policy"))
 
 __all__ = ["ENV_ID", "HOPPER"]

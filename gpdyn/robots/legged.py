@@ -24,7 +24,7 @@ import copy
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -187,8 +187,7 @@ class NominalTrackingCost:
     that has learned the change asks for the action that undoes it, e.g. more control on a
     weakened motor. The true controller tracks a copy of the simulator made before the
     change; the learned ones track the pretrained model, whose own errors cancel in the
-    difference only while the online model keeps them. The
-    offset price is a trust region: a model's error in how the plant answers an action
+    difference only while the online model keeps them. The offset price is a trust region: a model's error in how the plant answers an action
     (poorly identified from policy rollouts) otherwise buys large offsets for small
     predicted gains.
     """
@@ -216,9 +215,8 @@ class NominalTrackingCost:
 
 # ---------------------------------------------------------------------------- policy (torch proposal)
 class FastTanh(torch.nn.Module):
-    """``tanh(x) = 2 sigmoid(2x) - 1``: the same function (to 2e-7 in float32), faster than
-    torch's CPU ``tanh``, which
-    made the TRPO proposal most of a planning step (``gpdyn bench mpc``, planner alone)."""
+    """``tanh(x) = 2 sigmoid(2x) - 1``: the same function (to 2e-7 in float32), faster than torch's CPU
+    ``tanh``, which made the TRPO proposal most of a planning step (``gpdyn bench mpc``, planner alone)."""
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.sigmoid(2.0 * x).mul_(2.0).sub_(1.0)
@@ -401,7 +399,6 @@ class LeggedTask(Task):
     healthy_z: tuple[float, float] = (-math.inf, math.inf)
     healthy_angle: tuple[float, float] = (-math.inf, math.inf)
     healthy_state: float | None = None
-    walking_cost: WalkingCost = field(default_factory=WalkingCost)
     obs_clip: float = OBS_CLIP
     forward_reward_weight: float = 1.0
     ctrl_cost_weight: float = 1e-3
@@ -424,7 +421,7 @@ class LeggedTask(Task):
 
 def legged_task(name: str, env_id: str, qpos_names: tuple[str, ...], nu: int, *, healthy_z: tuple[float, float],
                 healthy_angle: tuple[float, float], healthy_state: float | None, feet: tuple[str, ...],
-                motor: tuple[int, str], spring_joint: str, policy_file: Path | None, walking_cost: WalkingCost,
+                motor: tuple[int, str], spring_joint: str, policy_file: Path | None,
                 checkpoint_files: Callable[[], list[Path]] | None = None, frame_skip: int = 4,
                 timestep: float = 0.002, episode_steps: int = 1000, description: str = "", obs_clip: float = OBS_CLIP,
                 forward_reward_weight: float = 1.0, ctrl_cost_weight: float = 1e-3,
@@ -446,7 +443,7 @@ def legged_task(name: str, env_id: str, qpos_names: tuple[str, ...], nu: int, *,
         state_rows=state_rows, problems={f"{name}-1": 1, f"{name}-2": 2}, frame_skip=frame_skip,
         episode_steps=episode_steps, plant_changes=legged_changes(feet, motor, spring_joint), policy_file=policy_file,
         checkpoint_files=checkpoint_files, description=description, qpos_names=qpos_names, healthy_z=healthy_z,
-        healthy_angle=healthy_angle, healthy_state=healthy_state, walking_cost=walking_cost, obs_clip=float(obs_clip),
+        healthy_angle=healthy_angle, healthy_state=healthy_state, obs_clip=float(obs_clip),
         forward_reward_weight=float(forward_reward_weight), ctrl_cost_weight=float(ctrl_cost_weight),
         healthy_reward=float(healthy_reward))
 

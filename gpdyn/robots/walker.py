@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 
-from gpdyn.robots.legged import POLICY_DIR, WalkingCost, legged_task, shipped_checkpoints
+from gpdyn.robots.legged import POLICY_DIR, legged_task, shipped_checkpoints
 from gpdyn.robots.task import register_task
 
 ENV_ID = "Walker2d-v5"
@@ -29,7 +29,6 @@ WALKER = register_task(legged_task(
     feet=("foot_geom", "foot_left_geom"), motor=(0, "right hip"), spring_joint="leg_joint",
     policy_file=POLICY_DIR / "walker2d_trpo.pt",
     checkpoint_files=functools.partial(shipped_checkpoints, "walker2d_trpo"),
-    walking_cost=WalkingCost(target_speed=1.4, height=1.25),
     description="a two-legged planar walker (gymnasium Walker2d-v5) and its TRPO policy"))
 
 LAYOUT = WALKER.layout
