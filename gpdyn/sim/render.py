@@ -1,4 +1,4 @@
-"""Videos of stored Walker2d episodes, replayed from their states (``gpdyn render``).
+"""Videos of stored episodes of a legged task (Walker2d, Hopper, ...), replayed from their states (``gpdyn render``).
 
 Nothing is re-simulated: each frame is the stored ``qpos``/``qvel`` put back with
 ``set_state`` and drawn offscreen into one OpenGL context kept for the whole video, and
