@@ -15,6 +15,7 @@ from synthetic import make_kuka_store
 from torch import Tensor
 
 from gpdyn.cli import main
+from gpdyn.runs import RunDir
 from gpdyn.data.problems import load_problem
 from gpdyn.errors import InputError
 from gpdyn.gp.base import Learner
@@ -223,6 +224,26 @@ def test_the_rigid_body_prior_leaves_friction_and_damping_to_the_learner(tmp_pat
     with pytest.raises(InputError, match="residual of the prior mean 'rigid-body'"):
         load(tmp_path / "learn")  # its mean alone would be silently wrong
 
+    # the controllers take it with its prior: the model of the torques is the prior plus the learner
+    from gpdyn.experiments.prior_mean import load_learned_model
+    from gpdyn.gp.prior_mean import WithPriorMean
+
+    kuka = load_problem(store, "kuka", protocol="iid")
+    model, normalizer = load_learned_model(tmp_path / "learn", store, kuka)
+    assert isinstance(model, WithPriorMean) and model.base.name == "svi"
+    x, tau = kuka.split("test")
+    xn = torch.as_tensor(normalizer.normalize_x(x))
+    with torch.no_grad():
+        predicted = normalizer.denormalize_y(model.predict_mean(xn).numpy())
+        residual = normalizer.y_std * model.base.predict_mean(xn).numpy()
+    np.testing.assert_allclose(predicted, prior.physical(x) + residual, atol=1e-8)
+    assert ((predicted - tau) ** 2).mean() < 0.5 * ((prior.physical(x) - tau) ** 2).mean()  # the residual helps
+    assert main(["control", "kuka", "--from-run", str(tmp_path / "learn"), "--learner", "svi", "--steps", "20",
+                 "--controllers", "frozen,online", "--out", str(tmp_path / "control")]) == 0
+    tracking = {r["controller"]: r["rmse"] for r in RunDir(tmp_path / "control").metrics() if r.get("kind") == "tracking"}
+    assert set(tracking) == {"frozen", "online"} and all(np.isfinite(v).all() for r in tracking.values()
+                                                         for v in r.values())
+
 
 @pytest.mark.parametrize("spec, message", [
     ("rigid-body", "not collected from the shipped KUKA model"),
@@ -238,3 +259,30 @@ def test_bad_prior_means_are_refused_before_any_run_folder(tmp_path: Path, spec:
                  "--init-rows", "64", "--warm-rows", "128", "--learners", "svi", "--prior-mean", spec,
                  "--out", str(out)]) == 2
     assert message in capsys.readouterr().err and not out.exists()
+
+
+def test_a_learner_with_a_prior_mean_learns_the_residual_and_adds_the_prior_back() -> None:
+    import copy
+
+    from gpdyn.gp import make_learner
+    from gpdyn.gp.prior_mean import WithPriorMean
+
+    x = torch.linspace(-2, 2, 40, dtype=torch.float64)[:, None]
+    y = torch.cat([3.0 * x + torch.sin(x), -x], dim=-1)
+
+    def prior(z):  # the linear part of each output
+        return torch.cat([3.0 * z, -z], dim=-1)
+
+    base = make_learner("exact", 1, 2, preset="small", dtype=torch.float64, seed=0)
+    model = WithPriorMean(base, prior, "linear")
+    model.observe(x, y)
+    for _ in range(30):
+        model.step(x, y)
+    with torch.no_grad():
+        assert torch.allclose(model.predict_mean(x), base.predict_mean(x) + prior(x))
+        residual = base.predict_mean(x)  # what the base learned: sin x and 0, not the linear part
+        assert (residual[:, 0] - torch.sin(x[:, 0])).abs().max() < 0.1 and residual[:, 1].abs().max() < 0.1
+        mean, var = model.predict(x)
+        assert torch.allclose(var, base.predict(x)[1]) and (mean - y).abs().max() < 0.1
+    twin = copy.deepcopy(model)  # a controller's online copy: its own learner, the same fixed prior
+    assert twin.base is not base and twin.prior is prior

@@ -128,6 +128,9 @@ class Normalizer:
     def normalize_x(self, x: Any) -> Any:
         return (x - _like(self.x_mean, x)) / _like(self.x_std, x)
 
+    def denormalize_x(self, x: Any) -> Any:
+        return x * _like(self.x_std, x) + _like(self.x_mean, x)
+
     def normalize_y(self, y: Any) -> Any:
         return (y - _like(self.y_mean, y)) / _like(self.y_std, y)
 

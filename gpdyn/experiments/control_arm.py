@@ -135,16 +135,18 @@ def _problem(run: RunDir, cfg: ArmRunConfig, arm: ArmModel, store: str | Path | 
 
 def _pretrained(run: RunDir, cfg: ArmRunConfig, arm: ArmModel, store: str | Path | None) -> tuple[LearnedModel, torch.Tensor]:
     """The frozen model and the normalised inputs it was trained on (the residual GP's lengthscales come from them)."""
-    from gpdyn.experiments.learned import load_learned as load
+    from gpdyn.experiments.prior_mean import load_learned_model
 
     if cfg.model.from_run is not None:
-        learner, normalizer = load(cfg.model.from_run, device=cfg.compute.device)
-        if learner.name != cfg.model.learner:
-            raise InputError(f"control {cfg.robot}: --learner {cfg.model.learner}, but {cfg.model.from_run} holds a "
-                             f"{learner.name}")
         if store is None:  # the store the learner was trained on
             store = run_store(cfg.model.from_run)
         problem = _problem(run, cfg, arm, store)
+        # a learner of the residual of a prior mean (--prior-mean) comes with its prior: the model of the torques
+        learner, normalizer = load_learned_model(cfg.model.from_run, store, problem, device=cfg.compute.device)
+        trained = getattr(learner, "base", learner).name
+        if trained != cfg.model.learner:
+            raise InputError(f"control {cfg.robot}: --learner {cfg.model.learner}, but {cfg.model.from_run} holds a "
+                             f"{trained}")
         x_raw = torch.as_tensor(np.concatenate([problem.x_init, problem.x_train]), device=learner.device,
                                 dtype=learner.dtype)
         return LearnedModel(learner, normalizer), normalizer.normalize_x(x_raw)

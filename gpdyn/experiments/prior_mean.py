@@ -25,11 +25,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from gpdyn.data.problems import Problem
+from gpdyn.data.problems import Normalizer, Problem
 from gpdyn.errors import InputError
 
 ROWS_PER_CALL = 65536  # rows of one learner prediction (a frozen learner's prior)
@@ -52,6 +53,18 @@ class PriorMean:
             row, col = np.argwhere(bad)[0]
             raise InputError(f"prior mean {self.name}: non-finite value at row {row}, output {col}")
         return y
+
+    def normalized_fn(self, normalizer: Normalizer) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The prior as a function of normalised inputs ``[..., D]`` to normalised outputs ``[..., P]`` in the units
+        of ``normalizer`` (a learner's): what :class:`gpdyn.gp.prior_mean.WithPriorMean` adds to its learner. It runs
+        on the CPU in float64 (an arm's prior is MuJoCo's inverse dynamics), one row per control step there."""
+
+        def prior(x: torch.Tensor) -> torch.Tensor:
+            flat = x.detach().reshape(-1, x.shape[-1]).double().cpu().numpy()
+            y = normalizer.normalize_y(self.physical(normalizer.denormalize_x(flat)))
+            return torch.as_tensor(y, dtype=x.dtype, device=x.device).reshape(*x.shape[:-1], y.shape[-1])
+
+        return prior
 
     def normalized(self, problem: Problem, split: str) -> np.ndarray:
         """The prior on ``problem``'s ``split`` in the problem's normalised output units ``[N, P]``
@@ -146,4 +159,20 @@ def parse_prior_mean(spec: str, problem: Problem, store_attrs: dict) -> PriorMea
     raise InputError(f"--prior-mean {spec!r}: expected rigid-body, rigid-body:FILE.xml or learner:RUN_DIR")
 
 
-__all__ = ["PriorMean", "learner_prior", "load_prior_mean", "parse_prior_mean", "rigid_body_prior", "split_tensors"]
+def load_learned_model(run_dir: str | Path, store: str | Path, problem: Problem,
+                       device: str | torch.device | None = None) -> tuple[Any, Normalizer]:
+    """The model of a ``gpdyn learn`` run folder as a learner of the targets themselves: its learner, wrapped
+    with the run's prior mean when it learned a residual (:class:`~gpdyn.gp.prior_mean.WithPriorMean`, the prior
+    rebuilt from the run's ``--prior-mean`` for ``problem`` of ``store``), and its normaliser."""
+    from gpdyn.experiments.learned import load_with_prior_spec
+    from gpdyn.gp.prior_mean import WithPriorMean
+
+    learner, normalizer, spec = load_with_prior_spec(run_dir, device)
+    if spec is None:
+        return learner, normalizer
+
+    prior = load_prior_mean(spec, store, problem)
+    return WithPriorMean(learner, prior.normalized_fn(normalizer), prior.name), normalizer
+
+
+__all__ = ["PriorMean", "learner_prior", "load_learned_model", "load_prior_mean", "parse_prior_mean", "rigid_body_prior", "split_tensors"]
