@@ -88,8 +88,8 @@ def fresh_copy(source: Path, target: Path) -> Callable[[], None]:
     def copy() -> None:
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(source, target)
-        for png in target.glob("*.png"):
-            png.unlink()
+        for plot in [*target.glob("*.svg"), *target.glob("*.png")]:  # .png: the plots of older versions
+            plot.unlink()
     return copy
 
 

@@ -88,7 +88,7 @@ def main() -> None:
         gpdyn("replay", *replay)  # resumes from out/ if an earlier run was interrupted
         target = ROOT / "docs" / "results" / tag
         target.mkdir(parents=True, exist_ok=True)
-        for file in ("report.md", "curves.csv", "final.csv", "nmse.png", "vlb.png", "config.json", "step_size.json"):
+        for file in ("report.md", "curves.csv", "final.csv", "nmse.svg", "vlb.svg", "config.json", "step_size.json"):
             if (out / file).exists():  # step_size.json only with --select-lr
                 shutil.copy2(out / file, target / file)
         print(f"reproduce_table2: {name} -> {target}")

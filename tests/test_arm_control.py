@@ -38,7 +38,7 @@ def test_kuka_tracking_runs_and_reports_rmse(tmp_path: Path) -> None:
     assert online["gp_updates"] > 0 and online["online_learner"]
     assert all("online_learner" not in e for e in episodes[:-1])
     report = (run.path / "report.md").read_text()
-    assert "| true | after |" in report and (run.path / "kuka_tracking.png").exists()
+    assert "| true | after |" in report and (run.path / "kuka_tracking.svg").exists()
     assert "## CPU time per control step (the period is 10 ms)" in report
     assert f"| online " in report.split("## CPU time")[1]
 

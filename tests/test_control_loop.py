@@ -69,8 +69,8 @@ def test_walker_loop_runs_with_each_learner(learner: str, walker_zarr: Path, tmp
     assert [s["changed"] for s in steps if s["controller"] == "online"][:2] == [False, True]
     assert any("update_seconds" in s for s in steps if s["controller"] == "online")
     report = Path(result["report"]).read_text()
-    assert "| online |" in report and "walker_return.png" in report
-    assert (run.path / "walker_return.png").stat().st_size > 0
+    assert "| online |" in report and "walker_return.svg" in report
+    assert (run.path / "walker_return.svg").stat().st_size > 0
     assert EpisodeStore.open(run.path / "episodes.zarr").n_episodes == 2
 
 
@@ -273,7 +273,7 @@ def test_walker_consecutive_episodes_keep_the_online_model(walker_zarr: Path, tm
     report = (run.path / "report.md").read_text()
     assert "Cells: mean over 2 consecutive episodes" in report and "after the first episode" in report
     assert "## CPU time per control step (the period is 8 ms)" in report and "| online | " in report.split("## CPU time")[1]
-    assert (run.path / "walker_episode_returns.png").stat().st_size > 0
+    assert (run.path / "walker_episode_returns.svg").stat().st_size > 0
     text = _script("summarize_control").summarize([run.path])
     returns = {(e["controller"], e["episode"]): e["return"] for e in episodes}
     for k in (0, 1):

@@ -32,7 +32,7 @@ def _run(cfg, out, **kw):
 def test_two_learners_complete_report(kuka_store, tmp_path):
     run, finals = _run(_config(kuka_store), tmp_path / "run")
     write_report(run.path)
-    for name in ("report.md", "curves.csv", "final.csv", "nmse.png", "vlb.png", "nll.png", "coverage.png", "metrics.jsonl",
+    for name in ("report.md", "curves.csv", "final.csv", "nmse.svg", "vlb.svg", "nll.svg", "coverage.svg", "metrics.jsonl",
                  "config.json"):
         assert (run.path / name).stat().st_size > 0, name
     rows = list(csv.DictReader(open(run.path / "curves.csv")))
@@ -69,7 +69,7 @@ def test_a_run_recorded_without_calibration_scores_still_reports(kuka_store, tmp
     (run.path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
     report = write_report(run.path).read_text()
     row = next(line for line in report.splitlines() if line.startswith("| svi | 2 |"))
-    assert row.count("| – |") >= 2 and not (run.path / "nll.png").exists()
+    assert row.count("| – |") >= 2 and not (run.path / "nll.svg").exists()
 
 
 @pytest.mark.slow

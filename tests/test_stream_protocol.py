@@ -152,7 +152,7 @@ def test_replay_and_learn_run_the_stream_protocol(tmp_path: Path, capsys: pytest
         for metric in ("nmse", "nll", "coverage", "update_ms_per_row", "predict_ms_per_row"):
             assert math.isfinite(table[learner, metric])
         assert 0 <= table[learner, "coverage"] <= 1
-    assert (out / "stream_nmse.png").stat().st_size > 0 and "Stream (prequential)" in (out / "report.md").read_text()
+    assert (out / "stream_nmse.svg").stat().st_size > 0 and "Stream (prequential)" in (out / "report.md").read_text()
     finals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert sorted(r["learner"] for r in finals if r.get("final")) == ["svi", "wiski"]
     # a rerun on the same folder finds both streams finished and streams nothing again

@@ -1,4 +1,4 @@
-"""Reports of control runs: ``report.md`` with the tables and PNG plots with the plant change marked.
+"""Reports of control runs: ``report.md`` with the tables and SVG plots with the plant change marked.
 
 Everything is read back from the run folder: the settings from ``config.json`` (the run's
 config object while it runs: both give the same report), the rest from ``metrics.jsonl``.
@@ -22,7 +22,8 @@ import numpy as np
 
 from gpdyn.config import flatten_dict, settings_table
 from gpdyn.errors import InputError
-from gpdyn.experiments.report_tools import draw_plot, new_figure, save_figure
+from gpdyn.experiments.report_tools import draw_plot
+from gpdyn.experiments.svg_plot import COLORS, Figure, Panel
 from gpdyn.runs import METRICS_FILE, RunDir
 
 #: the control period of a legged run folder written before its runs logged theirs, s: Walker2d-v5's timestep
@@ -41,10 +42,10 @@ def _series(records: list[dict[str, Any]], kind: str, robot: str) -> dict[tuple[
     return out
 
 
-def _mark_change(ax: Any, change_at: int, label: str) -> None:
+def _mark_change(ax: Panel, change_at: int, label: str) -> None:
     if change_at > 0:
-        ax.axvline(change_at, color="k", linestyle="--", linewidth=1)
-        ax.text(change_at, ax.get_ylim()[1], f" {label}", va="top", fontsize=8)
+        ax.vline(change_at)
+        ax.note(change_at, label)
 
 
 def planner_text(config: dict[str, Any]) -> str:
@@ -148,10 +149,10 @@ def write_legged_report(run: RunDir, cfg: Any, redraw: bool = False) -> Path:
                                                                    change_label, falls, quantity), redraw)
              for quantity in quantities]
     if c["episodes"] > 1:
-        plots.append(draw_plot(run.path / f"{robot}_episode_returns.png",
+        plots.append(draw_plot(run.path / f"{robot}_episode_returns.svg",
                                lambda out: _plot_legged_episodes(out, returns, conditions, controllers), redraw))
     if errs:
-        plots.append(draw_plot(run.path / f"{robot}_model_error.png",
+        plots.append(draw_plot(run.path / f"{robot}_model_error.svg",
                                lambda out: _plot_legged_error(out, errs, c["steps"], change_at, change_label), redraw))
     styles = dict(zip(conditions, ("-", "--")))
     timed = [(f"{cond}/{ctrl}", ctrl, styles.get(cond, ":"), steps[(cond, ctrl)]) for cond in conditions
@@ -162,7 +163,7 @@ def write_legged_report(run: RunDir, cfg: Any, redraw: bool = False) -> Path:
             return _plot_cpu(out, [(name, colors[ctrl], style, rs) for name, ctrl, style, rs in timed],
                              period, c["steps"], change_at, change_label)
 
-        plots.append(draw_plot(run.path / f"{robot}_cpu.png", draw_cpu, redraw))
+        plots.append(draw_plot(run.path / f"{robot}_cpu.svg", draw_cpu, redraw))
     from gpdyn.experiments.legged_config import LeggedRunConfig
 
     lines += _settings_section(run, cfg, LeggedRunConfig)
@@ -217,7 +218,7 @@ def _online_verdict(returns: dict[tuple[str, str], list[float]]) -> list[str]:
 
 
 #: what a legged run's step plots show: the y label and the file (after the robot's name)
-LEGGED_QUANTITIES = {"return": ("return so far", "return.png"), "distance": ("torso x position [m]", "distance.png")}
+LEGGED_QUANTITIES = {"return": ("return so far", "return.svg"), "distance": ("torso x position [m]", "distance.svg")}
 
 
 def _plot_legged(out: Path, steps, conditions, controllers, change_at: int, label: str,
@@ -225,9 +226,9 @@ def _plot_legged(out: Path, steps, conditions, controllers, change_at: int, labe
     """Return so far (or the torso's x position, ``quantity="distance"``) against the control step: a panel per
     condition, a colour per controller, later episodes drawn darker, an x where an episode ended in a fall."""
     ylabel = LEGGED_QUANTITIES[quantity][0]
-    fig, axes = new_figure(len(conditions), figsize=(5.5 * len(conditions), 3.8), squeeze=False)
+    fig = Figure(len(conditions))
     colors = _colors(controllers)
-    for ax, cond in zip(axes[0], conditions):
+    for ax, cond in zip(fig.panels, conditions):
         for ctrl in controllers:
             by_episode = _by_episode(steps.get((cond, ctrl), []))
             for k, (episode, rs) in enumerate(by_episode.items()):
@@ -241,16 +242,13 @@ def _plot_legged(out: Path, steps, conditions, controllers, change_at: int, labe
                 color = colors[ctrl]
                 ax.plot(t, y, color=color, alpha=(k + 1) / len(by_episode), label=ctrl if k == len(by_episode) - 1 else None)
                 if (cond, ctrl, episode) in falls:
-                    ax.plot(t[-1], y[-1], marker="x", markersize=8, color=color, linestyle="none")
+                    ax.plot([t[-1]], [y[-1]], marker="x", color=color, dash=None)
         if any(f[0] == cond for f in falls):
-            ax.plot([], [], marker="x", color="k", linestyle="none", label="fell")
-        ax.set_title(f"{cond} plant")
-        ax.set_xlabel("control step")
-        ax.set_ylabel(ylabel)
-        ax.legend(fontsize=8)
+            ax.plot([], [], marker="x", color="black", dash=None, label="fell")
+        ax.title, ax.xlabel, ax.ylabel = f"{cond} plant", "control step", ylabel
         if cond == "changed":
             _mark_change(ax, change_at, label)
-    return save_figure(fig, out)
+    return fig.save(out)
 
 
 def _falls(episodes: dict[tuple[str, str], list[dict[str, Any]]], steps: int) -> set[tuple[str, str, int]]:
@@ -291,10 +289,7 @@ def _unfinished(recorded: int, planned: int, unit: str) -> list[str]:
 
 def _colors(names: list[str]) -> dict[str, str]:
     """A colour per name (controller), the same in every plot of a report: matplotlib's colour cycle."""
-    from matplotlib import rcParams
-
-    cycle = rcParams["axes.prop_cycle"].by_key()["color"]
-    return {name: cycle[i % len(cycle)] for i, name in enumerate(names)}
+    return {name: COLORS[i % len(COLORS)] for i, name in enumerate(names)}
 
 
 def _by_episode(rows: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
@@ -306,40 +301,32 @@ def _by_episode(rows: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
 
 def _plot_legged_episodes(out: Path, returns: dict[tuple[str, str], list[float]], conditions, controllers) -> Path:
     """Return per consecutive episode: does the online model's return climb while the frozen one's stays?"""
-    fig, axes = new_figure(len(conditions), figsize=(5.5 * len(conditions), 3.8), squeeze=False)
-    for ax, cond in zip(axes[0], conditions):
+    fig = Figure(len(conditions))
+    colors = _colors(controllers)  # the same colour in every panel, as in the other plots
+    for ax, cond in zip(fig.panels, conditions):
         for ctrl in controllers:
             r = returns.get((cond, ctrl))
             if r:
-                ax.plot(np.arange(1, len(r) + 1), r, marker="o", label=ctrl)
-        ax.set_title(f"{cond} plant")
-        ax.set_xlabel("episode")
-        ax.set_ylabel("return")
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.legend(fontsize=8)
-    return save_figure(fig, out)
+                ax.plot(range(1, len(r) + 1), r, color=colors[ctrl], marker="o", label=ctrl)
+        ax.title, ax.xlabel, ax.ylabel, ax.integer_x = f"{cond} plant", "episode", "return", True
+    return fig.save(out)
 
 
 def _plot_legged_error(out: Path, errs, steps: int, change_at: int, label: str) -> Path:
     """One-step model error over the control steps of all consecutive episodes (episode k from k x steps)."""
-    from matplotlib import rcParams
-
-    fig, ax = new_figure(figsize=(6, 3.8))
-    colors = rcParams["axes.prop_cycle"].by_key()["color"]
+    fig = Figure(1)
+    ax, colors = fig.panels[0], COLORS
     for i, ((cond, ctrl), rs) in enumerate(sorted(errs.items())):
         # one line per episode, so that a fall leaves a gap instead of a line to the next episode
         for k, (episode, ers) in enumerate(_by_episode([r for r in rs if "model_rmse" in r]).items()):
             ax.plot([episode * steps + r["t"] for r in ers], [r["model_rmse"] for r in ers], color=colors[i % len(colors)],
-                    label=f"{cond}/{ctrl}" if k == 0 else None, linewidth=1)
-    ax.set_xlabel("control step (episodes laid end to end)")
-    ax.set_ylabel("one-step velocity RMSE")
-    ax.set_yscale("log")
-    ax.legend(fontsize=8)
+                    label=f"{cond}/{ctrl}" if k == 0 else None, width=1)
+    ax.xlabel, ax.ylabel, ax.yscale = "control step (episodes laid end to end)", "one-step velocity RMSE", "log"
     n_episodes = 1 + max((r.get("episode", 0) for rs in errs.values() for r in rs), default=0)
     for k in range(1, n_episodes):
-        ax.axvline(k * steps, color="0.6", linestyle=":", linewidth=1)
+        ax.vline(k * steps, color="#999999", dash=":")
     _mark_change(ax, change_at, label)  # once: the plant stays changed in the episodes after
-    return save_figure(fig, out)
+    return fig.save(out)
 
 
 def _plot_cpu(out: Path, series: list[tuple[str, str, str, list[dict[str, Any]]]], period_s: float, steps: int,
@@ -347,21 +334,20 @@ def _plot_cpu(out: Path, series: list[tuple[str, str, str, list[dict[str, Any]]]
     """The controller's CPU time of every control step (``cpu_ms``) against the control period, a line per series
     ``(label, colour, line style, step records)`` (consecutive episodes laid end to end, episode k from k x
     ``steps``)."""
-    fig, ax = new_figure(figsize=(6, 3.8))
-    several = False
+    fig = Figure(1)
+    ax, several = fig.panels[0], False
     for name, color, style, rs in series:
         by_episode = _by_episode([r for r in rs if "cpu_ms" in r])
         several = several or len(by_episode) > 1
         for k, (episode, ers) in enumerate(by_episode.items()):
-            ax.plot([episode * steps + r["t"] for r in ers], [r["cpu_ms"] for r in ers], color=color, linestyle=style,
-                    label=name if k == 0 else None, linewidth=0.8)
-    ax.axhline(1e3 * period_s, color="k", linestyle="--", linewidth=1, label=f"control period {1e3 * period_s:g} ms")
-    ax.set_yscale("log")
-    ax.set_xlabel("control step" + (" (episodes laid end to end)" if several else ""))
-    ax.set_ylabel("controller CPU time per step [ms]")
-    ax.legend(fontsize=8)
+            ax.plot([episode * steps + r["t"] for r in ers], [r["cpu_ms"] for r in ers], color=color, dash=style,
+                    label=name if k == 0 else None, width=0.8)
+    ax.hline(1e3 * period_s, width=1, label=f"control period {1e3 * period_s:g} ms")
+    ax.yscale = "log"
+    ax.xlabel = "control step" + (" (episodes laid end to end)" if several else "")
+    ax.ylabel = "controller CPU time per step [ms]"
     _mark_change(ax, change_at, label)
-    return save_figure(fig, out)
+    return fig.save(out)
 
 
 def compute_section(episodes: list[dict[str, Any]], period_s: float) -> list[str]:
@@ -451,11 +437,11 @@ def write_arm_report(run: RunDir, cfg: Any, arm: Any = None, joint_rmse: dict[st
     mark = c["change"] != "payload" or bool(c["payload"])  # a payload of 0 kg changes nothing
     window = max(1, c["steps"] // 50)
     names = list(dict.fromkeys([*c["controllers"], *by_ctrl]))  # a controller's colour in every plot (_colors)
-    plots = [draw_plot(run.path / f"{robot}_tracking.png",
+    plots = [draw_plot(run.path / f"{robot}_tracking.svg",
                        lambda out: _plot_arm_error(out, by_ctrl, _colors(names), "tracking_error", window,
                                                    "joint-position error norm [rad]", change_at if mark else 0), redraw)]
     if ff:
-        plots.append(draw_plot(run.path / f"{robot}_ff_error.png",
+        plots.append(draw_plot(run.path / f"{robot}_ff_error.svg",
                                lambda out: _plot_arm_error(out, by_ctrl, _colors(names), "ff_error", window,
                                                            "feed-forward error norm [N m]", change_at if mark else 0),
                                redraw))
@@ -466,7 +452,7 @@ def write_arm_report(run: RunDir, cfg: Any, arm: Any = None, joint_rmse: dict[st
             return _plot_cpu(out, [(ctrl, colors[ctrl], "-", by_ctrl[ctrl]) for ctrl in timed], period, c["steps"],
                              change_at if mark else 0, "change")
 
-        plots.append(draw_plot(run.path / f"{robot}_cpu.png", draw_cpu, redraw))
+        plots.append(draw_plot(run.path / f"{robot}_cpu.svg", draw_cpu, redraw))
     from gpdyn.experiments.arm_config import ArmRunConfig
 
     lines += _settings_section(run, cfg, ArmRunConfig)
@@ -480,21 +466,18 @@ def _plot_arm_error(out: Path, by_ctrl: dict[str, list[dict[str, Any]]], colors:
                     window: int, ylabel: str, change_at: int) -> Path:
     """The norm over the joints of each step's ``key`` (a number or a list per joint), as a moving RMS over
     ``window`` steps, a line per controller that records it."""
-    fig, ax = new_figure(figsize=(7, 3.8))
+    fig = Figure(1, size=(620, 380))
+    ax = fig.panels[0]
     for ctrl, rs in by_ctrl.items():
         rs = [r for r in rs if key in r]
         if not rs:
             continue
         err = np.array([np.linalg.norm(np.atleast_1d(np.asarray(r[key], dtype=float))) for r in rs])
         smooth = np.sqrt(np.convolve(err**2, np.ones(window) / window, mode="same"))
-        ax.plot([r["t"] for r in rs], smooth, label=ctrl, color=colors[ctrl], linewidth=1)
-    ax.set_yscale("log")
-    ax.set_xlabel("control step")
-    ax.set_ylabel(ylabel)
-    ax.legend(fontsize=8)
-    ax.autoscale()
+        ax.plot([r["t"] for r in rs], smooth, label=ctrl, color=colors[ctrl], width=1)
+    ax.yscale, ax.xlabel, ax.ylabel = "log", "control step", ylabel
     _mark_change(ax, change_at, "change")
-    return save_figure(fig, out)
+    return fig.save(out)
 
 
 def arm_change_text(config: dict[str, Any]) -> str:

@@ -14,14 +14,13 @@ and evaluation point::
 (the scores of :func:`gpdyn.gp.online.evaluate`; a run written before a score existed
 shows "–" for it). ``seconds`` is the learner's cumulative training wall-clock time
 (evaluation excluded). Output, in the run folder: ``report.md``, ``curves.csv``,
-``final.csv`` and a plot per score of :data:`PLOTS` (against iterations and against time).
+``final.csv`` and an SVG plot per score of :data:`PLOTS` (against iterations and against time).
 
-Plots (here, in the stream and the control reports) are drawn by :func:`draw_plot`: only when
-the PNG is missing or not newer than the run's ``metrics.jsonl`` and ``config.json`` (the
-records it is drawn from), or when asked to (``redraw``, ``gpdyn report --redraw``).
-Matplotlib's import and drawing take about a CPU second, and a report of unchanged records
-has the same plots. They are drawn on a :class:`matplotlib.figure.Figure` with the Agg
-canvas, not through pyplot: no global figure state, nothing imported until a plot is drawn.
+Plots (here, in the stream and the control reports) are SVG files written by
+:mod:`gpdyn.experiments.svg_plot` (not matplotlib, whose import and text layout cost several times
+the rest of a report: docs/results/startup.md), through :func:`draw_plot`: only when the plot is missing or not newer
+than the run's ``metrics.jsonl`` and ``config.json`` (the records it is drawn from), or when
+asked to (``redraw``, ``gpdyn report --redraw``): a report of unchanged records has the same plots.
 """
 
 from __future__ import annotations
@@ -34,7 +33,8 @@ from typing import Any
 import numpy as np
 
 from gpdyn.errors import InputError
-from gpdyn.experiments.report_tools import draw_plot, finish_report, new_figure, save_figure
+from gpdyn.experiments.report_tools import draw_plot, finish_report
+from gpdyn.experiments.svg_plot import Figure
 from gpdyn.runs import RunDir, is_run_dir, read_json
 
 STEP_SIZE_FILE = "step_size.json"  # gamma_0 per learner, when replay chose it
@@ -159,7 +159,7 @@ def write_report(run_dir: str | Path, redraw: bool = False) -> Path:
     _write_curves_csv(run_dir / "curves.csv", curves, outputs)
     final = {name: rows[-1] for name, rows in curves.items()}
     _write_final_csv(run_dir / "final.csv", final, outputs)
-    plots = [draw_plot(run_dir / f"{metric}.png", lambda out, metric=metric: _plot(out, curves, metric), redraw)
+    plots = [draw_plot(run_dir / f"{metric}.svg", lambda out, metric=metric: _plot(out, curves, metric), redraw)
              for metric in PLOTS if any(metric in r for r in final.values())]
 
     lines = [
@@ -216,7 +216,7 @@ def _learn_report(run: RunDir, config: dict[str, Any], redraw: bool) -> Path:
                          f"is {outputs!r:.80}")
     _write_curves_csv(run.path / "curves.csv", curves, outputs)
     _write_final_csv(run.path / "final.csv", {name: final}, outputs)
-    plots = [draw_plot(run.path / f"{metric}.png", lambda out, metric=metric: _plot(out, curves, metric), redraw)
+    plots = [draw_plot(run.path / f"{metric}.svg", lambda out, metric=metric: _plot(out, curves, metric), redraw)
              for metric in PLOTS if metric in final]
     protocol = problem.get("protocol", config.get("protocol", "?"))
     lines = [f"# {name} on {problem.get('name', '?')} ({protocol} protocol), iteration {final['iteration']}", ""]
@@ -333,29 +333,21 @@ def _write_final_csv(path: Path, final: dict[str, dict[str, Any]], outputs: list
 
 def _plot(out: Path, curves: dict[str, list[dict[str, Any]]], metric: str) -> Path:
     """``metric``'s mean over outputs (a band from their min to max) per learner, against iterations and time."""
-    fig, axes = new_figure(2, figsize=(11, 4), sharey=True)
+    fig = Figure(2, sharey=True, title=f"{METRICS[metric]} on the held-out split")
+    axes = fig.panels
     for name, rows in curves.items():
         rows = [r for r in rows if metric in r]
-        it = [r["iteration"] for r in rows]
-        sec = [r["seconds"] for r in rows]
-        mean = np.array([np.mean(r[metric]) for r in rows])
+        mean = [float(np.mean(r[metric])) for r in rows]
         # the band spans the outputs' range: mean ± std would cross zero on the log nMSE axis
-        low = np.array([np.min(r[metric]) for r in rows])
-        high = np.array([np.max(r[metric]) for r in rows])
-        for ax, xs in zip(axes, (it, sec)):
-            (line,) = ax.plot(xs, mean, label=name, marker=".")
-            ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.12)
-    axes[0].set_xlabel("iteration")
-    axes[1].set_xlabel("training wall-clock time (s)")
-    axes[0].set_ylabel(f"{METRICS[metric]}, mean over outputs (band: min to max)")
-    if metric == "nmse":
-        for ax in axes:
-            ax.set_yscale("log")
-    if metric == "coverage":
-        for ax in axes:
-            ax.axhline(0.95, color="k", lw=0.8, ls="--")
+        low, high = [float(np.min(r[metric])) for r in rows], [float(np.max(r[metric])) for r in rows]
+        color = None
+        for ax, xs in zip(axes, ([r["iteration"] for r in rows], [r["seconds"] for r in rows])):
+            color = ax.plot(xs, mean, color=color, label=name, marker=".")
+            ax.band(xs, low, high, color)
+    axes[0].xlabel, axes[1].xlabel = "iteration", "training wall-clock time (s)"
+    axes[0].ylabel = f"{METRICS[metric]}, mean over outputs (band: min to max)"
     for ax in axes:
-        ax.grid(alpha=0.3)
-    axes[1].legend()
-    fig.suptitle(f"{METRICS[metric]} on the held-out split")
-    return save_figure(fig, out)
+        ax.yscale = "log" if metric == "nmse" else "linear"
+        if metric == "coverage":
+            ax.hline(0.95)
+    return fig.save(out)

@@ -1,6 +1,6 @@
 """What every report writer shares (learn, replay, stream and control reports): plots drawn only
-when their records changed, figures on matplotlib's Agg canvas without pyplot (imported only
-when a plot is drawn), and the common end of a learner report."""
+when their records changed (as SVG files: :mod:`gpdyn.experiments.svg_plot`), and the common end
+of a learner report."""
 
 from __future__ import annotations
 
@@ -25,24 +25,6 @@ def draw_plot(out: Path, draw: Callable[[Path], Any], redraw: bool = False) -> P
         if newest is not None and out.stat().st_mtime_ns > newest:
             return out
     draw(out)
-    return out
-
-
-def new_figure(ncols: int = 1, figsize: tuple[float, float] = (6, 3.8), **subplots: Any):
-    """A figure of ``ncols`` axes side by side on the Agg canvas (no pyplot): ``(figure, axes)``,
-    ``axes`` as :meth:`matplotlib.figure.Figure.subplots` returns them."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=figsize)
-    FigureCanvasAgg(fig)
-    return fig, fig.subplots(1, ncols, **subplots)
-
-
-def save_figure(fig: Any, out: Path) -> Path:
-    """Lay out and write a figure of :func:`new_figure` as PNG."""
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
     return out
 
 
@@ -76,4 +58,4 @@ def sizes_section(config: dict[str, Any]) -> list[str]:
     return lines
 
 
-__all__ = ["PLOT_SOURCES", "draw_plot", "finish_report", "new_figure", "save_figure", "sizes_section"]
+__all__ = ["PLOT_SOURCES", "draw_plot", "finish_report", "sizes_section"]

@@ -4,7 +4,7 @@ Input: the ``{"kind": "stream", ...}`` records of :mod:`gpdyn.experiments.stream
 ``metrics.jsonl``. Output, in the run folder: ``report.md`` (the prequential table and the
 nMSE per output), ``final.csv`` (per learner the metric rows ``nmse``, ``nll``,
 ``coverage``, ``update_ms_per_row``, ``predict_ms_per_row``, ``cpu_s``; the columns of
-:func:`gpdyn.experiments.report.write_report`'s), ``curves.csv`` and two plots: nMSE
+:func:`gpdyn.experiments.report.write_report`'s), ``curves.csv`` and two SVG plots: nMSE
 against the rows seen (cumulative and over each recording window) and against CPU time,
 the calibration (NLL, 95% coverage) and the update time per row against the rows seen.
 """
@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from gpdyn.errors import InputError
-from gpdyn.experiments.report_tools import draw_plot, finish_report, new_figure, save_figure
+from gpdyn.experiments.report_tools import draw_plot, finish_report
+from gpdyn.experiments.svg_plot import Figure
 
 #: the kind of the records :mod:`gpdyn.experiments.stream` writes (``gpdyn.experiments.stream.KIND``, whose module
 #: imports torch: a report needs none)
@@ -68,8 +69,8 @@ def write_stream_report(run_dir: Path, config: dict[str, Any], curves: dict[str,
     outputs = config.get("outputs") or summary.get("outputs") or [f"y{i}" for i in range(width)]
     _write_final_csv(run_dir / "final.csv", final, outputs)
     _write_curves_csv(run_dir / "curves.csv", curves, outputs)
-    plots = [draw_plot(run_dir / "stream_nmse.png", lambda out: _plot_nmse(out, curves), redraw),
-             draw_plot(run_dir / "stream_calibration.png", lambda out: _plot_calibration(out, curves), redraw)]
+    plots = [draw_plot(run_dir / "stream_nmse.svg", lambda out: _plot_nmse(out, curves), redraw),
+             draw_plot(run_dir / "stream_calibration.svg", lambda out: _plot_calibration(out, curves), redraw)]
     stream = config.get("stream", {})
     # replay records the problem's name and the store; learn the problem's summary
     summary = config.get("problem") if isinstance(config.get("problem"), dict) else {}
@@ -145,49 +146,43 @@ def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[flo
 
 
 def _plot_nmse(out: Path, curves: dict[str, list[dict[str, Any]]]) -> Path:
-    fig, axes = new_figure(3, figsize=(16.5, 4))
+    fig = Figure(3)
+    axes = fig.panels
     for name, rows in curves.items():
         x, t, cumulative = _series(rows, "nmse")
-        (line,) = axes[0].plot(x, cumulative, label=name)
+        color = axes[0].plot(x, cumulative, label=name)
         wx, _, window = _series(rows, "window_nmse")
-        axes[1].plot(wx, window, color=line.get_color(), label=name, lw=0.9)
-        axes[2].plot(t, cumulative, color=line.get_color(), label=name)
-    axes[0].set_title("prequential nMSE (cumulative)")
-    axes[1].set_title("nMSE of each recording window")
-    axes[2].set_title("prequential nMSE against CPU time")
+        axes[1].plot(wx, window, color=color, label=name, width=0.9)
+        axes[2].plot(t, cumulative, color=color, label=name)
+    axes[0].title = "prequential nMSE (cumulative)"
+    axes[1].title = "nMSE of each recording window"
+    axes[2].title = "prequential nMSE against CPU time"
     for ax, xlabel in zip(axes, ("rows seen", "rows seen", "CPU seconds (init + updates + predictions)")):
-        ax.set_xlabel(xlabel)
-        ax.set_yscale("log")
-        ax.axhline(1.0, color="k", lw=0.8, ls="--")  # predicting the mean
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("nMSE, mean over outputs (1 = the targets' mean)")
-    axes[2].legend()
-    return save_figure(fig, out)
+        ax.xlabel, ax.yscale = xlabel, "log"
+        ax.hline(1.0)  # predicting the mean
+    axes[0].ylabel = "nMSE, mean over outputs (1 = the targets' mean)"
+    return fig.save(out)
 
 
 def _plot_calibration(out: Path, curves: dict[str, list[dict[str, Any]]]) -> Path:
-    from matplotlib.ticker import MaxNLocator
-
-    fig, axes = new_figure(3, figsize=(16.5, 4))
+    fig = Figure(3)
+    axes = fig.panels
     for name, rows in curves.items():
         x, _, nll = _series(rows, "nll")
-        axes[0].plot(x, nll, label=name)
+        color = axes[0].plot(x, nll, label=name)
         x, _, coverage = _series(rows, "coverage")
-        axes[1].plot(x, coverage, label=name)
+        axes[1].plot(x, coverage, color=color, label=name)
         timed = [r for r in rows if "window_update_ms_per_row" in r]
-        axes[2].plot([r["rows"] for r in timed], [r["window_update_ms_per_row"] for r in timed], label=name)
-    axes[0].set_title("prequential NLL of y (normalised units)")
-    axes[1].set_title("fraction inside the central 95% interval")
-    axes[1].axhline(0.95, color="k", lw=0.8, ls="--")
-    axes[2].set_title("update time per row (CPU ms, each recording window)")
-    axes[0].set_yscale("symlog")  # one learner's NLL can be 100x another's
-    axes[2].set_yscale("log")
+        axes[2].plot([r["rows"] for r in timed], [r["window_update_ms_per_row"] for r in timed], color=color, label=name)
+    axes[0].title = "prequential NLL of y (normalised units)"
+    axes[1].title = "fraction inside the central 95% interval"
+    axes[1].hline(0.95)
+    axes[2].title = "update time per row (CPU ms, each recording window)"
+    axes[0].yscale = "symlog"  # one learner's NLL can be 100x another's
+    axes[2].yscale = "log"
     for ax in axes:
-        ax.set_xlabel("rows seen")
-        ax.xaxis.set_major_locator(MaxNLocator(5))
-        ax.grid(alpha=0.3)
-    axes[1].legend()
-    return save_figure(fig, out)
+        ax.xlabel = "rows seen"
+    return fig.save(out)
 
 
 __all__ = ["stream_curves", "write_stream_report"]
