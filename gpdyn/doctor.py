@@ -36,9 +36,9 @@ _GL_LIBRARIES = {"egl": "libegl1 and a GPU driver or Mesa", "osmesa": "libosmesa
 # the shared library each backend loads (ctypes.util.find_library's name; glfw: the glfw package bundles its own)
 _GL_SONAMES = {"egl": "EGL", "osmesa": "OSMesa"}
 #: the packages whose versions doctor lists: those that shape stored data
-#: (gpdyn.data.store.package_versions, which imports zarr), and those plots and videos are made with
+#: (gpdyn.data.store.package_versions, which imports zarr), and those videos are made with
 PACKAGES = ("gpdyn", "numpy", "torch", "zarr", "mujoco", "mujoco-core", "gymnasium", "stable-baselines3", "sb3-contrib",
-            "matplotlib", "imageio", "imageio-ffmpeg", "PyOpenGL", "glfw")
+            "imageio", "imageio-ffmpeg", "PyOpenGL", "glfw")
 # where the NVIDIA kernel driver lists the GPUs it drives, one folder each with an "information" file
 _NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 # a probe that draws nothing hangs only on a broken driver; don't let doctor hang with it
