@@ -25,22 +25,11 @@ from gpdyn.robots.layout import StateLayout
 from gpdyn.robots.legged import WalkingCost
 from gpdyn.robots.walker import DT, make_env
 from gpdyn.sim.loop import run_episode
+from test_spline_sampling import SLIDER
 from walker_transitions import transitions
 
 torch.set_num_threads(1)
 
-SLIDER = """
-<mujoco>
-  <option timestep="0.01"/>
-  <worldbody>
-    <body name="cart">
-      <joint name="x" type="slide" axis="1 0 0" damping="0.5"/>
-      <geom type="box" size="0.1 0.1 0.1" mass="1" contype="0" conaffinity="0"/>
-    </body>
-  </worldbody>
-  <actuator><motor joint="x" gear="1" ctrlrange="-1 1"/></actuator>
-</mujoco>
-"""
 
 
 def _slider_cost(qpos, qvel, controls):
