@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 import gpdyn
 from gpdyn.device import set_threads
-from gpdyn.robots.policy import export_sb3
+from gpdyn.robots.policy import episode_returns, export_sb3
 from gpdyn.runs import RunDir
 
 #: gpdyn's package data folder of shipped policies (checkpoints in its ``checkpoints/``)
@@ -69,21 +69,11 @@ def evaluate_sb3(model_zip: Path, vecnormalize_pkl: Path, env_id: str, episodes:
     model = TRPO.load(model_zip, device="cpu")
     norm = VecNormalize.load(str(vecnormalize_pkl), DummyVecEnv([lambda: gym.make(env_id)]))
     norm.training, norm.norm_reward = False, False
-    env = gym.make(env_id)
-    returns = np.zeros(episodes)
     try:
-        for i in range(episodes):
-            obs, _ = env.reset(seed=seed + i)
-            done = False
-            while not done:
-                action, _ = model.predict(norm.normalize_obs(obs), deterministic=True)
-                obs, reward, terminated, truncated, _ = env.step(action)
-                returns[i] += float(reward)
-                done = terminated or truncated
+        return episode_returns(gym.make(env_id), lambda obs: model.predict(norm.normalize_obs(obs), deterministic=True)[0],
+                               episodes, seed)
     finally:
-        env.close()
         norm.close()
-    return returns
 
 
 def main(argv: list[str] | None = None) -> int:

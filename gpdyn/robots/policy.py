@@ -18,7 +18,7 @@ so that :meth:`Policy.value` is in raw reward units (discounted by the training
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -363,19 +363,25 @@ def export_sb3(model: Any, vecnormalize: Any, path: str | Path, env_id: str, met
     )
 
 
-def evaluate_policy(policy: Policy, episodes: int = 10, seed: int = 0) -> np.ndarray:
-    """Undiscounted returns of ``episodes`` deterministic episodes of the policy's environment (reset seeds ``seed + i``)."""
-    env = task_for_env(policy.meta["env_id"], where=f"{policy.path}: env_id").make_env()
-    policy.check_env(env)
+def episode_returns(env: Any, act: Callable[[np.ndarray], np.ndarray], episodes: int = 10, seed: int = 0) -> np.ndarray:
+    """Undiscounted returns of ``episodes`` episodes of ``env`` under ``act(obs) -> action`` (reset seeds
+    ``seed + i``); closes ``env``."""
     returns = np.zeros(episodes)
     try:
         for i in range(episodes):
             obs, _ = env.reset(seed=seed + i)
             done = False
             while not done:
-                obs, reward, terminated, truncated, _ = env.step(policy.act(obs))
+                obs, reward, terminated, truncated, _ = env.step(act(obs))
                 returns[i] += float(reward)
                 done = terminated or truncated
     finally:
         env.close()
     return returns
+
+
+def evaluate_policy(policy: Policy, episodes: int = 10, seed: int = 0) -> np.ndarray:
+    """Undiscounted returns of ``episodes`` deterministic episodes of the policy's environment (reset seeds ``seed + i``)."""
+    env = task_for_env(policy.meta["env_id"], where=f"{policy.path}: env_id").make_env()
+    policy.check_env(env)
+    return episode_returns(env, policy.act, episodes, seed)
