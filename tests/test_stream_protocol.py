@@ -286,3 +286,45 @@ def test_a_learner_with_a_prior_mean_learns_the_residual_and_adds_the_prior_back
         assert torch.allclose(var, base.predict(x)[1]) and (mean - y).abs().max() < 0.1
     twin = copy.deepcopy(model)  # a controller's online copy: its own learner, the same fixed prior
     assert twin.base is not base and twin.prior is prior
+
+
+class FailsAfter(RowSpy):
+    """The running-mean learner whose predictions of output 1 turn NaN from ``row`` on: what a
+    factorisation that failed on a GPU hands on (gpdyn.gp.base.cholesky)."""
+
+    def __init__(self, input_dim: int, output_dim: int, row: int) -> None:
+        super().__init__(input_dim, output_dim)
+        self.row = row
+
+    def predict(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        mean, var = super().predict(x)
+        if x[0, 0] >= self.row:
+            mean = mean.clone()
+            mean[:, 1] = math.nan
+        return mean, var
+
+
+def test_a_stream_stops_with_the_rows_and_outputs_where_predictions_turned_non_finite() -> None:
+    x, y = _stream(400)
+    with pytest.raises(FloatingPointError, match=r"row-spy .*output\(s\) \[1\] between rows 300 and 320"):
+        prequential(FailsAfter(3, 2, row=300), x, y, StreamProtocol(100, 20, 100), record_every=1, progress=False)
+
+
+def test_svi_streams_a_1khz_arm_log_in_float32() -> None:
+    """Consecutive rows of a 1 kHz arm log are nearly equal, so are the bases picked from them:
+    in float32 their kernel matrix is singular within rounding unless the jitter has a floor
+    fit for the precision (gpdyn.gp.variational.chol); without it the first chunk fails."""
+    from gpdyn.gp import make_learner
+
+    rng = np.random.default_rng(0)
+    t = np.arange(3000)[:, None] / 1000.0
+    w = 2 * np.pi * rng.uniform(0.2, 1.0, (1, 7))
+    phase = rng.uniform(0, 2 * np.pi, (1, 7))
+    q = np.sin(w * t + phase)
+    x = np.c_[q, w * np.cos(w * t + phase), -w * w * q]
+    x = (x - x[:1024].mean(0)) / x[:1024].std(0)
+    y = np.c_[x[:, :7].sum(1), (x[:, 7:14] * x[:, :7]).sum(1)]
+    learner = make_learner("svi", 21, 2, preset="cpu", dtype=torch.float32, seed=0)
+    final = prequential(learner, torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.float32),
+                        StreamProtocol(), progress=False)[-1]
+    assert all(math.isfinite(v) for v in final["nmse"])

@@ -23,6 +23,8 @@ between device syncs on a GPU, :func:`gpdyn.device.seconds`), per streamed row.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -203,6 +205,7 @@ def prequential(
                                           "cpu_s": init_s + update_s + predict_s}
                 if learner.can("point_limit"):
                     record["unobserved"] = unobserved
+                _check_finite(learner, record, previous=records[-1]["rows"] if records else protocol.init_rows)
                 record.update(learner.diagnostics())
                 for key in ("nmse", "nll", "coverage"):
                     if record[key]:
@@ -218,6 +221,20 @@ def prequential(
         if own_bar:
             bar.close()
     return records
+
+
+def _check_finite(learner: Learner, record: dict[str, Any], previous: int) -> None:
+    """Stop the stream once a score is NaN or infinite: it would stay so for the rest of the
+    stream and make every later figure meaningless. On a GPU this is where a failed factorisation
+    shows (:func:`gpdyn.gp.base.cholesky` returns NaN factors there instead of syncing to raise)."""
+    bad = [p for p, v in enumerate(record["nmse"]) if not math.isfinite(v)]
+    if bad:
+        raise FloatingPointError(
+            f"prequential: {learner.name} ({learner.dtype}, {learner.device}) predicted non-finite values for "
+            f"output(s) {bad} between rows {previous} and {record['rows']}; a factorisation failed or the learner "
+            f"diverged. On the CPU the same run raises at the failing step; float64 (--dtype float64) is the "
+            f"numerically safer choice"
+        )
 
 
 @torch.no_grad()

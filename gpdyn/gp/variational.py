@@ -68,10 +68,20 @@ def gaussian_ell(y: Tensor, mean: Tensor, var: Tensor, noise: Tensor) -> Tensor:
 
 
 def chol(a: Tensor, jitter: float) -> Tensor:
-    """Cholesky factor of ``a + jitter * mean(diag(a)) * I`` (batched)."""
+    """Cholesky factor of ``a + jitter * mean(diag(a)) * I`` (batched); below float64 the
+    relative jitter is at least ``sqrt(eps)`` (3.5e-4 in float32).
+
+    The floor is what makes the factor exist in float32: the kernels' expanded squares
+    (:func:`gpdyn.gp.kernels.point_features`) lose about ``eps |u|^2`` per entry to
+    cancellation, so nearly repeated bases (consecutive rows of a 1 kHz stream) give a matrix
+    that is singular within rounding. Float64 keeps the jitter asked for (the closed-form
+    identities are checked at 1e-12).
+    """
     n = a.shape[-1]
     eye = torch.eye(n, dtype=a.dtype, device=a.device)
     scale = a.diagonal(dim1=-2, dim2=-1).mean(-1).clamp_min(1e-12)[..., None, None]
+    if torch.finfo(a.dtype).bits < 64:
+        jitter = max(jitter, math.sqrt(torch.finfo(a.dtype).eps))
     return cholesky(a + jitter * scale * eye)
 
 

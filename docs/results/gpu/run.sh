@@ -6,7 +6,10 @@
 # Each stage has its own time limit (GPDYN_GPU_LIMIT_<STAGE>, seconds) so that one slow or
 # failing stage never costs the others their figures; each stage's log goes beside its run
 # folder. The race budget (GPDYN_GPU_RACE_S, default 60 as in the README) and the planning
-# repeats (GPDYN_GPU_MPC_REPEATS, default 10) shrink the run for a short lease.
+# repeats (GPDYN_GPU_MPC_REPEATS, default 10) shrink the run for a short lease;
+# GPDYN_GPU_STAGES (default every stage: doctor,host-syncs,collect-kuka,bench-learners,
+# bench-wiski,bench-mpc) picks stages, and GPDYN_GPU_MPC_PRESET (default paper) the
+# planning models' size.
 #
 # Environment: GPDYN_PY (the Python holding a CUDA torch and gpdyn's requirements; default
 # .venv/bin/python when it exists, else python3).
@@ -18,11 +21,14 @@ mkdir -p "$out"
 py=${GPDYN_PY:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 race_s=${GPDYN_GPU_RACE_S:-60}
 mpc_repeats=${GPDYN_GPU_MPC_REPEATS:-10}
+mpc_preset=${GPDYN_GPU_MPC_PRESET:-paper}
+stages=${GPDYN_GPU_STAGES:-doctor,host-syncs,collect-kuka,bench-learners,bench-wiski,bench-mpc}
 export PYTHONUNBUFFERED=1
 
 stage() {  # stage NAME LIMIT_S COMMAND...: run with a limit, log to OUT/NAME.log, never abort the rest
     local name=$1 limit=$2
     shift 2
+    case ",$stages," in *",$name,"*) ;; *) echo "== $name: skipped (GPDYN_GPU_STAGES)"; return ;; esac
     echo "== $name (limit ${limit}s): $*"
     local t0=$SECONDS
     timeout "$limit" "$@" >"$out/$name.log" 2>&1
@@ -45,4 +51,4 @@ stage bench-wiski "${GPDYN_GPU_LIMIT_WISKI:-600}" \
     "$py" -m gpdyn bench wiski --device cuda --out "$out/bench-wiski"
 stage bench-mpc "${GPDYN_GPU_LIMIT_MPC:-600}" \
     "$py" -m gpdyn bench mpc --device cuda --samples 1000 --horizon 30 --repeats "$mpc_repeats" \
-    --preset paper --out "$out/bench-mpc"
+    --preset "$mpc_preset" --out "$out/bench-mpc"
