@@ -85,7 +85,9 @@ def test_bad_residual_config_is_an_input_error() -> None:
 
 
 @pytest.mark.parametrize("residual", [ResidualConfig(warmup=10, space="velocity"),
-                                      ResidualConfig(kernel="linear", linear_inputs="all", warmup=10, space="velocity")])
+                                      ResidualConfig(kernel="linear", linear_inputs="all", warmup=10, space="velocity"),
+                                      ResidualConfig(learner="wiski", warmup=10, space="velocity",
+                                                     learner_options={"incremental_rows": 100})])
 def test_hybrid_rollout_is_nominal_step_plus_residual(residual: ResidualConfig) -> None:
     """The batched rollout (residual of the action predicted ahead for all K x H, or per step from the state)
     equals stepping the nominal planning model one step at a time and adding the residual to qvel and dt * it to qpos."""
@@ -206,6 +208,30 @@ def test_online_check_margin_asks_the_residual_to_explain_a_share_of_the_error()
 def test_force_space_needs_the_action_only_linear_kernel() -> None:
     with pytest.raises(InputError, match="space"):
         ResidualConfig(space="force", kernel="se").validate()
+    with pytest.raises(InputError, match="learner='wiski'.*needs space='velocity'"):
+        ResidualConfig(space="force", learner="wiski").validate()
+    with pytest.raises(InputError, match="learner='gp'"):
+        ResidualConfig(space="velocity", learner="gp").validate()
+
+
+def test_a_registered_learner_as_the_residual_learns_online_and_names_itself() -> None:
+    """WISKI as the velocity residual: built on the warm-up transitions, then one exact posterior update per
+    transition (no optimiser steps by default); it predicts the held-out transitions of a knee spring, which no
+    residual linear in the action can express, better than the zero residual."""
+    from gpdyn.control.hybrid_model import HybridSamplingController
+
+    config = ResidualConfig(learner="wiski", warmup=20, space="velocity", gate_window=0,
+                            learner_options={"incremental_rows": 100})
+    controller = HybridSamplingController(WalkingCost(), DT, nominal_model(), learned=config)
+    forward = controller.forward
+    data = _transitions("joint_spring", None, 80, seed=4)
+    for q, v, u, nv in data[:60]:
+        forward.observe(q, v, u, nv)
+    assert type(forward.learner).name == "wiski" and forward.learner.incremental_rows == 100
+    q, v, u, nv = (np.stack(a) for a in zip(*data[60:], strict=True))
+    r = forward.target(q, v, u, nv)
+    assert ((r - forward.residual(q, v, u.mean(1))) ** 2).sum() < 0.9 * (r**2).sum()
+    assert controller.summary()["online_learner"] == "wiski" and controller.summary()["gp_updates"] == 60
 
 
 def test_summary_recovery_fraction() -> None:

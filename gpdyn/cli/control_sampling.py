@@ -37,7 +37,7 @@ SHARED_OPTIONS = ("steps", "samples", "horizon", "controllers", "out")
 KIND_OPTIONS = {
     "walker-sampling": ("seeds", "steps", "samples", "horizon"),
     "walker-learned": ("seeds", "steps", "samples", "horizon", "controllers", "changes", "explore_std", "learned_model",
-                       "hybrid_kernel", "hybrid_linear_inputs", "hybrid_space", "hybrid_noise", "learned_window",
+                       "hybrid_kernel", "hybrid_learner", "hybrid_linear_inputs", "hybrid_space", "hybrid_noise", "learned_window",
                        "eval_every", "combine"),
 }
 #: options of a parser that are the process's, not the run's: never refused
@@ -121,6 +121,10 @@ def add_sampling_options(p: argparse.ArgumentParser, *, kinds: tuple[str, ...] =
                 "GP residual on the nominal model (residual; default: the recipe's)")
     option("hybrid_kernel", "--hybrid-kernel", choices=("se", "linear"),
            help="walker-learned, --learned-model residual: the residual GP's kernel (default: the recipe's)")
+    option("hybrid_learner", "--hybrid-learner", metavar="NAME",
+           help="walker-learned, --learned-model residual: the residual's learner, residual (the ResidualGP of "
+                "--hybrid-kernel) or a registered online learner such as wiski or svdgp, which needs --hybrid-space "
+                "velocity (default: the recipe's)")
     option("hybrid_linear_inputs", "--hybrid-linear-inputs", choices=("all", "action"),
            help="walker-learned, --hybrid-kernel linear: over all inputs or the action alone (default: the recipe's)")
     option("hybrid_space", "--hybrid-space", choices=("velocity", "force"),
@@ -206,7 +210,7 @@ def _run_learned_model(recipe: Any, given: dict[str, Any], args: argparse.Namesp
     from gpdyn.experiments.walk_learned_model import run
 
     residual = dataclasses.replace(recipe.build("residual"), **{field: given[dest] for dest, field in (
-        ("hybrid_kernel", "kernel"), ("hybrid_space", "space"), ("hybrid_linear_inputs", "linear_inputs"),
+        ("hybrid_kernel", "kernel"), ("hybrid_learner", "learner"), ("hybrid_space", "space"), ("hybrid_linear_inputs", "linear_inputs"),
         ("learned_window", "window"), ("hybrid_noise", "noise")) if dest in given})
     sampler = dataclasses.replace(recipe.build("sampler"), **{k: given[k] for k in ("samples", "horizon") if k in given})
     config = recipe.build("run", sampler=sampler, residual=residual, identification=recipe.build("identification"))

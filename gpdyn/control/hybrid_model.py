@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import mujoco
@@ -82,6 +82,17 @@ class ResidualConfig:
     # SE-ARD GP over all 23 inputs, whose median-trick lengthscales in 23-D predict ~0 away from the window's points
     # (held-out residual error unchanged on the weak hip, tests/test_walk_learned_model.py)
     kernel: str = "linear"
+    # the residual's learner: "residual" (gpdyn's ResidualGP with ``kernel`` above) or any registered online learner
+    # ("wiski", "svdgp", "ssgp", ...) at ``learner_preset`` with ``learner_options``, over all 23 inputs in the
+    # velocity space: a change that depends on the state (a joint spring) is within its reach, where the force
+    # space's residual is linear in the action alone. It observes every transition and takes ``learner_steps``
+    # optimiser steps on it (0: its hyperparameters stay those of its start on the warm-up transitions, and an
+    # observe is the exact posterior update: WISKI's constant-time caches, with ``incremental_rows`` its
+    # Woodbury updates instead of a full solve at the next prediction)
+    learner: str = "residual"
+    learner_preset: str = "small"
+    learner_options: dict[str, bool | int | float | str] = field(default_factory=dict)
+    learner_steps: int = 0
     window: int = 300  # most recent transitions it conditions on
     warmup: int = 30  # transitions that fix the input/target scales and median lengthscales before it predicts
     amplitude: float = 1.0  # SE prior standard deviation**2 (scaled targets)
@@ -117,7 +128,12 @@ class ResidualConfig:
 
     def validate(self) -> None:
         """Raise InputError naming the first impossible option."""
+        from gpdyn.config import LEARNER_NAMES, PRESET_NAMES
+
         checks = (("kernel", self.kernel in ("se", "linear")), ("target", self.target in ("plant", "planning")),
+                  ("learner", self.learner in LEARNER_NAMES
+                   and (self.learner == "residual" or self.space == "velocity")),
+                  ("learner_preset", self.learner_preset in PRESET_NAMES), ("learner_steps", self.learner_steps >= 0),
                   ("linear_inputs", self.linear_inputs in ("all", "action")),
                   ("space", self.space in ("velocity", "force")
                    and (self.space == "velocity" or (self.kernel == "linear" and self.linear_inputs == "action"
@@ -133,7 +149,9 @@ class ResidualConfig:
         for name, ok in checks:
             if not ok:
                 extra = (" (the force space needs kernel='linear', linear_inputs='action', target='plant'; "
-                         "use space='velocity' otherwise)" if name == "space" and self.space == "force" else "")
+                         "use space='velocity' otherwise)" if name == "space" and self.space == "force" else
+                         " (a registered learner other than 'residual' needs space='velocity')"
+                         if name == "learner" and self.space == "force" else "")
                 raise InputError(f"residual model: option {name}={getattr(self, name)!r} is out of range{extra}")
 
 
@@ -253,7 +271,7 @@ class HybridForward(PathModel):
         current = init
         # a residual of the action alone does not depend on the rolled-out states: one batched prediction for all K x H
         ahead = None
-        if self.config.kernel == "linear" and self.config.linear_inputs == "action":
+        if self.config.learner == "residual" and self.config.kernel == "linear" and self.config.linear_inputs == "action":
             ahead = self.residual(starts_q, starts_v, controls.reshape(k * h, -1)).reshape(k, h, self.nv)
         for t in range(h):
             self._runner.rollout(self._models, [self.data], current, np.ascontiguousarray(controls[:, t : t + 1]),
@@ -396,7 +414,8 @@ class HybridForward(PathModel):
         xs = torch.as_tensor((x - self.x_mean) / self.x_scale)
         rs = torch.as_tensor(r / self.r_scale)
         self.learner.observe(xs, rs)
-        self.learner.step(xs, rs)
+        for _ in range(1 if self.config.learner == "residual" else self.config.learner_steps):
+            self.learner.step(xs, rs)
 
     def _build(self) -> None:
         """The residual GP, its scales fixed by the warm-up transitions, conditioned on them."""
@@ -406,7 +425,10 @@ class HybridForward(PathModel):
         self.x_mean, self.x_scale = x.mean(0), x.std(0) + 1e-3
         self.r_scale = r.std(0) + 1e-3
         d, p = x.shape[1], r.shape[1]
-        if cfg.kernel == "se":
+        if cfg.learner != "residual":
+            self.learner = make_learner(cfg.learner, d, p, preset=cfg.learner_preset, dtype=torch.float64, seed=self.seed,
+                                        **cfg.learner_options)
+        elif cfg.kernel == "se":
             self.learner = make_learner(
                 "residual", d, p, prior=None, reference_x=torch.as_tensor((x - self.x_mean) / self.x_scale),
                 window=cfg.window, amplitude=cfg.amplitude, noise=cfg.noise, lengthscale_factor=cfg.lengthscale_factor,
@@ -489,8 +511,9 @@ class HybridSamplingController(SamplingController):
         return {}
 
     def summary(self) -> dict[str, Any]:
-        # the residual learner (a ResidualGP, registered "residual") takes one observe per transition
-        return {**super().summary(), "online_learner": "residual", "gp_updates": self.forward.observed,
+        # the residual learner (ResidualConfig.learner, a registered learner) takes one observe per transition
+        learner = self.forward.config.learner if isinstance(self.forward, HybridForward) else "residual"
+        return {**super().summary(), "online_learner": learner, "gp_updates": self.forward.observed,
                 "residual_points": float(self.forward.observed), "residual_active": self.forward.active,
                 "residual_distrusted_steps": float(self.forward.distrusted_steps)}
 
