@@ -390,6 +390,10 @@ class WISKI(Learner):
             projections; default False). Faster than the gather on the CPU (docs/wiski.md,
             ``gpdyn bench wiski``), at the price of a C++ compile at the first call of the
             process; a planner calls ``predict_mean`` thousands of times.
+        step_every: take the Adam step of :meth:`step` on every ``step_every``-th call only (default
+            1: every call); the other calls return at once. The step (one LU of ``B`` and its
+            backward, ``O(P M^3)``) is most of an update's cost; on a stream whose hyperparameters
+            settle early, fewer steps buy CPU time (docs/results/stream-walker1-tuned).
         incremental_rows: 0 (default) refreshes the prediction caches in full (one LU,
             ``O(P M^3)``) at the first prediction after any ``observe``. ``R > 0``: between
             hyperparameter changes, ``observe`` keeps ``B^{-1}`` and the mean cache current by
@@ -444,6 +448,7 @@ class WISKI(Learner):
         compiled_mean: bool = False,
         calibrate_rows: int = 0,
         incremental_rows: int = 0,
+        step_every: int = 1,
         **kwargs: Any,
     ) -> None:
         super().__init__(input_dim, output_dim, **kwargs)  # device, dtype, seed
@@ -482,6 +487,8 @@ class WISKI(Learner):
             raise LearnerError("WISKI: compiled_mean=True has no quadratic term; pass quadratic=False")
         if incremental_rows < 0:
             raise LearnerError(f"WISKI: incremental_rows must be >= 0 (0: full refreshes only), got {incremental_rows}")
+        if isinstance(step_every, bool) or not isinstance(step_every, int) or step_every < 1:
+            raise LearnerError(f"WISKI: step_every must be an integer >= 1 (1: a step on every call), got {step_every!r}")
         if calibrate_rows < 0:
             raise LearnerError(f"WISKI: calibrate_rows must be >= 0 (0: no calibration), got {calibrate_rows}")
         if out_of_grid not in ("clamp", "error"):
@@ -514,7 +521,10 @@ class WISKI(Learner):
             "init_iters": int(init_iters), "noise_floor": float(noise_floor), "learn_hyperparameters": bool(learn_hyperparameters),
             "validate": bool(validate), "predict_chunk": int(predict_chunk), "compiled_mean": compiled_mean,
             "calibrate_rows": int(calibrate_rows), "incremental_rows": int(incremental_rows),
+            "step_every": int(step_every),
         })
+        self.step_every = int(step_every)
+        self.step_calls = 0  # calls of step() since the start: every step_every-th takes the Adam step
         self.calibrate_rows = int(calibrate_rows)
         self.incremental_rows = int(incremental_rows)
         # incremental posterior: B^{-1} [P, M, M] (solve dtype) as of the last refresh plus the rows since, their
@@ -522,6 +532,9 @@ class WISKI(Learner):
         self._b_inv: Tensor | None = None
         self._incremental_since = 0
         self._m_lags = False
+        # the LU of B of the last refresh, and whether M = B^{-1} K (the variance cache) is still to be formed from it
+        self._lu: tuple[Tensor, Tensor] | None = None
+        self._m_pending = False
         self.structure = structure
         self.projection = projection
         self.components = int(components)
@@ -615,6 +628,7 @@ class WISKI(Learner):
         # c_p of the calibrated variance (module notes; 1 without calibration)
         self.variance_scale = torch.ones(output_dim, **kw)
         self._stale = True
+        self._last_predict: dict[str, Tensor] | None = None  # the last predict, for _predict_again
         self._m_cache = torch.zeros(0, **kw)
         self._mean_cache = torch.zeros(0, **kw)
         self._fast: dict[str, Tensor] = {}
@@ -786,10 +800,23 @@ class WISKI(Learner):
     @torch.no_grad()
     def _calibrate(self, x: Tensor, y: Tensor) -> None:
         """Update ``variance_scale`` from the predictions of ``x, y`` before they enter the caches."""
-        mean, var = self.predict(x)  # already scaled by c_p: the ratio below is relative to it
+        mean, var = self._predict_again(x)  # already scaled by c_p: the ratio below is relative to it
         ratio = ((y - mean).pow(2) / (var + self.noise_variance())).mean(dim=0)
         keep = math.exp(-x.shape[0] / self.calibrate_rows)  # the weight of the rows before this batch
         self.variance_scale.mul_(keep + (1.0 - keep) * ratio)
+
+    @torch.no_grad()
+    def _predict_again(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`predict` of ``x``, from the last prediction when it was of the same rows with the
+        same caches: the prequential rule predicts a chunk and then observes it, and the
+        calibration's prediction of that batch is the same one (half of the variance work of a
+        calibrated stream)."""
+        memo = self._last_predict
+        # _fast is remade by every change of the posterior (_refresh, _update_posterior); the
+        # hyperparameters and the projection change only with _stale set
+        if (memo is not None and not self._stale and memo["fast"] is self._fast and memo["x"].shape == x.shape and torch.equal(memo["x"], x)):
+            return memo["mean"], memo["var"] * self.variance_scale
+        return self.predict(x)
 
     def mll(self) -> Tensor:
         """Log marginal likelihood of everything observed, per output ``[P]`` (WISKI eq. (13))."""
@@ -802,6 +829,9 @@ class WISKI(Learner):
     def step(self, x: Tensor, y: Tensor) -> dict[str, float]:
         """One Adam step on theta (eq. (13)) and the projection (eq. (18)); ``x, y`` = the batch just observed."""
         if not self.learn_hyperparameters or self.n == 0:
+            return {}
+        self.step_calls += 1
+        if (self.step_calls - 1) % self.step_every:
             return {}
         self.optimizer.zero_grad()
         gram, wty = self.gram, self.wty
@@ -820,15 +850,16 @@ class WISKI(Learner):
 
     @torch.no_grad()
     def _refresh(self) -> None:
-        """Prediction caches ``M = B^{-1} K`` (eq. (6)) and ``a = M W^T y`` (eqs. (9), (14))."""
+        """The LU of ``B`` and the mean cache ``a = B^{-1} K W^T y`` (eqs. (9), (14)); the variance
+        cache ``M = B^{-1} K`` (eq. (6)) follows when a prediction needs it (:meth:`_variance_cache`)."""
         s = SOLVE_DTYPE  # solved in the caches' precision, kept in the learner's (module notes)
         m = self.num_inducing
-        b = self.hp.noise.to(s)[:, None, None] * torch.eye(m, dtype=s, device=self.device) + self._kmul(s)(self.gram)
+        kmul = self._kmul(s)
+        b = self.hp.noise.to(s)[:, None, None] * torch.eye(m, dtype=s, device=self.device) + kmul(self.gram)
         lu, piv = _lu_factor(b)
-        mm = torch.linalg.lu_solve(lu, piv, self.prior_dense(s))
-        mm = 0.5 * (mm + mm.transpose(-1, -2))
-        self._m_cache = mm.to(self.dtype)
-        self._mean_cache = (mm @ self.wty.unsqueeze(-1)).squeeze(-1).to(self.dtype)  # [P, M]
+        self._lu = (lu, piv)
+        self._m_pending = True
+        self._mean_cache = torch.linalg.lu_solve(lu, piv, kmul(self.wty.unsqueeze(-1))).squeeze(-1).to(self.dtype)
         self._fast = self._mean_tables()
         self._stale = self._m_lags = False
         if self.incremental_rows:
@@ -859,6 +890,21 @@ class WISKI(Learner):
         self._fast = self._mean_tables()
         self._incremental_since += phi.shape[-2]
         self._m_lags = True
+        self._m_pending = False  # the LU is of the B before these rows: M follows from B^{-1} instead
+
+    @torch.no_grad()
+    def _variance_cache(self) -> None:
+        """``M = B^{-1} K`` (eq. (6)) for the current posterior: from the LU of the last refresh, or
+        from ``B^{-1}`` after incremental updates."""
+        if self._m_lags:  # incremental updates moved B^{-1}: M = B^{-1} K follows
+            assert self._b_inv is not None
+            mm = self._b_inv @ self.prior_dense(SOLVE_DTYPE)
+        elif self._m_pending:
+            mm = torch.linalg.lu_solve(*self._lu, self.prior_dense(SOLVE_DTYPE))
+        else:
+            return
+        self._m_cache = (0.5 * (mm + mm.transpose(-1, -2))).to(self.dtype)
+        self._m_lags = self._m_pending = False
 
     def _mean_tables(self) -> dict[str, Tensor]:
         """The tables of :meth:`predict_mean`'s fused gather, from the mean cache ``a = M W^T y`` (eq. (14)).
@@ -1018,20 +1064,22 @@ class WISKI(Learner):
     def predict(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Latent predictive mean (eq. (9)) and variance (eq. (10)), ``[..., P]`` each."""
         self._check_predict(x, "predict")
-        if self._m_lags:  # incremental updates moved B^{-1}: M = B^{-1} K follows
-            assert self._b_inv is not None
-            mm = self._b_inv @ self.prior_dense(SOLVE_DTYPE)
-            self._m_cache = (0.5 * (mm + mm.transpose(-1, -2))).to(self.dtype)
-            self._m_lags = False
         lead = x.shape[:-1]
         xf = x.reshape(-1, self.input_dim)
         m, p = self.num_inducing, self.output_dim
+        # fewer points than basis functions, right after a refresh: their variance from the LU of B,
+        # sigma^2 phi^T B^{-1} (K phi), O(P N M^2), rather than first M = B^{-1} K, O(P M^3)
+        direct = (self._m_pending and self.structure == "additive" and self.dtype == SOLVE_DTYPE
+                  and xf.shape[0] < m)
+        if not direct:
+            self._variance_cache()
         noise = self.hp.noise.unsqueeze(-1)
         chunk = self.predict_chunk
         if self.structure == "additive":  # the variance is a dense [P, N, M] product here
             chunk = max(1, min(chunk, VARIANCE_BLOCK // (p * m)))
         means, variances = [], []
-        mflat = self._m_cache.reshape(p, m * m)
+        mflat = self._m_cache.reshape(p, m * m) if not direct else self._m_cache
+        kmul = self._kmul(SOLVE_DTYPE) if direct else None
         for start in range(0, xf.shape[0], chunk):
             mean, outside = self._mean_chunk(xf[start : start + chunk])  # predict_mean's path
             self.predict_clamped += outside
@@ -1040,14 +1088,21 @@ class WISKI(Learner):
             if self.structure == "additive":
                 # sigma^2 phi^T M phi with phi = [w_1..w_C, x, 1] dense: (Phi M) . Phi, O(P N M^2) at BLAS speed
                 phi = dense_rows(idx, w, m)  # [Q, N, M]
-                variances.append((noise * ((phi @ self._m_cache) * phi).sum(-1)).T)
+                if kmul is not None:
+                    sol = torch.linalg.lu_solve(*self._lu, kmul(phi.transpose(-1, -2).expand(p, -1, -1).contiguous()))
+                    variances.append((noise * (phi.transpose(-1, -2) * sol).sum(-2)).T)
+                else:
+                    variances.append((noise * ((phi @ self._m_cache) * phi).sum(-1)).T)
             else:
                 idx, w = self._per_output(idx), self._per_output(w)  # [P, N, K]
                 pair = (idx.unsqueeze(-1) * m + idx.unsqueeze(-2)).flatten(1)
                 mg = mflat.gather(1, pair).view(*w.shape, w.shape[-1])
                 variances.append((noise * torch.einsum("pnk,pnkl,pnl->pn", w, mg, w)).T)
         mean = torch.cat(means) if means else xf.new_zeros(0, p)
-        var = torch.cat(variances).clamp_min(0.0) * self.variance_scale if variances else xf.new_zeros(0, p)
+        var = torch.cat(variances).clamp_min(0.0) if variances else xf.new_zeros(0, p)
+        if self.calibrate_rows and x.dim() == 2 and x.shape[0] <= self.predict_chunk:  # for _predict_again
+            self._last_predict = {"x": x.clone(), "fast": self._fast, "mean": mean.clone(), "var": var}
+        var = var * self.variance_scale
         return mean.reshape(*lead, p), var.reshape(*lead, p)
 
     @torch.no_grad()
@@ -1141,7 +1196,9 @@ class WISKI(Learner):
 
     # -- checkpoints -----------------------------------------------------------------------------
     def state_names(self) -> tuple[str, ...]:
-        return self.state_fields + (self.PROJECTION_FIELDS if self.proj_params else ())
+        # step_calls (where the step_every cycle stands) only when steps are skipped: older checkpoints load as before
+        return (self.state_fields + (self.PROJECTION_FIELDS if self.proj_params else ())
+                + (("step_calls",) if self.step_every > 1 else ()))
 
     @property
     def grid_state(self) -> dict[str, Any] | None:
