@@ -60,7 +60,7 @@ def test_a_walker_learned_recipe_runs_and_combines(tmp_path, capsys):
     config = json.loads((tmp_path / "w" / "config.json").read_text())
     recipe = json.loads((tmp_path / "w" / "recipe.json").read_text())
     assert recipe["options_given"]["learned_window"] == 50 and config["residual"]["window"] == 50
-    assert config["seeds"] == [5] and config["controllers"] == ["frozen"] and config["factors"] == {"weak_motor": 0.5}
+    assert config["seeds"] == [5] and config["controllers"] == ["frozen"] and config["changes"] == ["weak_motor:0.5"]
     assert config["model"] == "residual" == recipe["values"]["run"]["model"]
     capsys.readouterr()
     combined = _args("--recipe", "walker-learned-hip", "--combine", f"{tmp_path / 'w'}@renamed")
@@ -107,3 +107,22 @@ def test_the_walker_command_runs_a_sampling_recipe_and_refuses_its_mpc_options(t
     assert main(["control", "walker", "--recipe", "walker-true-model-walk", "--planner", "cem",
                  "--out", str(tmp_path / "x")]) == 2
     assert "--planner" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_one_change_at_two_factors_runs_two_plants():
+    """``--changes weak_motor:0.3,weak_motor:0.1`` is two plants: each entry keeps its own factor."""
+    from gpdyn.experiments.walk_learned_model import WalkLearnedConfig, plant
+
+    config = WalkLearnedConfig(changes=parse_changes("weak_motor:0.3,weak_motor:0.1,torso_mass"), factors={})
+    config.validate()
+    assert [config.change_factor(c) for c in config.changes] == [("weak_motor", 0.3), ("weak_motor", 0.1),
+                                                                  ("torso_mass", None)]
+    gears = []
+    for change in config.changes[:2]:
+        env, description = plant(*config.change_factor(change))
+        gears.append(float(env.unwrapped.model.actuator_gear[0, 0]))
+        env.close()
+    assert gears[0] == pytest.approx(gears[1] * 3)
+    with pytest.raises(InputError, match="each plant change once"):
+        WalkLearnedConfig(changes=["weak_motor:0.3", "weak_motor:0.3"]).validate()
+    assert WalkLearnedConfig(changes=["weak_motor"]).change_factor("weak_motor") == ("weak_motor", 0.3)

@@ -59,20 +59,21 @@ def seed_list(text: str) -> list[int]:
     return [SEED(s) for s in items]
 
 
-def parse_changes(text: str) -> tuple[list[str], dict[str, float]]:
-    """``"weak_motor:0.3,torso_mass"`` -> (names, factors); InputError on a malformed item."""
-    names, factors = [], {}
+def parse_changes(text: str) -> list[str]:
+    """``"weak_motor:0.3,weak_motor:0.1,torso_mass"`` -> its entries, each change with its own factor (a bare
+    name: the change's default factor); InputError on a malformed item."""
+    names = []
     for item in (s.strip() for s in text.split(",") if s.strip()):
         name, _, factor = item.partition(":")
-        names.append(name)
         if factor:
             try:
-                factors[name] = float(factor)
+                float(factor)
             except ValueError:
                 raise InputError(f"--changes: factor of {name!r} must be a number, got {factor!r}") from None
+        names.append(item)
     if not names:
         raise InputError("--changes: name at least one plant change (or none)")
-    return names, factors
+    return names
 
 
 def add_sampling_options(p: argparse.ArgumentParser, *, kinds: tuple[str, ...] = SAMPLING_KINDS, shared: bool = False,
@@ -217,7 +218,7 @@ def _run_learned_model(recipe: Any, given: dict[str, Any], args: argparse.Namesp
     if "learned_window" in given:  # both learned models condition on a window of recent transitions
         config.identification.window = given["learned_window"]
     if "changes" in given:
-        config.changes, config.factors = parse_changes(given["changes"])
+        config.changes, config.factors = parse_changes(given["changes"]), {}  # the command line's factors alone
     if "controllers" in given:
         names = given["controllers"]  # comma-separated text, or the list the walker's option makes of it
         config.controllers = [c.strip() for c in (names.split(",") if isinstance(names, str) else names) if c.strip()]

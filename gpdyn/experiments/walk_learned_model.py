@@ -62,8 +62,9 @@ class WalkLearnedConfig:
 
     seeds: list[int] = field(default_factory=lambda: [200, 201, 202, 203, 204, 205, 206, 207])
     steps: int = 1000
+    # plant changes, each a name of the task's plant_changes (or "none"), with its own factor as "name:factor"
     changes: list[str] = field(default_factory=lambda: ["weak_motor"])
-    factors: dict[str, float] = field(default_factory=lambda: {"weak_motor": 0.3})  # else the change's default
+    factors: dict[str, float] = field(default_factory=lambda: {"weak_motor": 0.3})  # a name's factor, else its default
     controllers: list[str] = field(default_factory=lambda: list(CONTROLLERS))
     explore_std: float = 0.0  # action noise while learning (off: it made the online walker fall more on seeds 200-207)
     eval_every: int = 100  # steps between diagnostics of the online model (0: none)
@@ -72,6 +73,17 @@ class WalkLearnedConfig:
     model: str = "parameters"  # one of MODELS
     residual: ResidualConfig = field(default_factory=ResidualConfig)  # model="residual"
     identification: IdentificationConfig = field(default_factory=IdentificationConfig)  # model="parameters"
+
+    def change_factor(self, change: str) -> tuple[str, float | None]:
+        """The plant change's name and factor of an entry of ``changes``: ``"weak_motor:0.1"`` names its own,
+        a bare name takes ``factors``' (None: the change's default)."""
+        name, _, factor = change.partition(":")
+        if not factor:
+            return name, self.factors.get(name)
+        try:
+            return name, float(factor)
+        except ValueError:
+            raise InputError(f"walk_learned_model: the factor of change {change!r} must be a number") from None
 
     @property
     def learned(self) -> ResidualConfig | IdentificationConfig:
@@ -86,9 +98,12 @@ class WalkLearnedConfig:
             raise InputError(f"walk_learned_model: steps must be >= 1, got {self.steps}")
         if not self.changes:
             raise InputError("walk_learned_model: need at least one plant change")
+        if len(set(self.changes)) != len(self.changes):
+            raise InputError(f"walk_learned_model: each plant change once, got {self.changes}")
         for change in self.changes:
-            if change != NOMINAL:
-                WALKER.plant_change_factor(change, self.factors.get(change))
+            name, factor = self.change_factor(change)
+            if name != NOMINAL:
+                WALKER.plant_change_factor(name, factor)
         unknown = [c for c in self.controllers if c not in CONTROLLERS]
         if unknown or not self.controllers:
             raise InputError(f"walk_learned_model: controllers must be among {', '.join(CONTROLLERS)}, got {self.controllers}")
@@ -197,8 +212,7 @@ class Diagnostics:
 def episode(controller_name: str, change: str, seed: int, config: WalkLearnedConfig, cost: WalkingCost,
             nominal: Any, progress: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One episode on the changed plant under the named controller: its record and (online) its diagnostics."""
-    factor = config.factors.get(change)
-    env, description = plant(change, factor)
+    env, description = plant(*config.change_factor(change))
     if controller_name == "true":
         controller: SamplingController = SamplingController(cost, DT, config.sampler, seed=seed, name="true")
     else:
