@@ -220,14 +220,13 @@ def test_a_registered_learner_as_the_residual_learns_online_and_names_itself() -
     residual linear in the action can express, better than the zero residual."""
     from gpdyn.control.hybrid_model import HybridSamplingController
 
-    config = ResidualConfig(learner="wiski", warmup=20, space="velocity", gate_window=0,
-                            learner_options={"incremental_rows": 100})
+    config = ResidualConfig(learner="wiski", warmup=20, space="velocity", gate_window=0)
     controller = HybridSamplingController(WalkingCost(), DT, nominal_model(), learned=config)
     forward = controller.forward
     data = _transitions("joint_spring", None, 80, seed=4)
     for q, v, u, nv in data[:60]:
         forward.observe(q, v, u, nv)
-    assert type(forward.learner).name == "wiski" and forward.learner.incremental_rows == 100
+    assert type(forward.learner).name == "wiski" and forward.learner.incremental_rows == 2000
     q, v, u, nv = (np.stack(a) for a in zip(*data[60:], strict=True))
     r = forward.target(q, v, u, nv)
     assert ((r - forward.residual(q, v, u.mean(1))) ** 2).sum() < 0.9 * (r**2).sum()

@@ -70,6 +70,8 @@ from gpdyn.gp import make_learner
 from gpdyn.sim.rollout_states import RolloutStates
 
 
+#: a WISKI residual's ``incremental_rows`` unless ``learner_options`` sets it: Woodbury updates between full refreshes
+WISKI_INCREMENTAL_ROWS = 2000
 #: the force perturbation (N m or N per generalized coordinate) of :meth:`HybridForward.contact_force`'s Jacobian
 FORCE_STEP = 1.0
 
@@ -87,8 +89,8 @@ class ResidualConfig:
     # velocity space: a change that depends on the state (a joint spring) is within its reach, where the force
     # space's residual is linear in the action alone. It observes every transition and takes ``learner_steps``
     # optimiser steps on it (0: its hyperparameters stay those of its start on the warm-up transitions, and an
-    # observe is the exact posterior update: WISKI's constant-time caches, with ``incremental_rows`` its
-    # Woodbury updates instead of a full solve at the next prediction)
+    # observe is the exact posterior update: WISKI's constant-time caches, kept current by Woodbury updates,
+    # WISKI_INCREMENTAL_ROWS rows between full refreshes)
     learner: str = "residual"
     learner_preset: str = "small"
     learner_options: dict[str, bool | int | float | str] = field(default_factory=dict)
@@ -426,8 +428,11 @@ class HybridForward(PathModel):
         self.r_scale = r.std(0) + 1e-3
         d, p = x.shape[1], r.shape[1]
         if cfg.learner != "residual":
+            options = dict(cfg.learner_options)
+            if cfg.learner == "wiski":  # it predicts after every transition: rank-q posterior updates, not full solves
+                options.setdefault("incremental_rows", WISKI_INCREMENTAL_ROWS)
             self.learner = make_learner(cfg.learner, d, p, preset=cfg.learner_preset, dtype=torch.float64, seed=self.seed,
-                                        **cfg.learner_options)
+                                        **options)
         elif cfg.kernel == "se":
             self.learner = make_learner(
                 "residual", d, p, prior=None, reference_x=torch.as_tensor((x - self.x_mean) / self.x_scale),
