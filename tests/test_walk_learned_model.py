@@ -208,10 +208,35 @@ def test_online_check_margin_asks_the_residual_to_explain_a_share_of_the_error()
 def test_force_space_needs_the_action_only_linear_kernel() -> None:
     with pytest.raises(InputError, match="space"):
         ResidualConfig(space="force", kernel="se").validate()
-    with pytest.raises(InputError, match="learner='wiski'.*needs space='velocity'"):
-        ResidualConfig(space="force", learner="wiski").validate()
+    with pytest.raises(InputError, match="space='force'.*needs target='plant'"):
+        ResidualConfig(space="force", learner="wiski", target="planning").validate()
+    ResidualConfig(space="force", learner="wiski").validate()  # a force of the state and the action
     with pytest.raises(InputError, match="learner='gp'"):
         ResidualConfig(space="velocity", learner="gp").validate()
+
+
+def test_a_force_of_the_state_enters_each_planning_step_inside_mujoco() -> None:
+    """A registered learner as the force residual: each planning step applies the force predicted from that
+    step's own state and action (qfrc_applied), so the rollout equals stepping the planning model by hand."""
+    import mujoco
+
+    forward = HybridForward(nominal_model(), DT, config=ResidualConfig(learner="wiski", space="force", warmup=10))
+    data = _transitions("joint_spring", None, 14, seed=5)
+    for q, v, u, nv in data:
+        forward.observe(q, v, u, nv)
+    assert not forward.action_only and forward.in_use
+    q, v = data[0][0], data[0][1]
+    controls = np.random.default_rng(1).uniform(-1, 1, (3, 4, 6))
+    paths = forward.rollout(np.concatenate([q, v]), controls)
+    step = mujoco.MjData(forward.model)
+    for k in range(3):
+        step.qpos[:], step.qvel[:] = q, v
+        for t in range(4):
+            force = forward.residual(step.qpos[None].copy(), step.qvel[None].copy(), controls[k : k + 1, t])[0]
+            assert np.abs(force).max() > 1e-6  # the residual is on
+            step.ctrl[:], step.qfrc_applied[:] = controls[k, t], force
+            mujoco.mj_step(forward.model, step)
+            np.testing.assert_allclose(paths[k, t], np.concatenate([step.qpos, step.qvel]), atol=1e-8)
 
 
 def test_a_registered_learner_as_the_residual_learns_online_and_names_itself() -> None:

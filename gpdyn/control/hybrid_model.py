@@ -18,7 +18,9 @@ control steps), ``space="force"`` (the default):
     tau = GP(u)                                               # a generalized force of the action alone
     (qpos', qvel') = mj_step_nominal(s, u, qfrc_applied=tau)  # applied inside MuJoCo's step: contacts answer it
 
-so a whole K x H plan needs one GP prediction and one ``mujoco.rollout`` call. Its
+so a whole K x H plan needs one GP prediction and one ``mujoco.rollout`` call. A registered learner over all
+inputs (``learner="wiski"``, ...) makes the force a function of the state too, ``tau = GP(x)`` with ``x`` as
+below: it is then predicted step by step from each planning step's own state, still applied inside the step. Its
 targets (``force_target="contact"``) are the forces that, applied through the nominal
 plant's own steps, reproduce each observed ``qvel_{t+stride}``, contacts included
 (:meth:`HybridForward.contact_force`); ``"inertia"`` takes ``M(q_t) (qvel_{t+stride} -
@@ -85,9 +87,9 @@ class ResidualConfig:
     # (held-out residual error unchanged on the weak hip, tests/test_walk_learned_model.py)
     kernel: str = "linear"
     # the residual's learner: "residual" (gpdyn's ResidualGP with ``kernel`` above) or any registered online learner
-    # ("wiski", "svdgp", "ssgp", ...) at ``learner_preset`` with ``learner_options``, over all 23 inputs in the
-    # velocity space: a change that depends on the state (a joint spring) is within its reach, where the force
-    # space's residual is linear in the action alone. It observes every transition and takes ``learner_steps``
+    # ("wiski", "svdgp", "ssgp", ...) at ``learner_preset`` with ``learner_options``, over all 23 inputs, as a
+    # velocity change or a force: a change that depends on the state (a joint spring) is within its reach, where
+    # the ResidualGP's force is linear in the action alone. It observes every transition and takes ``learner_steps``
     # optimiser steps on it (0: its hyperparameters stay those of its start on the warm-up transitions, and an
     # observe is the exact posterior update: WISKI's constant-time caches, kept current by Woodbury updates,
     # WISKI_INCREMENTAL_ROWS rows between full refreshes)
@@ -107,7 +109,8 @@ class ResidualConfig:
     linear_inputs: str = "action"
     # "velocity": the GP predicts the velocity change added after each planning step; "force": it predicts a
     # generalized force (the velocity residual times the nominal mass matrix, per second) that MuJoCo applies
-    # inside every step (``qfrc_applied``), so that contacts and inertia answer it; needs the action-only linear kernel
+    # inside every step (``qfrc_applied``), so that contacts and inertia answer it; with learner "residual" it
+    # needs the action-only linear kernel
     space: str = "force"
     target: str = "plant"  # "plant": residual against the nominal plant simulated at its own step; "planning": against the planning model
     # force space: how a transition's velocity residual becomes its force target. "contact": the force that, applied
@@ -133,13 +136,12 @@ class ResidualConfig:
         from gpdyn.config import LEARNER_NAMES, PRESET_NAMES
 
         checks = (("kernel", self.kernel in ("se", "linear")), ("target", self.target in ("plant", "planning")),
-                  ("learner", self.learner in LEARNER_NAMES
-                   and (self.learner == "residual" or self.space == "velocity")),
+                  ("learner", self.learner in LEARNER_NAMES),
                   ("learner_preset", self.learner_preset in PRESET_NAMES), ("learner_steps", self.learner_steps >= 0),
                   ("linear_inputs", self.linear_inputs in ("all", "action")),
-                  ("space", self.space in ("velocity", "force")
-                   and (self.space == "velocity" or (self.kernel == "linear" and self.linear_inputs == "action"
-                                                     and self.target == "plant"))), ("window", self.window >= 4),
+                  ("space", self.space == "velocity" or (self.space == "force" and self.target == "plant" and (
+                      self.learner != "residual" or (self.kernel == "linear" and self.linear_inputs == "action")))),
+                  ("window", self.window >= 4),
                   ("warmup", 2 <= self.warmup <= self.window), ("amplitude", np.isfinite(self.amplitude) and self.amplitude > 0),
                   ("noise", np.isfinite(self.noise) and self.noise > 0),
                   ("lengthscale_factor", np.isfinite(self.lengthscale_factor) and self.lengthscale_factor > 0),
@@ -150,10 +152,9 @@ class ResidualConfig:
                   ("gate_margin", np.isfinite(self.gate_margin) and 0 < self.gate_margin <= 1))
         for name, ok in checks:
             if not ok:
-                extra = (" (the force space needs kernel='linear', linear_inputs='action', target='plant'; "
-                         "use space='velocity' otherwise)" if name == "space" and self.space == "force" else
-                         " (a registered learner other than 'residual' needs space='velocity')"
-                         if name == "learner" and self.space == "force" else "")
+                extra = (" (the force space needs target='plant' and, with learner='residual', kernel='linear' and "
+                         "linear_inputs='action'; use space='velocity' otherwise)" if name == "space" and self.space == "force"
+                         else "")
                 raise InputError(f"residual model: option {name}={getattr(self, name)!r} is out of range{extra}")
 
 
@@ -213,6 +214,13 @@ class HybridForward(PathModel):
         return np.concatenate([qpos[..., 1:], qvel, u], axis=-1)
 
     @property
+    def action_only(self) -> bool:
+        """Whether the residual is a function of the action alone (the linear ResidualGP over the action): then
+        a plan's residuals are predicted for all its K x H steps at once, not step by step from the states."""
+        cfg = self.config
+        return cfg.learner == "residual" and cfg.kernel == "linear" and cfg.linear_inputs == "action"
+
+    @property
     def active(self) -> bool:
         """Whether the residual is built (``warmup`` transitions observed)."""
         return self.learner is not None
@@ -256,10 +264,12 @@ class HybridForward(PathModel):
         # (which ignores it): one start broadcast without a copy, or each sample's repeated over the steps
         starts = np.broadcast_to(state, (k * h, state.shape[-1])) if state.ndim == 1 else np.repeat(state, h, axis=0)
         starts_q, starts_v = split_state(starts, self.nq)
-        if self.config.space == "force":  # a force of the action alone: predicted for all K x H, one rollout call
+        force_spec = mujoco.mjtState.mjSTATE_CTRL.value | mujoco.mjtState.mjSTATE_QFRC_APPLIED.value
+        force_space = self.config.space == "force"
+        if force_space and self.action_only:  # a force of the action alone: predicted for all K x H, one rollout call
             force = self.residual(starts_q, starts_v, actions.reshape(k * h, -1)).reshape(k, h, self.nv)
-            spec = mujoco.mjtState.mjSTATE_CTRL.value | mujoco.mjtState.mjSTATE_QFRC_APPLIED.value
-            return mujoco_rollout(self.model, self.data, self.states, state, np.concatenate([actions, force], -1), spec)
+            return mujoco_rollout(self.model, self.data, self.states, state, np.concatenate([actions, force], -1),
+                                  force_spec)
         # one planning step at a time (the residual enters between steps) through a persistent Rollout without
         # its per-call checks and allocations, so that H one-step calls cost about one whole-horizon call
         # (docs/results/implementation-timings.md)
@@ -273,18 +283,22 @@ class HybridForward(PathModel):
         current = init
         # a residual of the action alone does not depend on the rolled-out states: one batched prediction for all K x H
         ahead = None
-        if self.config.learner == "residual" and self.config.kernel == "linear" and self.config.linear_inputs == "action":
+        if self.action_only:
             ahead = self.residual(starts_q, starts_v, controls.reshape(k * h, -1)).reshape(k, h, self.nv)
         for t in range(h):
-            self._runner.rollout(self._models, [self.data], current, np.ascontiguousarray(controls[:, t : t + 1]),
-                                 skip_checks=True, nstep=1, control_spec=mujoco.mjtState.mjSTATE_CTRL.value,
-                                 state=self._step_out, sensordata=self._no_sensors)
-            nxt = paths[:, t]
-            nxt[:] = self._step_out[:, 0]
             r = ahead[:, t] if ahead is not None else self.residual(current[:, self.states.qpos],
                                                                     current[:, self.states.qvel], controls[:, t])
-            nxt[:, self.states.qvel] += r
-            nxt[:, self.states.qpos] += self.dt * r
+            if force_space:  # the force of this step's state and action, applied inside MuJoCo's step
+                step_controls, spec = np.concatenate([controls[:, t : t + 1], r[:, None]], -1), force_spec
+            else:
+                step_controls, spec = np.ascontiguousarray(controls[:, t : t + 1]), mujoco.mjtState.mjSTATE_CTRL.value
+            self._runner.rollout(self._models, [self.data], current, step_controls, skip_checks=True, nstep=1,
+                                 control_spec=spec, state=self._step_out, sensordata=self._no_sensors)
+            nxt = paths[:, t]
+            nxt[:] = self._step_out[:, 0]
+            if not force_space:  # the velocity change after the nominal step, into the position by the same step
+                nxt[:, self.states.qvel] += r
+                nxt[:, self.states.qpos] += self.dt * r
             current = nxt
         return paths[..., self.states.qpos.start : self.states.qvel.stop]
 
