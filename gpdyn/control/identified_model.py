@@ -67,6 +67,10 @@ class IdentificationConfig:
     fd_step: float = 0.05  # relative step of the finite-difference sensitivities
     min_factor: float = 0.1  # an identified factor 1 + theta is kept in [min_factor, max_factor]: a physical plant
     max_factor: float = 3.0
+    # where the sensitivities J come from: "plant" (finite differences of the plant-resolution step, P + 2 rollouts of
+    # stride * frame_skip substeps each) or "planning" (of one planning-model step under the mean control: P + 1
+    # single steps, about a quarter of the CPU; the prediction and the check stay at the plant's resolution)
+    sensitivity: str = "plant"
     gate_window: int = 100  # the online check, as ResidualConfig's (0: always used after warmup)
     gate_margin: float = 0.9
 
@@ -78,6 +82,7 @@ class IdentificationConfig:
                    ("max_factor", np.isfinite(self.max_factor) and self.max_factor > max(self.min_factor, 1.0)),
                    ("min_factor", self.min_factor < 1.0), ("gate_window", self.gate_window >= 0),
                    ("gate_margin", np.isfinite(self.gate_margin) and 0 < self.gate_margin <= 1),
+                   ("sensitivity", self.sensitivity in ("plant", "planning")),
                    ("friction_geoms", len(set(self.friction_geoms)) == len(self.friction_geoms)),
                    ("bodies", self.bodies or self.actuators or bool(self.friction_geoms))]
         for name, ok in checks:
@@ -158,6 +163,9 @@ class IdentifiedForward(PathModel):
         # plant-resolution models: theta, theta + fd_step along each parameter, and the nominal plant (for the check)
         self._probes = [self.parameters.model(np.zeros(size)) for _ in range(size + 2)]
         self._probe_data = mujoco.MjData(self._probes[0])
+        # planning-resolution models for sensitivity="planning": theta and theta + fd_step along each parameter
+        self._plan_probes = ([self.parameters.model(np.zeros(size), control_dt * stride, integrator)
+                              for _ in range(size + 1)] if self.config.sensitivity == "planning" else [])
         self.nominal_plan = self.parameters.model(np.zeros(size), control_dt * stride, integrator)
         self.identified_plan = self.parameters.model(np.zeros(size), control_dt * stride, integrator)
         self._plan_data = mujoco.MjData(self.nominal_plan)
@@ -210,15 +218,28 @@ class IdentifiedForward(PathModel):
         if not all(np.isfinite(a).all() for a in (qpos, qvel, controls, next_qvel)):
             raise InputError("identified model: observe got a non-finite state or control")
         theta, size, step = self._clipped(), self.parameters.size, self.config.fd_step
-        for i, model in enumerate(self._probes[: size + 1]):  # theta, then theta + step e_i
-            self.parameters.apply(model, theta + step * (np.arange(size) == i - 1))
-        n = size + 2
-        init = self.states.initial(qpos, qvel, rows=n)
-        per_substep = np.repeat(np.repeat(controls[None], self.frame_skip, axis=1), n, 0)
-        out, _ = mj_rollout.rollout(self._probes, self._probe_data, init, per_substep)
-        reached = out[:, -1, self.states.qvel]  # [P + 2, nv]
+        per_substep = np.repeat(controls[None], self.frame_skip, axis=1)  # [1, stride * frame_skip, nu]
+        if self.config.sensitivity == "plant":  # theta, theta + step e_i, nominal: P + 2 plant-resolution rollouts
+            probes = self._probes
+            for i, model in enumerate(probes[: size + 1]):
+                self.parameters.apply(model, theta + step * (np.arange(size) == i - 1))
+        else:  # theta and the nominal plant at the plant's resolution; the sensitivities from the planning model
+            probes = [self._probes[0], self._probes[-1]]
+            self.parameters.apply(probes[0], theta)
+        out, _ = mj_rollout.rollout(probes, self._probe_data, self.states.initial(qpos, qvel, rows=len(probes)),
+                                    np.repeat(per_substep, len(probes), 0))
+        reached = out[:, -1, self.states.qvel]  # [len(probes), nv]
         predicted, nominal = reached[0], reached[-1]
-        jac = (reached[1:-1] - predicted).T / step  # [nv, P]
+        if self.config.sensitivity == "plant":
+            jac = (reached[1:-1] - predicted).T / step  # [nv, P]
+        else:
+            for i, model in enumerate(self._plan_probes):
+                self.parameters.apply(model, theta + step * (np.arange(size) == i - 1))
+            coarse, _ = mj_rollout.rollout(self._plan_probes, self._plan_data,
+                                           self.states.initial(qpos, qvel, rows=size + 1),
+                                           np.repeat(controls.mean(0)[None, None], size + 1, 0))
+            coarse_v = coarse[:, -1, self.states.qvel]
+            jac = (coarse_v[1:] - coarse_v[0]).T / step  # [nv, P]
         if self.active and self.config.gate_window:  # predicted with the estimate from before this transition
             self.check.add(predicted, nominal, next_qvel)
         y = next_qvel - predicted + jac @ theta
