@@ -83,6 +83,19 @@ def test_identifies_each_plant_change_and_leaves_the_rest_near_nominal(change: s
     assert forward.in_use
 
 
+@pytest.mark.slow
+def test_planning_model_sensitivities_find_the_changed_parameter_with_a_bias() -> None:
+    """sensitivity="planning": the Jacobian of one coarse planning step (16 ms, implicit) instead of the plant's
+    (RK4 at 2 ms) finds the weakened gear and the heavier torso as the plant's does, and moves the halved foot
+    friction the right way but not all of it (the coarse step's contacts differ)."""
+    for change, factor, parameter, tolerance in (("weak_motor", 0.3, "gear:thigh_joint", 0.06),
+                                                 ("torso_mass", 1.3, "mass:torso", 0.06),
+                                                 ("foot_friction", 0.5, "friction:foot_geom", 0.25)):
+        factors = _learn(change, factor, 80, sensitivity="planning").factors()
+        assert factors[parameter] == pytest.approx(factor, abs=tolerance), (change, factors[parameter])
+        assert abs(factors[parameter] - 1) > 0.25  # it moved away from the nominal value
+
+
 def test_nominal_plant_is_identified_as_nominal_and_the_check_switches_off_what_does_not_help() -> None:
     forward = _learn("none", None, 60)
     assert max(abs(f - 1) for f in forward.factors().values()) < 0.03
@@ -112,6 +125,7 @@ def test_window_forgets_old_transitions() -> None:
 @pytest.mark.parametrize("bad", [{"prior_std": 0.0}, {"noise_std": float("nan")}, {"window": 0}, {"warmup": 0},
                                  {"fd_step": -1.0}, {"min_factor": 1.5}, {"max_factor": 0.9}, {"gate_margin": 1.5},
                                  {"gate_window": -1}, {"friction_geoms": ["foot_geom", "foot_geom"]},
+                                 {"sensitivity": "analytic"},
                                  {"bodies": False, "actuators": False}])
 def test_impossible_options_are_refused_naming_the_option(bad: dict[str, object]) -> None:
     with pytest.raises(InputError, match="identification: option " + next(iter(bad))
