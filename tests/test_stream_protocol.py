@@ -288,6 +288,33 @@ def test_a_learner_with_a_prior_mean_learns_the_residual_and_adds_the_prior_back
     assert twin.base is not base and twin.prior is prior
 
 
+def test_a_prior_mean_wrapper_keeps_the_base_learners_step_rule_and_computes_the_prior_once_per_batch() -> None:
+    """An online updater observes a row and steps on it (WISKI eq. (18), the ``step_on_observed`` trait): the
+    wrapper passes that trait on and evaluates its prior, an arm's inverse dynamics, once for the two calls."""
+    from gpdyn.gp import make_learner
+    from gpdyn.gp.prior_mean import WithPriorMean
+    from gpdyn.gp.training import OnlineUpdater
+    from gpdyn.gp.wiski import for_control
+
+    calls = []
+
+    def prior(z):
+        calls.append(z.shape[0])
+        return 2.0 * z[:, :1]
+
+    x = torch.linspace(-1, 1, 30, dtype=torch.float64)[:, None]
+    wiski = WithPriorMean(make_learner("wiski", 1, 1, preset="small", dtype=torch.float64, seed=0), prior)
+    assert wiski.can("step_on_observed") and not WithPriorMean(make_learner("svdgp", 1, 1, preset="small"), prior).can(
+        "step_on_observed")
+    wiski.observe(x[:20], 2 * x[:20] + torch.sin(x[:20]))
+    for_control(wiski)
+    assert wiski.base.incremental_rows > 0  # the wrapped WISKI is readied for a controller too
+    update = OnlineUpdater(wiski)
+    calls.clear()
+    update(x[20:21], 2 * x[20:21] + torch.sin(x[20:21]))
+    assert calls == [1]  # observe and step on the same row: one prior evaluation
+
+
 class FailsAfter(RowSpy):
     """The running-mean learner whose predictions of output 1 turn NaN from ``row`` on: what a
     factorisation that failed on a GPU hands on (gpdyn.gp.base.cholesky)."""

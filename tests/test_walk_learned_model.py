@@ -244,6 +244,7 @@ def test_a_registered_learner_as_the_residual_learns_online_and_names_itself() -
     transition (no optimiser steps by default); it predicts the held-out transitions of a knee spring, which no
     residual linear in the action can express, better than the zero residual."""
     from gpdyn.control.hybrid_model import HybridSamplingController
+    from gpdyn.gp.wiski import CONTROL_INCREMENTAL_ROWS
 
     config = ResidualConfig(learner="wiski", warmup=20, space="velocity", gate_window=0)
     controller = HybridSamplingController(WalkingCost(), DT, nominal_model(), learned=config)
@@ -251,7 +252,7 @@ def test_a_registered_learner_as_the_residual_learns_online_and_names_itself() -
     data = _transitions("joint_spring", None, 80, seed=4)
     for q, v, u, nv in data[:60]:
         forward.observe(q, v, u, nv)
-    assert type(forward.learner).name == "wiski" and forward.learner.incremental_rows == 2000
+    assert type(forward.learner).name == "wiski" and forward.learner.incremental_rows == CONTROL_INCREMENTAL_ROWS
     q, v, u, nv = (np.stack(a) for a in zip(*data[60:], strict=True))
     r = forward.target(q, v, u, nv)
     assert ((r - forward.residual(q, v, u.mean(1))) ** 2).sum() < 0.9 * (r**2).sum()

@@ -62,15 +62,11 @@ def seed_list(text: str) -> list[int]:
 def parse_changes(text: str) -> list[str]:
     """``"weak_motor:0.3,weak_motor:0.1,torso_mass"`` -> its entries, each change with its own factor (a bare
     name: the change's default factor); InputError on a malformed item."""
-    names = []
-    for item in (s.strip() for s in text.split(",") if s.strip()):
-        name, _, factor = item.partition(":")
-        if factor:
-            try:
-                float(factor)
-            except ValueError:
-                raise InputError(f"--changes: factor of {name!r} must be a number, got {factor!r}") from None
-        names.append(item)
+    from gpdyn.experiments.walk_learned_model import split_change
+
+    names = [item for item in (s.strip() for s in text.split(",")) if item]
+    for item in names:
+        split_change(item, "--changes")
     if not names:
         raise InputError("--changes: name at least one plant change (or none)")
     return names

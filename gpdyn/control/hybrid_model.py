@@ -69,11 +69,10 @@ from gpdyn.control.spline_sampling import (INTEGRATORS, PathCost, SamplerConfig,
                                            mujoco_rollout, split_state)
 from gpdyn.errors import InputError
 from gpdyn.gp import make_learner
+from gpdyn.gp.wiski import for_control
 from gpdyn.sim.rollout_states import RolloutStates
 
 
-#: a WISKI residual's ``incremental_rows`` unless ``learner_options`` sets it: Woodbury updates between full refreshes
-WISKI_INCREMENTAL_ROWS = 2000
 #: the force perturbation (N m or N per generalized coordinate) of :meth:`HybridForward.contact_force`'s Jacobian
 FORCE_STEP = 1.0
 
@@ -92,7 +91,7 @@ class ResidualConfig:
     # the ResidualGP's force is linear in the action alone. It observes every transition and takes ``learner_steps``
     # optimiser steps on it (0: its hyperparameters stay those of its start on the warm-up transitions, and an
     # observe is the exact posterior update: WISKI's constant-time caches, kept current by Woodbury updates,
-    # WISKI_INCREMENTAL_ROWS rows between full refreshes)
+    # gpdyn.gp.wiski.for_control)
     learner: str = "residual"
     learner_preset: str = "small"
     learner_options: dict[str, bool | int | float | str] = field(default_factory=dict)
@@ -442,11 +441,9 @@ class HybridForward(PathModel):
         self.r_scale = r.std(0) + 1e-3
         d, p = x.shape[1], r.shape[1]
         if cfg.learner != "residual":
-            options = dict(cfg.learner_options)
-            if cfg.learner == "wiski":  # it predicts after every transition: rank-q posterior updates, not full solves
-                options.setdefault("incremental_rows", WISKI_INCREMENTAL_ROWS)
             self.learner = make_learner(cfg.learner, d, p, preset=cfg.learner_preset, dtype=torch.float64, seed=self.seed,
-                                        **options)
+                                        **cfg.learner_options)
+            for_control(self.learner)  # it predicts after every transition
         elif cfg.kernel == "se":
             self.learner = make_learner(
                 "residual", d, p, prior=None, reference_x=torch.as_tensor((x - self.x_mean) / self.x_scale),

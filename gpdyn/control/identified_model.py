@@ -160,12 +160,14 @@ class IdentifiedForward(PathModel):
         self.nq, self.nv, self.nu = model.nq, model.nv, model.nu
         size = self.parameters.size
         self.theta = np.zeros(size)  # the posterior mean of the relative changes
-        # plant-resolution models: theta, theta + fd_step along each parameter, and the nominal plant (for the check)
-        self._probes = [self.parameters.model(np.zeros(size)) for _ in range(size + 2)]
+        # the models each observe rolls at the plant's resolution: theta, theta + fd_step along each parameter (for
+        # sensitivity="plant"), and the nominal plant (for the check); and for sensitivity="planning" theta and its
+        # perturbations at the planning model's resolution
+        plant_sensitivity = self.config.sensitivity == "plant"
+        self._probes = [self.parameters.model(np.zeros(size)) for _ in range(size + 2 if plant_sensitivity else 2)]
         self._probe_data = mujoco.MjData(self._probes[0])
-        # planning-resolution models for sensitivity="planning": theta and theta + fd_step along each parameter
-        self._plan_probes = ([self.parameters.model(np.zeros(size), control_dt * stride, integrator)
-                              for _ in range(size + 1)] if self.config.sensitivity == "planning" else [])
+        self._plan_probes = ([] if plant_sensitivity else
+                             [self.parameters.model(np.zeros(size), control_dt * stride, integrator) for _ in range(size + 1)])
         self.nominal_plan = self.parameters.model(np.zeros(size), control_dt * stride, integrator)
         self.identified_plan = self.parameters.model(np.zeros(size), control_dt * stride, integrator)
         self._plan_data = mujoco.MjData(self.nominal_plan)
@@ -217,29 +219,21 @@ class IdentifiedForward(PathModel):
                              f"{next_qvel.size}, expected {self.nq}, {self.nv}, ({self.stride}, {self.nu}), {self.nv}")
         if not all(np.isfinite(a).all() for a in (qpos, qvel, controls, next_qvel)):
             raise InputError("identified model: observe got a non-finite state or control")
-        theta, size, step = self._clipped(), self.parameters.size, self.config.fd_step
-        per_substep = np.repeat(controls[None], self.frame_skip, axis=1)  # [1, stride * frame_skip, nu]
-        if self.config.sensitivity == "plant":  # theta, theta + step e_i, nominal: P + 2 plant-resolution rollouts
-            probes = self._probes
-            for i, model in enumerate(probes[: size + 1]):
-                self.parameters.apply(model, theta + step * (np.arange(size) == i - 1))
-        else:  # theta and the nominal plant at the plant's resolution; the sensitivities from the planning model
-            probes = [self._probes[0], self._probes[-1]]
-            self.parameters.apply(probes[0], theta)
-        out, _ = mj_rollout.rollout(probes, self._probe_data, self.states.initial(qpos, qvel, rows=len(probes)),
-                                    np.repeat(per_substep, len(probes), 0))
-        reached = out[:, -1, self.states.qvel]  # [len(probes), nv]
+        theta = self._clipped()
+        self._perturb(self._probes[:-1], theta)  # the last probe stays the nominal plant
+        probes = len(self._probes)
+        per_substep = np.repeat(np.repeat(controls[None], self.frame_skip, axis=1), probes, 0)
+        out, _ = mj_rollout.rollout(self._probes, self._probe_data, self.states.initial(qpos, qvel, rows=probes),
+                                    per_substep)
+        reached = out[:, -1, self.states.qvel]  # [probes, nv]: theta, (theta + step e_i,) nominal
         predicted, nominal = reached[0], reached[-1]
-        if self.config.sensitivity == "plant":
-            jac = (reached[1:-1] - predicted).T / step  # [nv, P]
-        else:
-            for i, model in enumerate(self._plan_probes):
-                self.parameters.apply(model, theta + step * (np.arange(size) == i - 1))
-            coarse, _ = mj_rollout.rollout(self._plan_probes, self._plan_data,
-                                           self.states.initial(qpos, qvel, rows=size + 1),
-                                           np.repeat(controls.mean(0)[None, None], size + 1, 0))
-            coarse_v = coarse[:, -1, self.states.qvel]
-            jac = (coarse_v[1:] - coarse_v[0]).T / step  # [nv, P]
+        if self._plan_probes:  # one planning-model step of theta and of each perturbation, under the mean control
+            self._perturb(self._plan_probes, theta)
+            n = len(self._plan_probes)
+            out, _ = mj_rollout.rollout(self._plan_probes, self._plan_data, self.states.initial(qpos, qvel, rows=n),
+                                        np.repeat(controls.mean(0)[None, None], n, 0))
+            reached = out[:, -1, self.states.qvel]
+        jac = (reached[1 : self.parameters.size + 1] - reached[0]).T / self.config.fd_step  # [nv, P]
         if self.active and self.config.gate_window:  # predicted with the estimate from before this transition
             self.check.add(predicted, nominal, next_qvel)
         y = next_qvel - predicted + jac @ theta
@@ -252,10 +246,16 @@ class IdentifiedForward(PathModel):
             old_gram, old_moment = self._window.popleft()
             self._gram -= old_gram
             self._moment -= old_moment
-        precision = self._gram + np.eye(size) / self.config.prior_std**2  # of the posterior over theta
+        precision = self._gram + np.eye(self.parameters.size) / self.config.prior_std**2  # of the posterior over theta
         self.theta = np.linalg.solve(precision, self._moment)
         self.observed += 1
         self.parameters.apply(self.identified_plan, self._clipped())
+
+    def _perturb(self, models: list[mujoco.MjModel], theta: np.ndarray) -> None:
+        """``models[0]`` to ``theta``, ``models[i]`` to ``theta + fd_step e_i`` (as many as are given)."""
+        step, size = self.config.fd_step, self.parameters.size
+        for i, model in enumerate(models):
+            self.parameters.apply(model, theta + step * (np.arange(size) == i - 1))
 
     def snapshot(self) -> IdentifiedForward:
         """A frozen copy for planning: the estimate and planning models as now (it shares the probe models)."""

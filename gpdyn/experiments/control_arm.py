@@ -54,6 +54,7 @@ from gpdyn.gp import make_learner
 from gpdyn.gp.residual import ResidualGP
 from gpdyn.gp.rigid_body import RigidBodyGP
 from gpdyn.gp.training import OnlineUpdater, pretrain_learner
+from gpdyn.gp.wiski import for_control
 from gpdyn.robots.arm import ArmModel, pd_gains, without_contacts
 from gpdyn.robots.regressor import InertialRegressor
 from gpdyn.experiments.arm_config import ARM_CONTROLLERS, ArmRunConfig
@@ -64,8 +65,6 @@ from gpdyn.sim.loop import Episode
 log = logging.getLogger(__name__)
 
 FEEDFORWARD = {"pd": "none", "true": "true", "frozen": "learned", "online": "learned"}
-# rows a WISKI learner updated online takes by the Woodbury identity between full refreshes of its posterior
-INCREMENTAL_ROWS = 1000
 PROBLEM = "arm"  # the inverse-dynamics problem of any arm store, [q, qd, qdd] -> tau
 
 
@@ -187,9 +186,8 @@ def _controller(name: str, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.nda
     if name == "frozen":
         return ComputedTorqueController(name, "learned", gains, cfg.dt, model=frozen)
     learner = copy.deepcopy(frozen.learner)  # the frozen controller keeps the pretrained one
-    if cfg.adaptation.adapt == "rigid-body" and cfg.adaptation.gp_online and learner.config.get("incremental_rows") == 0:
-        # WISKI predicts after every transition here: its posterior follows by rank-one updates, not full solves
-        learner.incremental_rows = learner.config["incremental_rows"] = INCREMENTAL_ROWS
+    if cfg.adaptation.adapt == "rigid-body" and cfg.adaptation.gp_online:
+        for_control(learner)  # it predicts after every transition: WISKI by rank-one updates, not full solves
     if cfg.adaptation.adapt == "rigid-body":
         stats = tuple(getattr(frozen.normalizer, k) for k in ("x_mean", "x_std", "y_mean", "y_std"))
         # the regressor's inverse dynamics, like the data's, leaves contacts out

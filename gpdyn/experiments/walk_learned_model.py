@@ -56,6 +56,18 @@ MODELS = ("parameters", "residual")
 NOMINAL = "none"  # the plant unchanged
 
 
+def split_change(entry: str, where: str = "walk_learned_model") -> tuple[str, float | None]:
+    """``"weak_motor:0.1"`` -> ``("weak_motor", 0.1)``, a bare name -> ``(name, None)``; InputError (prefixed by
+    ``where``) on a factor that is no number."""
+    name, _, factor = entry.partition(":")
+    if not factor:
+        return name, None
+    try:
+        return name, float(factor)
+    except ValueError:
+        raise InputError(f"{where}: factor of {name!r} must be a number, got {factor!r}") from None
+
+
 @dataclass
 class WalkLearnedConfig:
     """What :func:`run` runs (see the module docs)."""
@@ -77,13 +89,8 @@ class WalkLearnedConfig:
     def change_factor(self, change: str) -> tuple[str, float | None]:
         """The plant change's name and factor of an entry of ``changes``: ``"weak_motor:0.1"`` names its own,
         a bare name takes ``factors``' (None: the change's default)."""
-        name, _, factor = change.partition(":")
-        if not factor:
-            return name, self.factors.get(name)
-        try:
-            return name, float(factor)
-        except ValueError:
-            raise InputError(f"walk_learned_model: the factor of change {change!r} must be a number") from None
+        name, factor = split_change(change)
+        return name, self.factors.get(name) if factor is None else factor
 
     @property
     def learned(self) -> ResidualConfig | IdentificationConfig:
@@ -434,5 +441,5 @@ def combine(paths: list[str | Path]) -> str:
     return tables(summary(records, n), records, n)
 
 
-__all__ = ["CONTROLLERS", "MODELS", "NOMINAL", "Diagnostics", "WalkLearnedConfig", "combine", "episode", "nominal_model", "paired",
+__all__ = ["CONTROLLERS", "MODELS", "NOMINAL", "Diagnostics", "WalkLearnedConfig", "combine", "episode", "nominal_model", "paired", "split_change",
            "plant", "recovery", "run", "summary", "tables"]

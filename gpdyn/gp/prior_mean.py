@@ -16,6 +16,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from gpdyn.gp.base import Learner
@@ -30,13 +31,26 @@ class WithPriorMean(Learner):
         super().__init__(base.input_dim, base.output_dim, device=base.device, dtype=base.dtype, seed=base.seed)
         self.base, self.prior, self.prior_name = base, prior, prior_name
         self.initialized = base.initialized
+        self._last: tuple[Tensor, Tensor] | None = None  # the last batch and its prior: observe then step on it
+
+    def can(self, capability: str) -> bool:  # type: ignore[override]
+        """The base learner's ``step_on_observed`` passes through (an online updater must then step on the batch
+        just observed, WISKI eq. (18)); the wrapper has no other capability of its own."""
+        return super().can(capability) or (capability == "step_on_observed" and self.base.can(capability))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> WithPriorMean:
         # the prior is a fixed function (it may hold MuJoCo's model and scratch data): shared, not copied
         return WithPriorMean(copy.deepcopy(self.base, memo), self.prior, self.prior_name)
 
     def _prior(self, x: Tensor) -> Tensor:
-        return self.prior(x).to(device=x.device, dtype=x.dtype)
+        # an online updater observes a batch and then steps on the same rows: the prior (MuJoCo's inverse dynamics
+        # for an arm, on the CPU) is computed once for them
+        last = self._last
+        if last is not None and last[0].shape == x.shape and torch.equal(last[0], x):
+            return last[1]
+        prior = self.prior(x).to(device=x.device, dtype=x.dtype)
+        self._last = (x.detach().clone(), prior)
+        return prior
 
     def observe(self, x: Tensor, y: Tensor) -> None:
         self.base.observe(x, y - self._prior(x))

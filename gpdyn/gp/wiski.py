@@ -1226,3 +1226,18 @@ class WISKI(Learner):
 
     def _after_load(self) -> None:
         self._stale = True
+
+
+#: rows a WISKI learner that predicts after every transition takes by the Woodbury identity between full
+#: refreshes of its posterior (:func:`for_control`)
+CONTROL_INCREMENTAL_ROWS = 1000
+
+
+def for_control(learner: Learner) -> None:
+    """Ready ``learner`` for a controller, which predicts after every transition: a WISKI (or a wrapper's
+    ``base`` WISKI, :class:`gpdyn.gp.prior_mean.WithPriorMean`) that has no ``incremental_rows`` of its own then
+    keeps its posterior current by rank-q Woodbury updates, :data:`CONTROL_INCREMENTAL_ROWS` rows between full
+    refreshes, instead of a full ``O(P M^3)`` solve at every prediction. Other learners are left as they are."""
+    inner = getattr(learner, "base", learner)
+    if isinstance(inner, WISKI) and inner.incremental_rows == 0:
+        inner.incremental_rows = inner.config["incremental_rows"] = CONTROL_INCREMENTAL_ROWS
