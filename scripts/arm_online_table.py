@@ -34,7 +34,7 @@ MODELS = {
     "filter+svdgp": {"learner": "svdgp", "gp_online": True},
 }
 CHANGES = {"payload": {"change": "payload"}, "joint-friction": {"change": "joint-friction"},
-           "motor-gain": {"change": "motor-gain"}}
+           "motor-gain": {"change": "motor-gain"}, "joint-spring": {"change": "joint-spring"}}
 
 
 def seeds(text: str) -> list[int]:

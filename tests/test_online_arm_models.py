@@ -132,15 +132,39 @@ def test_joint_friction_and_motor_gain_change_the_plant_by_what_they_say() -> No
 @pytest.mark.parametrize("change", CHANGES)
 def test_each_arm_change_is_applied_and_named(change: str) -> None:
     env = _env()
-    before = (env.model.body_mass.copy(), env.model.dof_frictionloss.copy(), env.model.actuator_gear.copy())
+    before = (env.model.body_mass.copy(), env.model.dof_frictionloss.copy(), env.model.actuator_gear.copy(),
+              env.model.jnt_stiffness.copy())
     text = apply_change(ArmRunConfig.of(change=change), env)
-    after = (env.model.body_mass, env.model.dof_frictionloss, env.model.actuator_gear)
+    after = (env.model.body_mass, env.model.dof_frictionloss, env.model.actuator_gear, env.model.jnt_stiffness)
     changed = [not np.array_equal(a, b) for a, b in zip(before, after)]
-    assert changed == [change == "payload", change == "joint-friction", change == "motor-gain"] and text
+    assert changed == [change == "payload", change == "joint-friction", change == "motor-gain",
+                       change == "joint-spring"] and text
+
+
+def test_joint_spring_pulls_each_joint_back_to_where_it_was_by_its_stiffness() -> None:
+    """The spring is a passive torque -k (q - rest) on each arm joint, which the rigid-body regressor's
+    inverse dynamics (inertia, armature, damping, friction) lacks; bad stiffness or rest is refused."""
+    import mujoco
+
+    env = _env()
+    n = env.arm.n
+    rest = env.data.qpos[:n].copy()
+    k = np.arange(1, n + 1, dtype=float)
+    env.add_joint_spring(k, rest)
+    env.data.qpos[:n] = rest + 0.1
+    env.data.qvel[:] = 0
+    mujoco.mj_forward(env.model, env.data)
+    spring = np.zeros(env.model.nv)
+    mujoco.mj_passive(env.model, env.data)
+    spring[:] = env.data.qfrc_spring if hasattr(env.data, "qfrc_spring") else env.data.qfrc_passive
+    np.testing.assert_allclose(spring[env.model.jnt_dofadr[:n]], -0.1 * k, rtol=1e-9, atol=1e-9)
+    for bad in ((np.full(n, -1.0), rest), (k, np.full(n, np.nan)), (np.zeros(n - 1), rest)):
+        with pytest.raises(InputError, match="spring"):
+            env.add_joint_spring(*bad)
 
 
 @pytest.mark.parametrize("field, value", [("change", "gravity"), ("joint_friction", -0.1), ("motor_gain", 0.0),
-                                          ("motor_gain", float("nan")), ("gp_steps", -1)])
+                                          ("motor_gain", float("nan")), ("joint_spring", 0.0), ("gp_steps", -1)])
 def test_bad_change_settings_are_refused_by_name(field: str, value) -> None:
     with pytest.raises(InputError, match=f"control kuka: {field} "):
         ArmRunConfig.of(**{field: value}).validate()

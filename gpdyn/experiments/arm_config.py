@@ -24,8 +24,9 @@ if TYPE_CHECKING:
     from gpdyn.robots.arm import ArmModel
 
 ARM_CONTROLLERS = ("pd", "true", "frozen", "online")
-# plant changes at change_at: a load at the payload body, added joint friction, weaker (or stronger) motors
-CHANGES = ("payload", "joint-friction", "motor-gain")
+# plant changes at change_at: a load at the payload body, added joint friction, weaker (or stronger) motors, and a
+# torsion spring at every joint (a torque of the joint's position: outside the rigid-body regressor's class)
+CHANGES = ("payload", "joint-friction", "motor-gain", "joint-spring")
 # online model: "rigid-body" (RigidBodyGP: rigid-body features and the frozen model as a basis function,
 # Kalman updates), "residual" (ResidualGP, an exact GP on the frozen model's residuals) or "steps"
 # (the learner's own optimiser steps)
@@ -97,6 +98,10 @@ class ArmPlantSettings:
                                          "torque limit and viscous friction of the same fraction per rad/s")
     motor_gain: float = setting(0.7, low=0, open_low=True, metavar="FACTOR",
                                 help="--change motor-gain: the actuators' strength factor")
+    joint_spring: float = setting(0.1, low=0, open_low=True, metavar="FRACTION",
+                                  help="--change joint-spring: a torsion spring at each joint, its stiffness this "
+                                       "fraction of the joint's torque limit per rad, at rest where the arm is at "
+                                       "the change")
 
 
 @dataclass

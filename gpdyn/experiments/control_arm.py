@@ -214,6 +214,10 @@ def apply_change(cfg: ArmRunConfig, env: Any) -> str | None:
         limit = np.abs(env.arm.limits.torque).max(axis=1)  # [n] N m
         env.add_joint_friction(cfg.plant.joint_friction * limit, cfg.plant.joint_friction * limit)
         return f"joint friction +{cfg.plant.joint_friction:g} of the torque limits"
+    if cfg.plant.change == "joint-spring":
+        limit = np.abs(env.arm.limits.torque).max(axis=1)  # [n] N m
+        env.add_joint_spring(cfg.plant.joint_spring * limit, env.data.qpos[env.model.jnt_qposadr[: env.arm.n]])
+        return f"joint spring {cfg.plant.joint_spring:g} of the torque limits per rad"
     env.scale_motor_gain(cfg.plant.motor_gain)
     return f"motor gain x{cfg.plant.motor_gain:g}"
 

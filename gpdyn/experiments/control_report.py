@@ -489,6 +489,9 @@ def arm_change_text(config: dict[str, Any]) -> str:
         friction = config.get("joint_friction", 0.05)
         return (f"joint friction added at step {at}: dry {friction:g} of each joint's torque "
                 f"limit, viscous {friction:g} of it per rad/s")
+    if change == "joint-spring":
+        return (f"joint spring added at step {at}: {config.get('joint_spring', 0.1):g} of each joint's torque limit "
+                f"per rad, at rest where the arm was")
     return f"motor gain x{config.get('motor_gain', 0.7):g} from step {at}"
 
 
@@ -570,7 +573,8 @@ ARM_SETTINGS: dict[str, tuple[tuple[Any, str], Any]] = {
     "robot": (_NAME, REQUIRED), "model": (_NAME_OR_NONE, None), "learner": (_NAME, REQUIRED),
     "from_run": (_NAME_OR_NONE, None), "scale": (_NAME, "?"), "steps": (_POSITIVE_INT, REQUIRED),
     "change_at": (_COUNT, REQUIRED), "change": (_NAME, "payload"), "payload": (_NUMBER, REQUIRED),
-    "joint_friction": (_NUMBER, 0.05), "motor_gain": (_NUMBER, 0.7), "family": (_NAME, "?"),
+    "joint_friction": (_NUMBER, 0.05), "motor_gain": (_NUMBER, 0.7),
+    "joint_spring": (_NUMBER, 0.1), "family": (_NAME, "?"),
     "speed": (_NUMBER, REQUIRED), "rate_hz": (_POSITIVE, 100.0), "omega": (_NUMBER, REQUIRED),
     "adapt": (_NAME, "?"), "window": (_COUNT, 400), "updates": (_COUNT, 1), "online_batch": (_COUNT, 64),
     "controllers": (_NAMES, REQUIRED),

@@ -106,6 +106,21 @@ class ArmEnv(MujocoEnv):
         self.model.dof_frictionloss[dofs] += coulomb
         self.model.dof_damping[dofs] += viscous
 
+    def add_joint_spring(self, stiffness: Sequence[float], rest: Sequence[float]) -> None:
+        """Add a torsion spring to each arm joint, ``-stiffness (q - rest)`` (N m/rad, rad); effective from the next
+        step (a plant change: a cable harness, a spring balancer). MuJoCo's joint ``stiffness`` and ``springref``:
+        a passive torque of the joint's position, which the rigid-body regressor (inertia, armature, damping,
+        friction) has no column for."""
+        stiffness, rest = (np.asarray(a, dtype=np.float64) for a in (stiffness, rest))
+        n = self.arm.n
+        if stiffness.shape != (n,) or rest.shape != (n,) or not (np.isfinite(stiffness).all() and np.isfinite(rest).all()):
+            raise InputError(f"{self.arm.path.name}: a joint spring needs two finite [{n}] vectors, "
+                             f"got {stiffness.shape}, {rest.shape}")
+        if (stiffness < 0).any():
+            raise InputError(f"{self.arm.path.name}: added joint spring stiffness must be >= 0, got {stiffness}")
+        self.model.jnt_stiffness[:n] += stiffness
+        self.model.qpos_spring[self.model.jnt_qposadr[:n]] = rest
+
     def scale_motor_gain(self, gain: float) -> None:
         """Scale the strength of every arm actuator (its gear: force = gain x command); effective from the next
         step (a plant change: a weaker motor or amplifier)."""
