@@ -16,7 +16,6 @@ from gpdyn.experiments.arm_config import CHANGES, ArmRunConfig
 from gpdyn.experiments.control_arm import apply_change, run_arm
 from gpdyn.gp import make_learner
 from gpdyn.gp.base import LearnerError
-from gpdyn.robots.arm import inverse_dynamics
 from gpdyn.sim.arm_env import ArmEnv
 from gpdyn.robots.kuka import kuka_arm
 from gpdyn.robots.regressor import InertialRegressor
