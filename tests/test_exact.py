@@ -159,3 +159,43 @@ def test_predict_mean_shares_one_kernel_across_outputs_while_their_hyperparamete
     assert gp._features is None  # new hyperparameters drop the features
     torch.testing.assert_close(gp.predict_mean(xt), gp.predict(xt)[0], rtol=1e-12, atol=1e-12)
     assert gp._features[0].shape[0] == 2
+
+
+def test_predict_takes_one_factor_for_every_output_while_their_hyperparameters_agree(monkeypatch):
+    """With the same length scales, amplitude and noise for every output, predict solves with one
+    Cholesky factor and one kernel for all outputs: the mean and variance of the dense GP, and of
+    the batched per-output path, to rounding (float64). A noise that differs between outputs
+    (the factors differ) takes the per-output path, and so does a refit."""
+    import gpdyn.gp.exact as exact_module
+
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(30, 3, generator=g, dtype=D64)
+    y = torch.randn(30, 2, generator=g, dtype=D64)
+    xt = torch.randn(4, 5, 3, generator=g, dtype=D64)
+    gp = ExactOnlineGP(3, 2, learn_hyperparameters=False)
+    gp.set_hyperparameters(lengthscale=torch.tensor([0.9, 1.4, 0.7], dtype=D64).expand(2, 3), amplitude=0.8, noise=0.05)
+    gp.observe(x[:11], y[:11])
+    gp.observe(x[11:], y[11:])
+    mean, var = gp.predict(xt)
+    assert gp._shared is True and gp._features[1].dim() == 2
+    ls = torch.tensor([0.9, 1.4, 0.7], dtype=D64).expand(2, 3)
+    amp = torch.full((2,), 0.8, dtype=D64)
+    k = se_ard(x, x, ls, amp) + 0.05 * torch.eye(30, dtype=D64)
+    ks = se_ard(xt.reshape(-1, 3), x, ls, amp)
+    dense_mean = (ks @ torch.linalg.solve(k, y.T.unsqueeze(-1))).squeeze(-1).T.reshape(4, 5, 2)
+    dense_var = (0.8 - (ks * torch.linalg.solve(k, ks.transpose(-1, -2)).transpose(-1, -2)).sum(-1)).T.reshape(4, 5, 2)
+    torch.testing.assert_close(mean, dense_mean, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(var, dense_var, rtol=1e-10, atol=1e-12)
+    monkeypatch.setattr(exact_module, "same_across_outputs", lambda *t: False)  # the per-output path
+    gp._features = gp._shared = None
+    per_output = gp.predict(xt)
+    assert gp._features[1].dim() == 3
+    torch.testing.assert_close(per_output[0], mean, rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(per_output[1], var, rtol=1e-12, atol=1e-13)
+    monkeypatch.undo()
+    gp.set_hyperparameters(noise=torch.tensor([0.05, 0.2], dtype=D64))  # the factors differ
+    m2, v2 = gp.predict(xt)
+    assert gp._shared is False
+    k2 = se_ard(x, x, ls, amp) + torch.tensor([0.05, 0.2], dtype=D64)[:, None, None] * torch.eye(30, dtype=D64)
+    var2 = (0.8 - (ks * torch.linalg.solve(k2, ks.transpose(-1, -2)).transpose(-1, -2)).sum(-1)).T.reshape(4, 5, 2)
+    torch.testing.assert_close(v2, var2, rtol=1e-10, atol=1e-12)

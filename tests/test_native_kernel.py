@@ -106,11 +106,13 @@ def test_svdgp_mean_in_float32_takes_the_native_path_and_matches_the_torch_path(
     learner.step(x, y)
     test = torch.randn(50, 5, generator=torch.Generator().manual_seed(5), dtype=F32)
     calls = []
-    fused_kernel = native.exp2_matvec
-    monkeypatch.setattr(native, "exp2_matvec", lambda *a: calls.append(a[0].shape) or fused_kernel(*a))
+    fused_kernel, laid_out = native.exp2_matvec, native.exp2_matvec_laid_out
+    monkeypatch.setattr(native, "exp2_matvec", lambda *a: calls.append(a[0].shape[-2]) or fused_kernel(*a))
+    # the learner's own entry: the inputs built in the kernel's layout, the points (padded) along the last axis
+    monkeypatch.setattr(native, "exp2_matvec_laid_out", lambda *a: calls.append(a[0].shape[-1]) or laid_out(*a))
     with torch.no_grad():
         fused = learner.predict_mean(test)
-        assert calls and calls[-1][-2] == 50
+        assert calls and calls[-1] == -(-50 // native.LANES) * native.LANES
         with native.enabled(False):
             torch_path = learner.predict_mean(test)
     torch.testing.assert_close(fused, torch_path, rtol=1e-5, atol=1e-5 * float(torch_path.abs().max()))
@@ -218,3 +220,43 @@ def test_a_forked_child_runs_the_threaded_kernel(monkeypatch):
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     pytest.fail("the forked child's kernel call hung")
+
+
+@needs_compiler
+@pytest.mark.parametrize("shared_kernel", [False, True])
+@pytest.mark.parametrize("n", [1, 16, 37])
+def test_svdgp_predictions_with_inputs_built_in_the_kernel_layout_match_the_torch_path(shared_kernel, n):
+    """SVDGP's CPU predictions build the input features straight into the native kernel's
+    layout (padded to its lanes): mean, variance and the mean alone equal the torch path's,
+    float64, to rounding; per-output and shared length scales."""
+    from gpdyn.gp import make_learner
+    from learner_data import random_data
+
+    x, y = random_data(300, 5, 3, seed=8)
+    learner = make_learner("svdgp", input_dim=5, output_dim=3, preset="small", dtype=F64, seed=0,
+                           shared_kernel=shared_kernel)
+    for lo in range(0, 300, 100):
+        learner.observe(x[lo : lo + 100], y[lo : lo + 100])
+        learner.step(x[lo : lo + 100], y[lo : lo + 100])
+    test = torch.randn(n, 5, generator=torch.Generator().manual_seed(9), dtype=F64)
+    with torch.no_grad():
+        cache = learner._prediction_cache(test, "predict")
+        assert learner._laid_out(cache, test)
+        mean, var = learner.predict(test)
+        mean_only = learner.predict_mean(test)
+        with native.enabled(False):
+            assert not learner._laid_out(cache, test)
+            torch_mean, torch_var = learner.predict(test)
+    torch.testing.assert_close(mean, torch_mean, rtol=1e-12, atol=1e-12 * float(torch_mean.abs().max()))
+    torch.testing.assert_close(var, torch_var, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(mean_only, mean, rtol=0, atol=0)
+
+
+@needs_compiler
+def test_the_laid_out_entry_refuses_what_does_not_fit_its_layout():
+    ut, v, vec = torch.zeros(2, 4, 16, dtype=F64), torch.zeros(2, 3, 4, dtype=F64), torch.zeros(2, 3, dtype=F64)
+    assert native.exp2_matvec_laid_out(ut, v, vec).shape == (2, 16)
+    for bad in ((ut[..., :15], v, vec), (ut, v[:, :, :3], vec), (ut.transpose(1, 2).contiguous().transpose(1, 2), v, vec),
+                (torch.zeros(3, 4, 16, dtype=F64), v, vec)):
+        with pytest.raises(ValueError, match="exp2_matvec_laid_out"):
+            native.exp2_matvec_laid_out(*bad)

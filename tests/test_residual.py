@@ -230,3 +230,34 @@ def test_residual_predict_mean_is_prior_mean_plus_residual_mean(options) -> None
         got = learner.predict_mean(xt)
     torch.testing.assert_close(got, mean, rtol=1e-10, atol=1e-10)
     assert not torch.allclose(got, prior.predict_mean(xt))  # the residual is in
+
+
+def test_residual_step_refits_on_its_samples_without_predicting_the_batch(monkeypatch) -> None:
+    """The SE residual's step refits on the samples it holds every refit_every steps and reads no
+    batch: ResidualGP.step makes no prior prediction over the batch it is given, and the refit
+    is the one the residual GP makes on its own (float64)."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(120, 3, generator=gen, dtype=torch.float64)
+    y = torch.stack([x.sin().sum(-1), x.cos().sum(-1)], -1)
+    prior = make_learner("exact", 3, 2, max_points=200)
+    prior.observe(x[:60], y[:60])
+    res = ResidualGP(prior, x, window=100, amplitude=1.0, refit_every=5, refit_iters=3)
+    twin = ResidualGP(make_learner("exact", 3, 2, max_points=200), x, window=100, amplitude=1.0, refit_every=5,
+                      refit_iters=3)
+    twin.load_state_dict(res.state_dict())
+    prior_calls = []
+    real = prior.predict_mean
+    monkeypatch.setattr(prior, "predict_mean", lambda z: prior_calls.append(z.shape[0]) or real(z))
+    refits = []
+    for i in range(60, 72):
+        xi, yi = x[i : i + 1], y[i : i + 1] + 0.3
+        res.observe(xi, yi)
+        twin.observe(xi, yi)
+        before = len(prior_calls)
+        refits.append(res.step(x[50 : i + 1], y[50 : i + 1] + 0.3)["refit"])
+        assert len(prior_calls) == before  # no prior prediction over the batch
+        twin.residual.step(xi, yi - twin.prior.predict_mean(xi))  # the residual's own step on its residuals
+    assert refits.count(1.0) == 2
+    for name, value in twin.residual.hp.as_dict().items():
+        torch.testing.assert_close(res.residual.hp.as_dict()[name], value, rtol=0, atol=0)
+    torch.testing.assert_close(res.predict(x[:20]), twin.predict(x[:20]), rtol=0, atol=0)

@@ -104,6 +104,7 @@ class ExactOnlineGP(Learner):
         self.buffer_size = 0
         self._alpha: Tensor | None = None  # (K + sigma^2 I)^{-1} y, refreshed lazily
         self._features: tuple[Tensor, Tensor] | None = None  # predict_mean's length scales and base-2 data features
+        self._shared: bool | None = None  # every output's hyperparameters the same (predict's one factor), lazily
 
     # -- helpers ---------------------------------------------------------------------
     def _k(self, x1: Tensor, x2: Tensor) -> Tensor:
@@ -160,7 +161,7 @@ class ExactOnlineGP(Learner):
         return {"inputs": (n, d), "targets": (n, p), "chol": (p, n, n), "whitened": (p, n)}
 
     def _after_load(self) -> None:
-        self._alpha = self._features = None
+        self._alpha = self._features = self._shared = None
 
     # -- the point limit -----------------------------------------------------------------
     @property
@@ -210,7 +211,7 @@ class ExactOnlineGP(Learner):
         self._L[:, n : n + q, n : n + q] = l22
         self._z[:, n : n + q] = z2
         self.n = n + q
-        self._alpha = self._features = None
+        self._alpha = self._features = self._shared = None
 
     def mll(self) -> Tensor:
         """Log marginal likelihood of all observed data per output, ``[P]`` (WISKI eq. (1)); differentiable."""
@@ -229,7 +230,7 @@ class ExactOnlineGP(Learner):
         k = self._k(x, x) + self.hp.noise[:, None, None] * torch.eye(n, device=self.device, dtype=self.dtype)
         self._L[:, :n, :n] = cholesky(k)
         self._z[:, :n] = torch.linalg.solve_triangular(self.chol, y.T.unsqueeze(-1), upper=False).squeeze(-1)
-        self._alpha = self._features = None
+        self._alpha = self._features = self._shared = None
 
     def step(self, x: Tensor, y: Tensor) -> dict[str, float]:
         """Count a step; every ``refit_every`` steps refit the hyperparameters on all data."""
@@ -258,15 +259,50 @@ class ExactOnlineGP(Learner):
             raise LearnerError("ExactOnlineGP.predict: no data observed yet (call observe first)")
         lead = x.shape[:-1]
         xf = x.reshape(-1, self.input_dim)
-        prior = self.kernel.diag(xf, self.hp.lengthscale, self.hp.amplitude).expand(self.output_dim, xf.shape[0])
-        if self.n == 0:
-            mean, var = torch.zeros_like(prior), prior
+        if self.n > 0 and isinstance(self.kernel, SEARDKernel):
+            mean, var = self._predict_se(xf)
         else:
-            ksx = self._k(self.inputs, xf)  # [P, n, N]
-            mean = (ksx * self._alpha_cache().unsqueeze(-1)).sum(-2)
-            v = torch.linalg.solve_triangular(self.chol, ksx, upper=False)
-            var = (prior - (v * v).sum(-2)).clamp_min(0.0)
+            prior = self.kernel.diag(xf, self.hp.lengthscale, self.hp.amplitude).expand(self.output_dim, xf.shape[0])
+            if self.n == 0:
+                mean, var = torch.zeros_like(prior), prior
+            else:
+                ksx = self._k(self.inputs, xf)  # [P, n, N]
+                mean = (ksx * self._alpha_cache().unsqueeze(-1)).sum(-2)
+                v = torch.linalg.solve_triangular(self.chol, ksx, upper=False)
+                var = (prior - (v * v).sum(-2)).clamp_min(0.0)
         return mean.T.reshape(*lead, self.output_dim), var.T.reshape(*lead, self.output_dim)
+
+    def _predict_se(self, xf: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`predict` of the SE-ARD kernel, ``[P, N]`` each: the kernel from the cached base-2
+        data features (:meth:`_mean_features`), none of the data side recomputed per call. When
+        every output has the same length scales, amplitude and noise (as the residual learner's GP
+        has them until a refit), their kernels and Cholesky factors are one: one kernel
+        ``[n, N]``, one triangular solve and one variance serve all P outputs (P times less
+        work than the batched solve, the bulk of a prediction)."""
+        ls, feats = self._mean_features()
+        u = input_features(xf, ls)
+        alpha = self._alpha_cache()
+        amp = self.hp.amplitude.detach()
+        if feats.dim() == 2 and self._one_factor():
+            k = torch.exp2(feats @ u[0].transpose(0, 1))  # [n, N], for every output
+            mean = alpha @ k
+            v = torch.linalg.solve_triangular(self.chol[0], k, upper=False)
+            var = (amp[:1, None] - (v * v).sum(0)).clamp_min(0.0).expand(self.output_dim, -1)
+        else:
+            k = torch.exp2(feats.expand(self.output_dim, *feats.shape[-2:]) @ u.transpose(-1, -2))  # [P, n, N]
+            mean = (alpha.unsqueeze(-2) @ k).squeeze(-2)
+            v = torch.linalg.solve_triangular(self.chol, k, upper=False)
+            var = (amp[:, None] - (v * v).sum(-2)).clamp_min(0.0)
+        return mean, var
+
+    def _one_factor(self) -> bool:
+        """Whether every output's ``K + sigma^2 I`` is the same matrix (length scales, amplitude
+        and noise agree across outputs), so that the first output's Cholesky factor is every
+        output's; read back once per cache rebuild, on the CPU only."""
+        if self._shared is None:
+            hp = (self.hp.lengthscale.detach(), self.hp.amplitude.detach(), self.hp.noise.detach())
+            self._shared = self.device.type == "cpu" and same_across_outputs(*hp)
+        return self._shared
 
     def _mean_features(self) -> tuple[Tensor, Tensor]:
         """Length scales of the input features and base-2 features of the data, kept until the

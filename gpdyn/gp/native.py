@@ -382,6 +382,35 @@ def _(u: Tensor, v: Tensor, vec: Tensor) -> Tensor:
     return vec.new_empty(vec.shape[0], u.shape[-2])
 
 
+def exp2_matvec_laid_out(ut: Tensor, v: Tensor, vec: Tensor) -> Tensor:
+    """:func:`exp2_matvec` on test-point features already in the kernel's layout, ``ut [P, R, Np]``
+    or ``[R, Np]`` (one set for every output), ``Np`` a multiple of :data:`LANES` (the padding
+    columns' results are junk for the caller to drop); ``v [P, M, R]`` or ``[M, R]``, ``vec [P, M]``,
+    all contiguous: returns ``[P, Np]``. It calls the kernel directly, without the operator's
+    dispatch, the checks of :func:`usable` (the caller made sure) and the copy into the padded
+    layout: for a caller that builds ``ut`` itself on the hot path (a planner's model step).
+    Eager only: under ``torch.compile`` use :func:`exp2_matvec`. Shapes that do not fit are a
+    ValueError naming them, as there."""
+    p, m = vec.shape if vec.dim() == 2 else (-1, -1)
+    if (vec.dim() != 2 or any(t.dim() not in (2, 3) or (t.dim() == 3 and t.shape[0] != p) for t in (ut, v))
+            or ut.shape[-2] != v.shape[-1] or v.shape[-2] != m or ut.shape[-1] % LANES
+            or not all(t.is_contiguous() for t in (ut, v, vec))):
+        shapes = ", ".join(f"{name} {list(t.shape)}" for name, t in (("ut", ut), ("v", v), ("vec", vec)))
+        raise ValueError(f"exp2_matvec_laid_out: {shapes} do not fit contiguous ut [P, R, Np] or [R, Np] "
+                         f"(Np a multiple of {LANES}), v [P, M, R] or [M, R], vec [P, M]")
+    out = vec.new_empty(p, ut.shape[-1])
+    if p == 0 or ut.shape[-1] == 0:
+        return out
+    if m == 0:
+        return out.zero_()
+    if ut.dim() == 2 and v.dim() == 2:
+        for lo in range(0, p, MAX_VECTORS):
+            _run(ut, v, vec[lo : lo + MAX_VECTORS], out[lo : lo + MAX_VECTORS], shared=True)
+    else:
+        _run(ut, v, vec, out, shared=False)
+    return out
+
+
 def exp2_matvec(u: Tensor, v: Tensor, vec: Tensor) -> Tensor:
     """``exp2(U V^T) vec`` per output, ``[P, N]``, with the shapes of
     :func:`gpdyn.gp.kernels.exp2_matvec` (``u [P, N, R]`` or ``[N, R]``, ``v [P, M, R]`` or

@@ -348,16 +348,23 @@ class ResidualGP(Learner):
         self.observed += x.shape[0]
 
     def step(self, x: Tensor, y: Tensor) -> dict[str, float]:
-        """Count a step; the residual GP refits its hyperparameters every ``refit_every`` steps."""
+        """Count a step; the residual GP refits its hyperparameters every ``refit_every`` steps.
+
+        Neither residual model's step reads the batch (the SE kernel's GP refits on the samples
+        it holds, the linear kernel has nothing to refit), so its residuals are not computed:
+        a prediction of the prior over the whole batch at every control step, unused. The
+        batch's own checks (shapes, finite values) still apply."""
         if self.residual.n == 0:
             return {"refit": 0.0}
-        return self.residual.step(x, y - self._prior_mean(x))
+        return self.residual.step(x, y)
 
     def predict(self, x: Tensor) -> tuple[Tensor, Tensor]:
         mean, var = self.prior.predict(x)
         if self.residual.n == 0:
             return mean, var
         r_mean, r_var = self.residual.predict(x)
+        if not self.config["gated"]:  # every output takes the residual
+            return mean + r_mean, var + r_var
         use = self.gate().to(mean.dtype)
         return mean + use * r_mean, var + use * r_var
 
@@ -367,6 +374,8 @@ class ResidualGP(Learner):
         mean = self.prior.predict_mean(x)
         if self.residual.n == 0:
             return mean
+        if not self.config["gated"]:
+            return mean + self.residual.predict_mean(x)
         return mean + self.gate().to(mean.dtype) * self.residual.predict_mean(x)
 
     def vlb(self, x: Tensor, y: Tensor) -> Tensor:

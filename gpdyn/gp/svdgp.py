@@ -76,6 +76,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
+from gpdyn.gp import native
 from gpdyn.gp.base import LearnerError, cholesky
 from gpdyn.gp.kernels import basis_features, exp2_matvec, exp_matvec, gen_se_ard, input_features, shared_kernel_matmul
 from gpdyn.gp.variational import VariationalLearner, tri_solve
@@ -334,14 +335,46 @@ class SVDGP(VariationalLearner):
         return {k: v.detach() for k, v in cache.items()}
 
     def predict_cached(self, cache: Mapping[str, Tensor], x: Tensor) -> tuple[Tensor, Tensor]:
-        u = self.prediction_inputs(cache, x)
-        mean = exp2_matvec(u, cache["fa"], cache["a"])
+        if self._laid_out(cache, x):
+            ut = self._inputs_laid_out(cache, x)
+            mean = native.exp2_matvec_laid_out(ut, cache["fa"], cache["a"])[:, : x.shape[0]]
+            u = ut[..., : x.shape[0]].transpose(-1, -2)  # [(P,) N, R], a view
+        else:
+            u = self.prediction_inputs(cache, x)
+            mean = exp2_matvec(u, cache["fa"], cache["a"])
         var = cache["amp"][:, None].expand_as(mean)
         if "W" in cache:
-            v = torch.exp2(u @ cache["fb"].transpose(-1, -2)) @ cache["W"]
+            fb, w = cache["fb"], cache["W"]
+            if u.dim() == 3 and fb.dim() == 3:  # one feature set per output: batched products, no broadcasting
+                v = torch.bmm(torch.bmm(u, fb.transpose(1, 2)).exp2_(), w)
+            else:
+                v = torch.exp2(u @ fb.transpose(-1, -2)) @ w
             var = var - (v * v).sum(-1)
         return mean, var.clamp_min(1e-10)
 
     def predict_mean_cached(self, cache: Mapping[str, Tensor], x: Tensor) -> Tensor:
         """SVDGP eq. (8)'s mean ``k_{x,alpha} a`` alone: one pass over ``K_{x,alpha}``, nothing of beta."""
+        if self._laid_out(cache, x):
+            return native.exp2_matvec_laid_out(self._inputs_laid_out(cache, x), cache["fa"], cache["a"])[:, : x.shape[0]]
         return exp2_matvec(self.prediction_inputs(cache, x), cache["fa"], cache["a"])
+
+    def _laid_out(self, cache: Mapping[str, Tensor], x: Tensor) -> bool:
+        """Whether a prediction at ``x [N, D]`` takes the native kernel with inputs built in its layout
+        (:meth:`_inputs_laid_out`): on the CPU with the kernel built, the features ``[u, |u|^2, 1]``
+        (not the per-dimension factors' ``[u^2, u, 1]``), eagerly."""
+        return (self.scales != "dim" and x.dim() == 2 and not torch.compiler.is_compiling()
+                and native.usable(x, cache["fa"], cache["a"]))
+
+    def _inputs_laid_out(self, cache: Mapping[str, Tensor], x: Tensor) -> Tensor:
+        """The input features ``[u, |u|^2, 1]`` of :meth:`prediction_inputs` (``u = x / l``), written
+        straight into the native kernel's layout ``[(P,) R, Np]`` (points along the last axis,
+        padded with zeros to a multiple of its lanes): the kernel's copy into that layout, and
+        the concatenation, are not made. ``[R, Np]`` when the length scales are shared."""
+        ls = cache["ls"]
+        n, d = x.shape
+        padded = -(-n // native.LANES) * native.LANES
+        ut = (x.new_zeros if padded != n else x.new_empty)(ls.shape[0], d + 2, padded)
+        u = torch.div(x.transpose(0, 1), ls.unsqueeze(-1), out=ut[:, :d, :n])
+        torch.sum(u * u, dim=1, out=ut[:, d, :n])
+        ut[:, d + 1, :n] = 1.0
+        return ut[0] if ls.shape[0] == 1 else ut
