@@ -199,3 +199,28 @@ def test_predict_takes_one_factor_for_every_output_while_their_hyperparameters_a
     k2 = se_ard(x, x, ls, amp) + torch.tensor([0.05, 0.2], dtype=D64)[:, None, None] * torch.eye(30, dtype=D64)
     var2 = (0.8 - (ks * torch.linalg.solve(k2, ks.transpose(-1, -2)).transpose(-1, -2)).sum(-1)).T.reshape(4, 5, 2)
     torch.testing.assert_close(v2, var2, rtol=1e-10, atol=1e-12)
+
+
+def test_observe_extends_the_cached_data_features_as_a_rebuild_would():
+    """After predict has cached the data features, observe appends the new rows' features (the
+    hyperparameters did not change) and conditions through them: the features, the factor and
+    the predictions equal those of a GP that rebuilds everything, to rounding (float64)."""
+    x, y = _data(40, seed=3)
+    xt, _ = _data(9, seed=4)
+    for lengthscale in (1.1, torch.tensor([[0.7, 1.2, 0.9], [1.3, 0.8, 1.0]], dtype=D64)):
+        kept, rebuilt = (ExactOnlineGP(3, 2, learn_hyperparameters=False) for _ in range(2))
+        for gp in (kept, rebuilt):
+            gp.set_hyperparameters(lengthscale=lengthscale, amplitude=0.9, noise=0.02)
+            gp.observe(x[:10], y[:10])
+        for lo in range(10, 40, 3):
+            kept.predict(xt)  # caches the features
+            kept.observe(x[lo : lo + 3], y[lo : lo + 3])
+            assert kept._features is not None
+            rebuilt.observe(x[lo : lo + 3], y[lo : lo + 3])
+            rebuilt._features = rebuilt._shared = None
+        cached = kept._features[1]
+        rebuilt._mean_features()
+        torch.testing.assert_close(cached, rebuilt._features[1], rtol=0, atol=1e-14)
+        torch.testing.assert_close(kept.chol, rebuilt.chol, rtol=1e-12, atol=1e-13)
+        for got, want in zip(kept.predict(xt), rebuilt.predict(xt)):
+            torch.testing.assert_close(got, want, rtol=1e-11, atol=1e-12)

@@ -261,3 +261,31 @@ def test_residual_step_refits_on_its_samples_without_predicting_the_batch(monkey
     for name, value in twin.residual.hp.as_dict().items():
         torch.testing.assert_close(res.residual.hp.as_dict()[name], value, rtol=0, atol=0)
     torch.testing.assert_close(res.predict(x[:20]), twin.predict(x[:20]), rtol=0, atol=0)
+
+
+def test_observe_takes_the_prior_mean_of_the_transition_just_predicted(monkeypatch) -> None:
+    """A controller predicts a transition (its log), then learns from it: observe takes the prior
+    mean of that predict instead of predicting again, and conditions on the same residual as a
+    learner that never predicted; other rows are predicted afresh."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(80, 3, generator=gen, dtype=torch.float64)
+    y = torch.stack([x.sin().sum(-1), x.cos().sum(-1)], -1)
+    prior = make_learner("svdgp", 3, 2, preset="small", seed=0)
+    prior.observe(x[:60], y[:60])
+    prior.step(x[:60], y[:60])
+    res, twin = ResidualGP(prior, x, amplitude=1.0), ResidualGP(prior, x, amplitude=1.0)
+    calls = []
+    real = prior.predict_mean
+    monkeypatch.setattr(prior, "predict_mean", lambda z: calls.append(z.shape[0]) or real(z))
+    for i in range(60, 70):
+        xi, yi = x[i : i + 1], y[i : i + 1] + 0.2
+        res.predict(xi.clone())
+        before = len(calls)
+        res.observe(xi, yi)
+        assert len(calls) == before  # the remembered prior mean
+        twin.observe(xi, yi)
+    res.observe(x[70:72], y[70:72])  # rows not just predicted
+    twin.observe(x[70:72], y[70:72])
+    assert calls[-2:] == [2, 2]
+    torch.testing.assert_close(res.residual.targets, twin.residual.targets, rtol=0, atol=0)
+    torch.testing.assert_close(res.predict(x[:5]), twin.predict(x[:5]), rtol=0, atol=0)

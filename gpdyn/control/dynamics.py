@@ -78,6 +78,7 @@ class LearnedModel:
                                      torch.as_tensor(np.asarray(normalizer.x_std), **kw))
         self._y_mean, self._y_std = (torch.as_tensor(np.asarray(normalizer.y_mean), **kw),
                                      torch.as_tensor(np.asarray(normalizer.y_std), **kw))
+        self._y_var = self._y_std**2  # the variance's scale, once rather than at every prediction
         self.delta_columns: slice | Tensor | None = None
         if delta_columns is not None:
             if isinstance(delta_columns, slice):
@@ -125,7 +126,7 @@ class LearnedModel:
             mean, var = self.learner.predict(flat)
         except (torch.linalg.LinAlgError, NonFiniteError):  # the CPU raises where a GPU gives NaN (gpdyn.gp.base)
             mean = var = flat.new_full((flat.shape[0], self.output_dim), math.nan)
-        var = (var * self._y_std**2).reshape(*x.shape[:-1], self.output_dim)
+        var = (var * self._y_var).reshape(*x.shape[:-1], self.output_dim)
         return self._physical_mean(mean, x), var
 
     def predict_mean(self, x_raw: Tensor | np.ndarray) -> Tensor:

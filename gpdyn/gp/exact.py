@@ -180,7 +180,13 @@ class ExactOnlineGP(Learner):
             s = torch.zeros(self.output_dim, 0, x.shape[0], device=self.device, dtype=self.dtype)
             resid = y.T
         else:
-            s = torch.linalg.solve_triangular(self.chol, self._k(self.inputs, x), upper=False)
+            if isinstance(self.kernel, SEARDKernel):  # K_{X x} from the cached data features, as predict forms it
+                ls, feats = self._mean_features()
+                k_data = torch.exp2(feats @ input_features(x, ls).transpose(-1, -2))
+                k_data = k_data.expand(self.output_dim, *k_data.shape[-2:])
+            else:
+                k_data = self._k(self.inputs, x)
+            s = torch.linalg.solve_triangular(self.chol, k_data, upper=False)
             kxx = kxx - s.transpose(-1, -2) @ s
             resid = y.T - (s * self.whitened.unsqueeze(-1)).sum(-2)
         l22 = cholesky(kxx)
@@ -200,7 +206,8 @@ class ExactOnlineGP(Learner):
                 f"ExactOnlineGP.observe: {self.n + x.shape[0]} points exceed max_points={self.max_points}; "
                 "the exact GP is for small n (use wiski, or raise max_points)"
             )
-        if not self.initialized:
+        fresh = not self.initialized
+        if fresh:
             self._init(x, y)
         s, l22, z2 = self._block(x, y)
         n, q = self.n, x.shape[0]
@@ -211,7 +218,14 @@ class ExactOnlineGP(Learner):
         self._L[:, n : n + q, n : n + q] = l22
         self._z[:, n : n + q] = z2
         self.n = n + q
-        self._alpha = self._features = self._shared = None
+        self._alpha = None
+        if fresh or self._features is None:
+            self._features = self._shared = None
+        else:  # the hyperparameters are those of the cached features: the new rows' features join them
+            ls, feats = self._features
+            amp = self.hp.amplitude.detach()
+            new = basis_features(x, None, ls, amp[:1] if feats.dim() == 2 else amp, base2=True)
+            self._features = (ls, torch.cat([feats, new[0] if feats.dim() == 2 else new], dim=-2))
 
     def mll(self) -> Tensor:
         """Log marginal likelihood of all observed data per output, ``[P]`` (WISKI eq. (1)); differentiable."""

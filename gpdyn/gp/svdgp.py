@@ -342,15 +342,15 @@ class SVDGP(VariationalLearner):
         else:
             u = self.prediction_inputs(cache, x)
             mean = exp2_matvec(u, cache["fa"], cache["a"])
-        var = cache["amp"][:, None].expand_as(mean)
-        if "W" in cache:
-            fb, w = cache["fb"], cache["W"]
-            if u.dim() == 3 and fb.dim() == 3:  # one feature set per output: batched products, no broadcasting
-                v = torch.bmm(torch.bmm(u, fb.transpose(1, 2)).exp2_(), w)
-            else:
-                v = torch.exp2(u @ fb.transpose(-1, -2)) @ w
-            var = var - (v * v).sum(-1)
-        return mean, var.clamp_min(1e-10)
+        if "W" not in cache:
+            return mean, cache["amp"][:, None].expand_as(mean).clamp_min(1e-10)
+        fb, w = cache["fb"], cache["W"]
+        if u.dim() == 3 and fb.dim() == 3:  # one feature set per output: batched products, no broadcasting
+            v = torch.bmm(torch.bmm(u, fb.transpose(1, 2)).exp2_(), w)
+        else:
+            v = torch.exp2(u @ fb.transpose(-1, -2)) @ w
+        # v is this call's own: squared in place (the same numbers as v * v, without a second [P, N, M_beta] tensor)
+        return mean, torch.sub(cache["amp"][:, None], v.square_().sum(-1)).clamp_min_(1e-10)
 
     def predict_mean_cached(self, cache: Mapping[str, Tensor], x: Tensor) -> Tensor:
         """SVDGP eq. (8)'s mean ``k_{x,alpha} a`` alone: one pass over ``K_{x,alpha}``, nothing of beta."""
