@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from gpdyn.config import FAMILY_NAMES, LEARNER_NAMES, PRESET_NAMES, Compute, build, check, setting
 from gpdyn.errors import InputError
+from gpdyn.gp.rigid_body import CHANGE_TERMS
+from gpdyn.robots.regressor import BODY_TERMS
 
 if TYPE_CHECKING:
     from gpdyn.robots.arm import ArmModel
@@ -121,6 +123,9 @@ class ArmAdaptationSettings:
     change_bodies: tuple[str, ...] | None = setting(None, metavar="BODY,...", none_means="the arm's payload body",
                                                     help="rigid-body: the bodies whose parameters a detected change "
                                                          "re-opens widely")
+    change_terms: tuple[str, ...] = setting(CHANGE_TERMS, choices=BODY_TERMS, metavar="TERM,...",
+                                            help="rigid-body: which of the change bodies' terms a detected change "
+                                                 "re-opens widely (default the mass and first moment: a compact load)")
     window: int = setting(400, low=4, metavar="N", help="residual: the most recent samples it conditions on")
     qdd_lengthscale: float = setting(10.0, low=0, open_low=True, metavar="F",
                                      help="residual: factor on the median-trick lengthscales of the accelerations")

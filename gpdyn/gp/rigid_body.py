@@ -30,9 +30,15 @@ update, so the new data move the parameters at once instead of being outweighed 
 ones (covariance resetting, Goodwin & Sin, *Adaptive Filtering, Prediction and Control*,
 1984, Sec. 3.4). ``I_B`` selects the parameters of ``change_bodies``, the bodies where a
 change is expected (an arm's payload mount: a grasped load changes that body's ten
-parameters and nothing else). Re-opening them widely lets two or three samples identify a
-load; re-opening all parameters as widely would leave 7 equations per sample against
-~100 unknowns, and the estimate would follow the data of the last few samples instead.
+parameters and nothing else), and of those the terms ``change_terms``: by default the mass
+and first moment alone, as for a compact load (a point mass at an unknown offset; its
+rotational inertia about the mount is second order in the offset and is learnt as any other
+parameter). Re-opening them widely lets a sample or two identify a load: consecutive samples
+of a tracking arm are nearly the same equations, so the fewer unknowns a reset opens, the
+sooner they are pinned down (all ten terms took three to four samples on the KUKA, and its
+wrist drifted meanwhile). Re-opening all parameters as widely would leave 7 equations per
+sample against ~100 unknowns, and the estimate would follow the data of the last few
+samples instead.
 
 With ``learn_prior`` the prior learner keeps learning too: after each Kalman update it
 observes the part of the torque the rigid-body term leaves, ``(tau - Y pi) / beta`` (WISKI:
@@ -66,6 +72,9 @@ if TYPE_CHECKING:  # the caller builds it from the arm (robots sit above the lea
 
 # rows of a batch taken into one Kalman update: its innovation covariance is (rows x joints)^2
 UPDATE_ROWS = 16
+# the terms of a change body that a detected change re-opens widely by default: the mass and first moment (the
+# regressor's names, gpdyn.robots.regressor.BODY_TERMS)
+CHANGE_TERMS = ("m", "mcx", "mcy", "mcz")
 
 
 class RigidBodyGP(Learner):
@@ -77,7 +86,7 @@ class RigidBodyGP(Learner):
     regressor columns set each column's scale. ``noise_std``: the torque noise (N m) the
     updates assume; ``param_std``: prior std of ``pi`` per scaled column (N m);
     ``prior_gain_std``: prior std of ``beta`` around 1; ``change_threshold``, ``reset_std``,
-    ``change_bodies``, ``change_std``: the change test and the covariance reset.
+    ``change_bodies``, ``change_terms``, ``change_std``: the change test and the covariance reset.
     """
 
     name = "rigid-body"
@@ -103,6 +112,7 @@ class RigidBodyGP(Learner):
         change_threshold: float = 20.0,
         reset_std: float = 0.3,
         change_bodies: Sequence[str] = (),
+        change_terms: Sequence[str] = CHANGE_TERMS,
         change_std: float = 100.0,
         reference_rows: int = 256,
         learn_prior: bool = False,
@@ -134,8 +144,14 @@ class RigidBodyGP(Learner):
         unknown = [b for b in change_bodies if b not in known]
         if unknown:
             raise LearnerError(f"RigidBodyGP: change_bodies {unknown} are not moving bodies of the arm ({', '.join(sorted(known))})")
-        # the covariance a detected change adds: reset_std^2 on every parameter, change_std^2 on those of change_bodies
-        reset = [change_std**2 if name.split(".")[0] in change_bodies else reset_std**2 for name in regressor.names]
+        terms = list(dict.fromkeys(name.split(".")[-1] for name in regressor.names if name.split(".")[0] in known))
+        odd = [t for t in change_terms if t not in terms]
+        if odd or not change_terms:
+            raise LearnerError(f"RigidBodyGP: change_terms must name some of {', '.join(terms)}, got {list(change_terms)}")
+        # the covariance a detected change adds: reset_std^2 on every parameter, change_std^2 on the change_terms of
+        # change_bodies (names "body.term")
+        reset = [change_std**2 if name.split(".")[0] in change_bodies and name.split(".")[-1] in change_terms
+                 else reset_std**2 for name in regressor.names]
         self.reset_covariance = torch.diag(torch.as_tensor(reset + [reset_std**2] * n, **kw))
         rows = reference_x[torch.randperm(reference_x.shape[0], generator=self.generator)[:reference_rows]]
         columns = self._regressor(rows.to(**kw))
@@ -153,7 +169,8 @@ class RigidBodyGP(Learner):
         self.config.update(prior={"learner": prior.name, "config": prior.config}, noise_std=float(noise_std),
                            param_std=float(param_std), prior_gain_std=float(prior_gain_std),
                            change_threshold=float(change_threshold), reset_std=float(reset_std),
-                           change_bodies=list(change_bodies), change_std=float(change_std),
+                           change_bodies=list(change_bodies), change_terms=list(change_terms),
+                           change_std=float(change_std),
                            learn_prior=bool(learn_prior), prior_steps=int(prior_steps), prior_batch=int(prior_batch))
 
     @property
