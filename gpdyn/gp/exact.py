@@ -103,6 +103,7 @@ class ExactOnlineGP(Learner):
         # and z = L^{-1} y [P, cap]; grown by doubling
         self.buffer_size = 0
         self._alpha: Tensor | None = None  # (K + sigma^2 I)^{-1} y, refreshed lazily
+        self._solve: Tensor | None = None  # predict's [alpha; L^{-1}] of the one factor, refreshed lazily
         self._features: tuple[Tensor, Tensor] | None = None  # predict_mean's length scales and base-2 data features
         self._shared: bool | None = None  # every output's hyperparameters the same (predict's one factor), lazily
 
@@ -161,7 +162,7 @@ class ExactOnlineGP(Learner):
         return {"inputs": (n, d), "targets": (n, p), "chol": (p, n, n), "whitened": (p, n)}
 
     def _after_load(self) -> None:
-        self._alpha = self._features = self._shared = None
+        self._alpha = self._solve = self._features = self._shared = None
 
     # -- the point limit -----------------------------------------------------------------
     @property
@@ -171,27 +172,35 @@ class ExactOnlineGP(Learner):
     def room(self) -> int:
         return self.max_points - self.n
 
-    def _block(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Block Cholesky update for new rows: ``S = L^{-1} K_{X x}``, ``L22``, whitened ``z2``."""
-        n = self.n
-        noise = self.hp.noise
-        kxx = self._k(x, x) + noise[:, None, None] * torch.eye(x.shape[0], device=self.device, dtype=self.dtype)
-        if n == 0:
-            s = torch.zeros(self.output_dim, 0, x.shape[0], device=self.device, dtype=self.dtype)
+    def _block(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """Block Cholesky update for new rows: ``S = L^{-1} K_{X x}``, ``L22``, whitened ``z2``, and for
+        the SE-ARD kernel with data the new rows' base-2 features in the layout of the cached ones
+        (:meth:`_mean_features`; ``observe`` appends them), else None. With that kernel both
+        kernel blocks come from those features, as :meth:`predict` forms its kernel."""
+        n, q = self.n, x.shape[0]
+        noise_eye = self.hp.noise[:, None, None] * torch.eye(q, device=self.device, dtype=self.dtype)
+        new = None
+        if n > 0 and isinstance(self.kernel, SEARDKernel):
+            ls, feats = self._mean_features()
+            u = input_features(x, ls).transpose(-1, -2)
+            amp = self.hp.amplitude.detach()
+            new = basis_features(x, None, ls, amp[:1] if feats.dim() == 2 else amp, base2=True)
+            kxx = torch.exp2(new @ u).expand(self.output_dim, q, q) + noise_eye
+            k_data = torch.exp2(feats @ u).expand(self.output_dim, n, q)
+            new = new[0] if feats.dim() == 2 else new
+        else:
+            kxx = self._k(x, x) + noise_eye
+            k_data = self._k(self.inputs, x) if n > 0 else None
+        if k_data is None:
+            s = torch.zeros(self.output_dim, 0, q, device=self.device, dtype=self.dtype)
             resid = y.T
         else:
-            if isinstance(self.kernel, SEARDKernel):  # K_{X x} from the cached data features, as predict forms it
-                ls, feats = self._mean_features()
-                k_data = torch.exp2(feats @ input_features(x, ls).transpose(-1, -2))
-                k_data = k_data.expand(self.output_dim, *k_data.shape[-2:])
-            else:
-                k_data = self._k(self.inputs, x)
             s = torch.linalg.solve_triangular(self.chol, k_data, upper=False)
             kxx = kxx - s.transpose(-1, -2) @ s
             resid = y.T - (s * self.whitened.unsqueeze(-1)).sum(-2)
         l22 = cholesky(kxx)
         z2 = torch.linalg.solve_triangular(l22, resid.unsqueeze(-1), upper=False).squeeze(-1)
-        return s, l22, z2
+        return s, l22, z2, new
 
     def _init(self, x: Tensor, y: Tensor) -> None:
         self.hp.init_from_data(x.unsqueeze(0), y, self.generator)
@@ -209,7 +218,7 @@ class ExactOnlineGP(Learner):
         fresh = not self.initialized
         if fresh:
             self._init(x, y)
-        s, l22, z2 = self._block(x, y)
+        s, l22, z2, new = self._block(x, y)
         n, q = self.n, x.shape[0]
         self._ensure_capacity(n + q)
         self._X[n : n + q] = x
@@ -218,14 +227,12 @@ class ExactOnlineGP(Learner):
         self._L[:, n : n + q, n : n + q] = l22
         self._z[:, n : n + q] = z2
         self.n = n + q
-        self._alpha = None
-        if fresh or self._features is None:
+        self._alpha = self._solve = None
+        if fresh or new is None or self._features is None:
             self._features = self._shared = None
         else:  # the hyperparameters are those of the cached features: the new rows' features join them
             ls, feats = self._features
-            amp = self.hp.amplitude.detach()
-            new = basis_features(x, None, ls, amp[:1] if feats.dim() == 2 else amp, base2=True)
-            self._features = (ls, torch.cat([feats, new[0] if feats.dim() == 2 else new], dim=-2))
+            self._features = (ls, torch.cat([feats, new], dim=-2))
 
     def mll(self) -> Tensor:
         """Log marginal likelihood of all observed data per output, ``[P]`` (WISKI eq. (1)); differentiable."""
@@ -244,7 +251,7 @@ class ExactOnlineGP(Learner):
         k = self._k(x, x) + self.hp.noise[:, None, None] * torch.eye(n, device=self.device, dtype=self.dtype)
         self._L[:, :n, :n] = cholesky(k)
         self._z[:, :n] = torch.linalg.solve_triangular(self.chol, y.T.unsqueeze(-1), upper=False).squeeze(-1)
-        self._alpha = self._features = self._shared = None
+        self._alpha = self._solve = self._features = self._shared = None
 
     def step(self, x: Tensor, y: Tensor) -> dict[str, float]:
         """Count a step; every ``refit_every`` steps refit the hyperparameters on all data."""
@@ -299,9 +306,12 @@ class ExactOnlineGP(Learner):
         amp = self.hp.amplitude.detach()
         if feats.dim() == 2 and self._one_factor():
             k = torch.exp2(feats @ u[0].transpose(0, 1))  # [n, N], for every output
-            mean = alpha @ k
-            v = torch.linalg.solve_triangular(self.chol[0], k, upper=False)
-            var = (amp[:1, None] - (v * v).sum(0)).clamp_min(0.0).expand(self.output_dim, -1)
+            if self._solve is None:  # alpha [P, n] over L^{-1} [n, n]: the mean and L^{-1} k in one product
+                eye = torch.eye(self.n, device=self.device, dtype=self.dtype)
+                self._solve = torch.cat([alpha, torch.linalg.solve_triangular(self.chol[0], eye, upper=False)])
+            both = self._solve @ k
+            mean, v = both[: self.output_dim], both[self.output_dim :]
+            var = (amp[:1, None] - v.square_().sum(0)).clamp_min(0.0).expand(self.output_dim, -1)
         else:
             k = torch.exp2(feats.expand(self.output_dim, *feats.shape[-2:]) @ u.transpose(-1, -2))  # [P, n, N]
             mean = (alpha.unsqueeze(-2) @ k).squeeze(-2)
@@ -361,7 +371,7 @@ class ExactOnlineGP(Learner):
         """
         if not self.initialized:
             raise LearnerError("ExactOnlineGP.vlb: no data observed yet (call observe first)")
-        _, l22, z2 = self._block(x, y)
+        _, l22, z2, _ = self._block(x, y)
         logp = -0.5 * (z2 * z2).sum(-1) - l22.diagonal(dim1=-2, dim2=-1).log().sum(-1) - 0.5 * x.shape[0] * LOG_2PI
         return logp / x.shape[0]
 
