@@ -124,8 +124,9 @@ def residual_gp(prior: Learner, reference_x: torch.Tensor, cfg: LeggedRunConfig)
     a = cfg.adaptation
     noise = RESIDUAL_NOISE[a.residual_kernel] if a.residual_noise is None else a.residual_noise
     return ResidualGP(prior, reference_x, window=a.window, lengthscale_factor=a.residual_lengthscale, amplitude=1.0,
-                      noise=noise, gated=a.residual_gate, gate_z=a.residual_gate_z, kernel=a.residual_kernel,
-                      forget=a.residual_forget, linear_inputs=range(prior.input_dim)[cfg.legged_task.layout.action_inputs])
+                      noise=noise, refit_iters=a.residual_refit_iters, gated=a.residual_gate, gate_z=a.residual_gate_z,
+                      kernel=a.residual_kernel, forget=a.residual_forget,
+                      linear_inputs=range(prior.input_dim)[cfg.legged_task.layout.action_inputs])
 
 
 def copy_learner(learner: Learner, cfg: LeggedRunConfig) -> Learner:

@@ -104,6 +104,10 @@ class AdaptationSettings:
                                         "plus a gain per action: how the plant answers the action (linear)")
     residual_forget: float = setting(1.0, low=0, high=1, open_low=True, metavar="FORGET",
                                      help="residual, linear kernel: weight forget**k on a transition k steps old")
+    residual_refit_iters: int = setting(10, low=0, metavar="N",
+                                        help="residual, SE kernel: Adam steps on its marginal likelihood every 100 "
+                                             "transitions (0: its hyperparameters stay as set, one kernel for every "
+                                             "output)")
     residual_gate: bool = setting(False, help="residual: add it to an output's prediction only while it has predicted "
                                               "that output better than the frozen model (prequential errors)")
     residual_gate_z: float = setting(0.0, low=0, metavar="Z",
