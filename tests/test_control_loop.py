@@ -485,3 +485,18 @@ def test_control_walker_refuses_a_missing_gpu_before_collecting(tmp_path: Path, 
     with pytest.raises(InputError, match="CUDA"):
         run_legged(run, LeggedRunConfig.of(device="cuda", **TINY))
     assert not (run.path / "walker.zarr").exists()
+
+
+def test_residual_refit_iters_reach_the_residual_gp() -> None:
+    """--residual-refit-iters sets the SE residual GP's Adam steps per refit: 0 keeps its
+    hyperparameters as set (the GP learns none), the default 10 refits them; below 0 is refused."""
+    from gpdyn.experiments.control_legged import residual_gp
+
+    prior = make_learner("svdgp", LAYOUT.input_dim, LAYOUT.nv, preset="small", seed=0)
+    reference = torch.randn(50, LAYOUT.input_dim, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for iters in (0, 10):
+        res = residual_gp(prior, reference, LeggedRunConfig.of(residual_refit_iters=iters))
+        assert res.config["refit_iters"] == iters and res.residual.learn_hyperparameters == (iters > 0)
+    assert LeggedRunConfig().adaptation.residual_refit_iters == 10
+    with pytest.raises(InputError, match="residual_refit_iters"):
+        LeggedRunConfig.of(residual_refit_iters=-1).validate()
