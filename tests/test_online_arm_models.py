@@ -181,5 +181,5 @@ def test_the_online_gp_is_the_recorded_online_learner_and_counts_its_updates(tmp
     assert online["online_learner"] == "wiski" and online["gp_updates"] == 2 * 8  # an observe and a step per step
     assert online["prior_updates"] == 8 and online["change"] == "motor gain x0.7"
     assert "motor gain x0.7 from step 4" in (run.path / "report.md").read_text()
-    # the default: the filter alone learns online, the GP stays frozen
-    assert ArmRunConfig().adaptation.gp_online is False
+    # the default: the GP keeps learning under the filter (the recommended online model), a WISKI
+    assert ArmRunConfig().adaptation.gp_online is True and ArmRunConfig().model.learner == "wiski"

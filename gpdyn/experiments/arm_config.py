@@ -19,8 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from gpdyn.config import FAMILY_NAMES, LEARNER_NAMES, PRESET_NAMES, Compute, build, check, setting
 from gpdyn.errors import InputError
-from gpdyn.gp.rigid_body import CHANGE_TERMS
-from gpdyn.robots.regressor import BODY_TERMS
 
 if TYPE_CHECKING:
     from gpdyn.robots.arm import ArmModel
@@ -62,7 +60,9 @@ class MjcfSettings:
 class ArmModelSettings:
     """The learned inverse-dynamics model: which learner, from where, its pretraining."""
 
-    learner: str = setting("svdgp", choices=LEARNER_NAMES, metavar="NAME", help="learner of the model")
+    # WISKI: the online model's residual learner by default (exact rank-one updates per control step; docs/control.md's
+    # arm tables: no worse than the filter alone on changes inside the rigid-body class, better on a joint spring)
+    learner: str = setting("wiski", choices=LEARNER_NAMES, metavar="NAME", help="learner of the model")
     from_run: str | None = setting(None, metavar="LEARN_RUN", none_means="none, a learner pretrained here",
                                    help="a `gpdyn learn` run folder on this arm's store (problem arm or kuka): its "
                                         "learner is the model; its store is the default --store")
@@ -113,8 +113,8 @@ class ArmAdaptationSettings:
     adapt: str = setting("rigid-body", choices=ADAPT,
                          help="online model: a GP on the arm's rigid-body features and the frozen model (rigid-body); "
                               "an exact GP on the frozen model's residuals (residual); or the learner's own steps")
-    gp_online: bool = setting(False, help="rigid-body: the learner keeps learning what the rigid-body term leaves, one "
-                                          "observe per control step (off: it stays frozen and the filter alone learns)")
+    gp_online: bool = setting(True, help="rigid-body: the learner keeps learning what the rigid-body term leaves, one "
+                                         "observe per control step (off: it stays frozen and the filter alone learns)")
     gp_steps: int = setting(0, low=0, metavar="N",
                             help="rigid-body with --gp-online: the learner's optimiser steps per control step (0: "
                                  "observing only; an SVDGP step costs more CPU than the 10 ms period)")
@@ -123,9 +123,10 @@ class ArmAdaptationSettings:
     change_bodies: tuple[str, ...] | None = setting(None, metavar="BODY,...", none_means="the arm's payload body",
                                                     help="rigid-body: the bodies whose parameters a detected change "
                                                          "re-opens widely")
-    change_terms: tuple[str, ...] = setting(CHANGE_TERMS, choices=BODY_TERMS, metavar="TERM,...",
-                                            help="rigid-body: which of the change bodies' terms a detected change "
-                                                 "re-opens widely (default the mass and first moment: a compact load)")
+    change_terms: tuple[str, ...] | None = setting(None, metavar="TERM,...",
+                                                   none_means="their mass and first moment (a compact load)",
+                                                   help="rigid-body: which of the change bodies' terms (m, mcx, mcy, mcz, "
+                                                        "Ixx, Iyy, Izz, Ixy, Ixz, Iyz) a detected change re-opens widely")
     window: int = setting(400, low=4, metavar="N", help="residual: the most recent samples it conditions on")
     qdd_lengthscale: float = setting(10.0, low=0, open_low=True, metavar="F",
                                      help="residual: factor on the median-trick lengthscales of the accelerations")
@@ -202,7 +203,7 @@ class ArmRunConfig:
         before any data is collected)."""
         import mujoco
 
-        from gpdyn.robots.regressor import moving_bodies
+        from gpdyn.robots.regressor import BODY_TERMS, moving_bodies
 
         arm.steps_per_sample(self.reference.rate_hz, option=f"control {self.robot}: rate_hz")
         if self.plant.change == "payload" and self.plant.payload > 0:  # the load goes on at change_at, after pretraining
@@ -219,6 +220,10 @@ class ArmRunConfig:
         if unknown:
             raise InputError(f"{where}: change_bodies {unknown} are not moving bodies of {arm.path.name} "
                              f"({', '.join(sorted(str(b) for b in known))})")
+        odd = [t for t in self.adaptation.change_terms or () if t not in BODY_TERMS]
+        if odd or self.adaptation.change_terms == ():
+            raise InputError(f"{where}: change_terms must name some of {', '.join(BODY_TERMS)}, got "
+                             f"{list(self.adaptation.change_terms or ())}")
 
 
 __all__ = ["ADAPT", "ARM_CONTROLLERS", "ArmAdaptationSettings", "ArmModelSettings", "ArmPlantSettings", "ArmRunConfig",

@@ -191,10 +191,10 @@ def _controller(name: str, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.nda
     if cfg.adaptation.adapt == "rigid-body":
         stats = tuple(getattr(frozen.normalizer, k) for k in ("x_mean", "x_std", "y_mean", "y_std"))
         # the regressor's inverse dynamics, like the data's, leaves contacts out
+        terms = {} if cfg.adaptation.change_terms is None else {"change_terms": cfg.adaptation.change_terms}
         learner = RigidBodyGP(learner, InertialRegressor(without_contacts(arm.torque_model())), stats, x_train,
-                              change_bodies=cfg.resolved_change_bodies(arm), change_terms=cfg.adaptation.change_terms,
-                              learn_prior=cfg.adaptation.gp_online,
-                              prior_steps=cfg.adaptation.gp_steps, prior_batch=cfg.adaptation.online_batch)
+                              change_bodies=cfg.resolved_change_bodies(arm), learn_prior=cfg.adaptation.gp_online,
+                              prior_steps=cfg.adaptation.gp_steps, prior_batch=cfg.adaptation.online_batch, **terms)
     elif cfg.adaptation.adapt == "residual":
         factors = [1.0] * (2 * n) + [cfg.adaptation.qdd_lengthscale] * n
         learner = ResidualGP(learner, x_train, window=cfg.adaptation.window, amplitude=1.0, lengthscale_factor=factors)
