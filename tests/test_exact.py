@@ -203,8 +203,9 @@ def test_predict_takes_one_factor_for_every_output_while_their_hyperparameters_a
 
 def test_observe_extends_the_cached_data_features_as_a_rebuild_would():
     """After predict has cached the data features, observe appends the new rows' features (the
-    hyperparameters did not change) and conditions through them: the features, the factor and
-    the predictions equal those of a GP that rebuilds everything, to rounding (float64)."""
+    hyperparameters did not change) and conditions through them, and with one factor for every
+    output grows its inverse: the features, the factor and the predictions equal those of a GP
+    that rebuilds everything, to rounding (float64)."""
     x, y = _data(40, seed=3)
     xt, _ = _data(9, seed=4)
     for lengthscale in (1.1, torch.tensor([[0.7, 1.2, 0.9], [1.3, 0.8, 1.0]], dtype=D64)):
@@ -219,6 +220,10 @@ def test_observe_extends_the_cached_data_features_as_a_rebuild_would():
             rebuilt.observe(x[lo : lo + 3], y[lo : lo + 3])
             rebuilt._features = rebuilt._shared = None
         cached = kept._features[1]
+        if kept._shared:  # the factor's inverse, grown block by block with the factor
+            assert kept._linv is not None and kept._linv.shape == (40, 40)
+            eye = torch.eye(40, dtype=D64)
+            torch.testing.assert_close(kept._linv @ kept.chol[0], eye, rtol=0, atol=1e-10)
         rebuilt._mean_features()
         torch.testing.assert_close(cached, rebuilt._features[1], rtol=0, atol=1e-14)
         torch.testing.assert_close(kept.chol, rebuilt.chol, rtol=1e-12, atol=1e-13)

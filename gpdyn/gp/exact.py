@@ -103,7 +103,7 @@ class ExactOnlineGP(Learner):
         # and z = L^{-1} y [P, cap]; grown by doubling
         self.buffer_size = 0
         self._alpha: Tensor | None = None  # (K + sigma^2 I)^{-1} y, refreshed lazily
-        self._solve: Tensor | None = None  # predict's [alpha; L^{-1}] of the one factor, refreshed lazily
+        self._linv: Tensor | None = None  # L^{-1} [n, n] of the one factor (predict's variance), lazily or by observe
         self._features: tuple[Tensor, Tensor] | None = None  # predict_mean's length scales and base-2 data features
         self._shared: bool | None = None  # every output's hyperparameters the same (predict's one factor), lazily
 
@@ -162,7 +162,7 @@ class ExactOnlineGP(Learner):
         return {"inputs": (n, d), "targets": (n, p), "chol": (p, n, n), "whitened": (p, n)}
 
     def _after_load(self) -> None:
-        self._alpha = self._solve = self._features = self._shared = None
+        self._alpha = self._linv = self._features = self._shared = None
 
     # -- the point limit -----------------------------------------------------------------
     @property
@@ -185,9 +185,13 @@ class ExactOnlineGP(Learner):
             u = input_features(x, ls).transpose(-1, -2)
             amp = self.hp.amplitude.detach()
             new = basis_features(x, None, ls, amp[:1] if feats.dim() == 2 else amp, base2=True)
-            kxx = torch.exp2(new @ u).expand(self.output_dim, q, q) + noise_eye
-            k_data = torch.exp2(feats @ u).expand(self.output_dim, n, q)
+            kxx = torch.exp2(new @ u)
+            k_data = torch.exp2(feats @ u)
             new = new[0] if feats.dim() == 2 else new
+            if feats.dim() == 2 and self._one_factor():  # one factor for every output: one solve, one L22
+                return (*self._one_factor_block(k_data[0], kxx[0] + noise_eye[0], y), new)
+            kxx = kxx.expand(self.output_dim, q, q) + noise_eye
+            k_data = k_data.expand(self.output_dim, n, q)
         else:
             kxx = self._k(x, x) + noise_eye
             k_data = self._k(self.inputs, x) if n > 0 else None
@@ -201,6 +205,17 @@ class ExactOnlineGP(Learner):
         l22 = cholesky(kxx)
         z2 = torch.linalg.solve_triangular(l22, resid.unsqueeze(-1), upper=False).squeeze(-1)
         return s, l22, z2, new
+
+    def _one_factor_block(self, k_data: Tensor, kxx: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """:meth:`_block` when every output's factor is the first's (:meth:`_one_factor`): ``S`` and
+        ``L22`` solved and factored once (``k_data [n, q]``, ``kxx [q, q]`` with the noise) and
+        shared by the outputs as expanded views; each output whitens its own targets."""
+        p = self.output_dim
+        s = torch.linalg.solve_triangular(self.chol[0], k_data, upper=False)  # [n, q]
+        l22 = cholesky(kxx - s.transpose(0, 1) @ s)
+        resid = y.T - self.whitened @ s  # [P, q]
+        z2 = torch.linalg.solve_triangular(l22, resid.T, upper=False).T
+        return s.expand(p, *s.shape), l22.expand(p, *l22.shape), z2
 
     def _init(self, x: Tensor, y: Tensor) -> None:
         self.hp.init_from_data(x.unsqueeze(0), y, self.generator)
@@ -227,7 +242,17 @@ class ExactOnlineGP(Learner):
         self._L[:, n : n + q, n : n + q] = l22
         self._z[:, n : n + q] = z2
         self.n = n + q
-        self._alpha = self._solve = None
+        self._alpha = None
+        linv, self._linv = self._linv, None
+        if linv is not None and not fresh and n > 0 and linv.shape[0] == n and self._shared:
+            # the inverse of the grown factor [[L11, 0], [S^T, L22]] from L11's (O(n^2 q), not O(n^3)):
+            # [[L11^-1, 0], [-L22^-1 S^T L11^-1, L22^-1]]
+            l22_inv = torch.linalg.solve_triangular(l22[0], torch.eye(q, device=self.device, dtype=self.dtype), upper=False)
+            grown = linv.new_zeros(n + q, n + q)
+            grown[:n, :n] = linv
+            grown[n:, :n] = -(l22_inv @ (s[0].transpose(0, 1) @ linv))
+            grown[n:, n:] = l22_inv
+            self._linv = grown
         if fresh or new is None or self._features is None:
             self._features = self._shared = None
         else:  # the hyperparameters are those of the cached features: the new rows' features join them
@@ -251,7 +276,7 @@ class ExactOnlineGP(Learner):
         k = self._k(x, x) + self.hp.noise[:, None, None] * torch.eye(n, device=self.device, dtype=self.dtype)
         self._L[:, :n, :n] = cholesky(k)
         self._z[:, :n] = torch.linalg.solve_triangular(self.chol, y.T.unsqueeze(-1), upper=False).squeeze(-1)
-        self._alpha = self._solve = self._features = self._shared = None
+        self._alpha = self._linv = self._features = self._shared = None
 
     def step(self, x: Tensor, y: Tensor) -> dict[str, float]:
         """Count a step; every ``refit_every`` steps refit the hyperparameters on all data."""
@@ -269,8 +294,12 @@ class ExactOnlineGP(Learner):
 
     def _alpha_cache(self) -> Tensor:
         if self._alpha is None:
-            lt = self.chol.transpose(-1, -2)
-            self._alpha = torch.linalg.solve_triangular(lt, self.whitened.unsqueeze(-1), upper=True).squeeze(-1)
+            if self._shared:  # one factor for every output (known once predict asked): one solve, P right-hand sides
+                lt = self.chol[0].transpose(0, 1)
+                self._alpha = torch.linalg.solve_triangular(lt, self.whitened.transpose(0, 1), upper=True).transpose(0, 1)
+            else:
+                lt = self.chol.transpose(-1, -2)
+                self._alpha = torch.linalg.solve_triangular(lt, self.whitened.unsqueeze(-1), upper=True).squeeze(-1)
         return self._alpha
 
     @torch.no_grad()
@@ -306,11 +335,11 @@ class ExactOnlineGP(Learner):
         amp = self.hp.amplitude.detach()
         if feats.dim() == 2 and self._one_factor():
             k = torch.exp2(feats @ u[0].transpose(0, 1))  # [n, N], for every output
-            if self._solve is None:  # alpha [P, n] over L^{-1} [n, n]: the mean and L^{-1} k in one product
+            if self._linv is None:  # L^{-1} k by a product: the factor's inverse, kept until the data change
                 eye = torch.eye(self.n, device=self.device, dtype=self.dtype)
-                self._solve = torch.cat([alpha, torch.linalg.solve_triangular(self.chol[0], eye, upper=False)])
-            both = self._solve @ k
-            mean, v = both[: self.output_dim], both[self.output_dim :]
+                self._linv = torch.linalg.solve_triangular(self.chol[0], eye, upper=False)
+            mean = alpha @ k
+            v = self._linv @ k
             var = (amp[:1, None] - v.square_().sum(0)).clamp_min(0.0).expand(self.output_dim, -1)
         else:
             k = torch.exp2(feats.expand(self.output_dim, *feats.shape[-2:]) @ u.transpose(-1, -2))  # [P, n, N]
