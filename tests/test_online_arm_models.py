@@ -93,6 +93,23 @@ def test_the_rigid_body_filter_teaches_its_prior_what_the_rigid_body_term_leaves
     torch.testing.assert_close(twin.predict_mean(x[30:]), gp.predict_mean(x[30:]))
 
 
+def test_a_full_prior_stops_learning_and_says_so_while_the_filter_goes_on(arm) -> None:
+    """An exact GP prior at its max_points takes no more rows (its observe would refuse them): the filter keeps
+    learning, and the rows the prior could not take are counted in the diagnostics."""
+    regressor = InertialRegressor(arm.torque_model())
+    q, qd, qdd = states(arm, 12, seed=6)
+    x = tensor(q, qd, qdd)
+    y = torch.as_tensor(torques(arm, 3.0, q, qd, qdd))
+    prior = make_learner("exact", 3 * N, N, max_points=6, seed=0, dtype=torch.float64)
+    prior.observe(x[:4], torch.zeros(4, N, dtype=torch.float64))
+    gp = make_gp(regressor, x, learn_prior=True)
+    gp.prior = prior
+    for row in range(4, 12):
+        gp.observe(x[row : row + 1], y[row : row + 1])
+    assert prior.n == 6 and gp.observed == 8
+    assert gp.diagnostics()["prior_rows_refused"] == 6 and gp.prior_updates == 2
+
+
 def test_a_frozen_prior_is_the_filter_alone(arm) -> None:
     regressor = InertialRegressor(arm.torque_model())
     x = tensor(*states(arm, 4, seed=5))

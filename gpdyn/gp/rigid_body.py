@@ -95,7 +95,7 @@ class RigidBodyGP(Learner):
     capabilities = frozenset({"step_on_observed"})
     # the prior and the column scales give theta its meaning: they are state too
     state_fields = ("prior", "column_scale", "theta", "covariance", "observed", "resets", "recent_x", "recent_y",
-                    "recent_rows", "last_rows", "prior_updates")
+                    "recent_rows", "last_rows", "prior_updates", "prior_refused")
 
     def __init__(
         self,
@@ -166,6 +166,7 @@ class RigidBodyGP(Learner):
         self.recent_x = torch.zeros(prior_batch, 3 * n, **kw)
         self.recent_y = torch.zeros(prior_batch, n, **kw)
         self.recent_rows, self.last_rows, self.prior_updates = 0, 0, 0
+        self.prior_refused = 0  # rows a full prior (an exact GP at max_points) could not take: it stopped learning
         self.config.update(prior={"learner": prior.name, "config": prior.config}, noise_std=float(noise_std),
                            param_std=float(param_std), prior_gain_std=float(prior_gain_std),
                            change_threshold=float(change_threshold), reset_std=float(reset_std),
@@ -224,6 +225,10 @@ class RigidBodyGP(Learner):
         """The prior observes what the updated rigid-body term leaves of ``torque``, in its own units."""
         p = self.regressor.p
         # beta near 0 would blow the target up; the prior N(1, 0.3^2) keeps it near 1 in practice
+        room = self.prior.room()
+        if room is not None and x.shape[0] > room:  # a full prior keeps what it has; the filter goes on learning
+            self.prior_refused += x.shape[0]
+            return
         beta = self.theta[p:].clamp_min(0.1)
         rest = (torque - design[..., :p] @ self.theta[:p]) / beta
         target = (rest - self.y_mean) / self.y_std
@@ -286,7 +291,7 @@ class RigidBodyGP(Learner):
     def diagnostics(self) -> dict[str, float]:
         """The prior's counters, the samples learnt from and the covariance resets (detected changes)."""
         return {**self.prior.diagnostics(), "observed": float(self.observed), "covariance_resets": float(self.resets),
-                "prior_updates": float(self.prior_updates)}
+                "prior_updates": float(self.prior_updates), "prior_rows_refused": float(self.prior_refused)}
 
     def _state_header(self) -> dict[str, Any]:
         return {"regressor_columns": self.regressor.names}
