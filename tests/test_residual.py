@@ -289,3 +289,46 @@ def test_observe_takes_the_prior_mean_of_the_transition_just_predicted(monkeypat
     assert calls[-2:] == [2, 2]
     torch.testing.assert_close(res.residual.targets, twin.residual.targets, rtol=0, atol=0)
     torch.testing.assert_close(res.predict(x[:5]), twin.predict(x[:5]), rtol=0, atol=0)
+
+
+def test_online_updater_steps_on_the_most_recent_rows_in_order() -> None:
+    """OnlineUpdater keeps its recent rows stacked: each step gets the last `batch` transitions,
+    oldest first, whatever the sizes of the chunks observed (one row, several, more than a batch)."""
+    from gpdyn.gp.base import Learner
+    from gpdyn.gp.training import OnlineUpdater
+
+    class Recorder(Learner):
+        name = "recorder"
+        initialized = True
+
+        def __init__(self) -> None:
+            super().__init__(2, 1)
+            self.batches: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+        def observe(self, x, y) -> None:
+            pass
+
+        def step(self, x, y):
+            self.batches.append((x.clone(), y.clone()))
+            return {}
+
+        def predict(self, x):
+            return x[..., :1], x[..., :1]
+
+        def vlb(self, x, y):
+            return x.new_zeros(1)
+
+        def noise_variance(self):
+            return torch.ones(1)
+
+    rows = torch.arange(40, dtype=torch.float64)
+    x, y = torch.stack([rows, -rows], -1), rows[:, None] * 10
+    learner = Recorder()
+    updater = OnlineUpdater(learner, batch=6)
+    seen = 0
+    for size in (1, 1, 3, 9, 1, 2, 7, 1):
+        updater(x[seen : seen + size], y[seen : seen + size])
+        seen += size
+        got_x, got_y = learner.batches[-1]
+        lo = max(0, seen - 6)
+        assert torch.equal(got_x, x[lo:seen]) and torch.equal(got_y, y[lo:seen])

@@ -348,7 +348,11 @@ def _run(ut: Tensor, v: Tensor, a: Tensor, out: Tensor, shared: bool) -> None:
     args = (ut.data_ptr(), per_output(ut), r, np_, v.data_ptr(), per_output(v), v.shape[-2], a.data_ptr(), a.shape[0],
             int(shared), out.data_ptr())
     threads = min(torch.get_num_threads(), np_ // LANES)
-    edges = [LANES * round(i * (np_ // LANES) / max(threads, 1)) for i in range(max(threads, 1) + 1)]
+    if threads <= 1:  # one span of every point: no split to compute (a planner's per-step call on one thread)
+        if kernel(*args, 0, np_):
+            raise RuntimeError(f"gpdyn_exp2_matvec refused its arguments (R {r}, Np {np_}, P {a.shape[0]})")
+        return
+    edges = [LANES * round(i * (np_ // LANES) / threads) for i in range(threads + 1)]
     spans = [(lo, hi) for lo, hi in zip(edges, edges[1:]) if hi > lo]
     if len(spans) == 1:
         codes = [kernel(*args, *spans[0])]

@@ -22,7 +22,6 @@ Fast adaptation (a frozen model plus a GP on its residuals) is :mod:`gpdyn.gp.re
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 import torch
@@ -91,8 +90,10 @@ class OnlineUpdater:
         if batch < 1 or updates < 0:
             raise InputError(f"online updates need batch >= 1 and updates >= 0, got {batch}, {updates}")
         self.learner, self.batch, self.updates = learner, int(batch), int(updates)
-        self.recent_x: deque[Tensor] = deque(maxlen=self.batch)
-        self.recent_y: deque[Tensor] = deque(maxlen=self.batch)
+        # the most recent `batch` rows, oldest first, kept stacked: one concatenation per transition,
+        # not a stack of `batch` rows at every step
+        self.recent_x: Tensor | None = None
+        self.recent_y: Tensor | None = None
         self.skipped = 0  # transitions not observed because the learner is full
         self.nonfinite = 0  # transitions not learnt from: NaN or inf in them or in what the learner derives from them
         self.applied = 0  # observes and steps that changed the learner
@@ -117,14 +118,14 @@ class OnlineUpdater:
             except (NonFiniteError, torch.linalg.LinAlgError):
                 return self._skip(x)
             self.applied += 1
-        self.recent_x.extend(x)
-        self.recent_y.extend(y)
+        self.recent_x = (x if self.recent_x is None else torch.cat([self.recent_x, x]))[-self.batch :]
+        self.recent_y = (y if self.recent_y is None else torch.cat([self.recent_y, y]))[-self.batch :]
         metrics: dict[str, float] = {}
         for _ in range(self.updates):
             if self.learner.can("step_on_observed"):
                 out = self.learner.step(x, y)  # WISKI eq. (18): the batch just observed
             else:
-                out = self.learner.step(torch.stack(tuple(self.recent_x)), torch.stack(tuple(self.recent_y)))
+                out = self.learner.step(self.recent_x, self.recent_y)
             metrics = {k: float(v) for k, v in out.items()}
             self.applied += 1
         return {**metrics, "skipped": 0.0}
