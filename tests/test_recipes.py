@@ -202,7 +202,7 @@ def test_options_override_the_recipe(tmp_path, captured):
     assert main(["control", "walker", "--recipe", "walker-quick-look", "--out", str(tmp_path / "c")]) == 0
     quick = captured["walker"][1]
     defaults = type(quick)()
-    defaults.planner.mpc.samples, defaults.planner.mpc.horizon, defaults.adaptation.residual_refit_iters = 48, 7, 0
+    defaults.planner.mpc.samples, defaults.planner.mpc.horizon, defaults.adaptation.residual_refit_iters = 48, 6, 0
     assert dataclasses.asdict(quick) == dataclasses.asdict(defaults)
 
 
