@@ -500,3 +500,18 @@ def test_residual_refit_iters_reach_the_residual_gp() -> None:
     assert LeggedRunConfig().adaptation.residual_refit_iters == 10
     with pytest.raises(InputError, match="residual_refit_iters"):
         LeggedRunConfig.of(residual_refit_iters=-1).validate()
+
+
+def test_the_online_model_is_built_with_its_prediction_caches(walker_zarr: Path) -> None:
+    """online_model copies the pretrained learner with its prediction caches built (the first
+    control step pays for planning only) and predicts as the frozen model before it learns."""
+    from gpdyn.experiments.control_legged import online_model, train_inputs
+
+    cfg = LeggedRunConfig.of(learner="svdgp", **TINY)
+    learner, frozen, _ = pretrained_model(cfg, walker_zarr)
+    model, _ = online_model(learner, frozen, cfg, train_inputs(cfg, walker_zarr))
+    assert model.model.learner.prior._cache is not None
+    state = torch.zeros(5, LAYOUT.nx, dtype=torch.float64)
+    action = torch.full((5, LAYOUT.nu), 0.1, dtype=torch.float64)
+    for got, want in zip(model(state, action), frozen(state, action)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -147,6 +147,11 @@ def online_model(learner: Learner, frozen: LearnedDynamics, cfg: LeggedRunConfig
             raise InputError(f"control {cfg.task}: adapt='residual' needs the training inputs as its reference")
         twin = residual_gp(twin, residual_reference, cfg)
     dynamics = LearnedDynamics.from_learner(twin, frozen.model.normalizer, cfg.legged_task.layout, cfg.model.target)
+    # one prediction builds the copy's prediction caches (an SVDGP's features and factors) now, as the
+    # pretrained model's test predictions built its own: the first control step then pays for
+    # planning only, not for a setup of several ms that the frozen controller never pays
+    with torch.no_grad():
+        twin.predict(torch.zeros(1, twin.input_dim, device=twin.device, dtype=twin.dtype))
     return dynamics, OnlineUpdater(twin, batch=cfg.adaptation.online_batch, updates=cfg.adaptation.updates)
 
 
