@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from gpdyn.recipes import recipe_names
@@ -65,8 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipes", default=",".join(RECOMMENDED), help="comma list (default: every shipped recipe)")
     ap.add_argument("--steps", type=int, default=None,
-                    help="control steps per episode (default: each recipe's own, 1,000 for the walking recipes: a "
-                         "gait's contacts make later plans dearer than the first steps)")
+                    help="control steps per episode (default: each recipe's own, 1,000 for the walking recipes)")
     ap.add_argument("--seed", type=int, default=900, help="episode seed (default 900)")
     ap.add_argument("--out", type=Path, required=True, help="folder for the runs and table.md")
     args = ap.parse_args(argv)
@@ -79,10 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"bench_recipes_realtime: unknown recipe(s) {', '.join(unknown)}; shipped: {', '.join(RECOMMENDED)}")
     length = "each recipe's own episode length" if args.steps is None else f"{args.steps} control steps per episode"
-    lines = [f"Seed {args.seed}, {length}, one episode, one torch thread; CPU ms of planning plus model update per "
-             "control step (process time).", "",
-             "| recipe | controller | period [ms] | mean [ms] | p95 [ms] | mean / period | p95 / period | online learner | updates |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    here = Path(__file__).resolve().parent
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=here).stdout.strip()
+    lines = [f"{time.strftime('%Y-%m-%d')}, commit {commit or 'unknown'}, {platform.processor() or platform.machine()}; "
+             f"seed {args.seed}, {length}, one episode per condition, one torch thread; CPU ms of planning plus model "
+             "update per control step (process time).", "",
+             "| recipe | controller | steps run | period [ms] | mean [ms] | p95 [ms] | mean / period | p95 / period | online learner | updates |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for recipe in recipes:
         robot, controller = RECOMMENDED[recipe]
         run = args.out / recipe
@@ -95,12 +99,13 @@ def main(argv: list[str] | None = None) -> int:
         eps = [e for e in episodes(run) if e.get("controller", controller) == controller]
         if not eps:
             raise SystemExit(f"bench_recipes_realtime: {run / 'metrics.jsonl'} has no episode of controller {controller}")
-        mean = sum(e["cpu_ms_per_step"] * e["length"] for e in eps) / sum(e["length"] for e in eps)
+        steps = sum(e["length"] for e in eps)  # over every episode the run made (an episode that fell ends early)
+        mean = sum(e["cpu_ms_per_step"] * e["length"] for e in eps) / steps
         p95 = max(e["cpu_ms_per_step_p95"] for e in eps)
         period = PERIOD_MS[robot]
         learner = eps[-1].get("online_learner") or "-"
         updates = eps[-1].get("gp_updates")
-        lines.append(f"| `{recipe}` | {controller} | {period:g} | {mean:.2f} | {p95:.2f} | {mean / period:.2f} | "
+        lines.append(f"| `{recipe}` | {controller} | {steps} | {period:g} | {mean:.2f} | {p95:.2f} | {mean / period:.2f} | "
                      f"{p95 / period:.2f} | {learner} | {'-' if updates is None else updates} |")
         print(lines[-1], flush=True)
     (args.out / "table.md").write_text("\n".join(lines) + "\n")
