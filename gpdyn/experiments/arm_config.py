@@ -60,8 +60,8 @@ class MjcfSettings:
 class ArmModelSettings:
     """The learned inverse-dynamics model: which learner, from where, its pretraining."""
 
-    # WISKI: the online model's residual learner by default (exact rank-one updates per control step; docs/control.md's
-    # arm tables: no worse than the filter alone on changes inside the rigid-body class, better on a joint spring)
+    # WISKI: the online model's residual learner by default (exact rank-one updates per control step, within the period;
+    # docs/control.md's arm tables: level with the rigid-body filter alone on every change measured)
     learner: str = setting("wiski", choices=LEARNER_NAMES, metavar="NAME", help="learner of the model")
     from_run: str | None = setting(None, metavar="LEARN_RUN", none_means="none, a learner pretrained here",
                                    help="a `gpdyn learn` run folder on this arm's store (problem arm or kuka): its "
