@@ -60,8 +60,8 @@ class MjcfSettings:
 class ArmModelSettings:
     """The learned inverse-dynamics model: which learner, from where, its pretraining."""
 
-    # WISKI: the online model's residual learner by default (exact rank-one updates per control step, within the period;
-    # docs/control.md's arm tables: level with the rigid-body filter alone on every change measured)
+    # WISKI by default: as the online model's residual it takes one exact rank-one posterior update per control step
+    # (gpdyn.gp.wiski.for_control), where an SVDGP's observe only adds bases and its steps cost several periods
     learner: str = setting("wiski", choices=LEARNER_NAMES, metavar="NAME", help="learner of the model")
     from_run: str | None = setting(None, metavar="LEARN_RUN", none_means="none, a learner pretrained here",
                                    help="a `gpdyn learn` run folder on this arm's store (problem arm or kuka): its "

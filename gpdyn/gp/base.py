@@ -59,6 +59,33 @@ class MeanProgram:
     operands: tuple[Tensor, ...]
 
 
+class BatchMemo:
+    """What was computed for the last batch of rows, handed back when the same rows come again.
+
+    An online learner is asked about a transition and then learns from it (predict, then observe;
+    observe, then step on the same rows): the second call need not repeat the first's work. Rows
+    are compared exactly; a batch of more than ``max_rows`` rows (None: any) is not kept."""
+
+    def __init__(self, max_rows: int | None = None) -> None:
+        self.max_rows = max_rows
+        self._x: Tensor | None = None
+        self._value: Any = None
+
+    def get(self, x: Tensor) -> Any:
+        """The value kept for rows equal to ``x``, else None."""
+        if self._x is not None and self._x.shape == x.shape and torch.equal(self._x, x):
+            return self._value
+        return None
+
+    def put(self, x: Tensor, value: Any) -> None:
+        """Keep ``value`` for the rows ``x [N, D]`` (forgetting the previous batch)."""
+        keep = self.max_rows is None or (x.dim() == 2 and x.shape[0] <= self.max_rows)
+        self._x, self._value = (x.detach().clone(), value) if keep else (None, None)
+
+    def clear(self) -> None:
+        self._x = self._value = None
+
+
 def cholesky(a: Tensor) -> Tensor:
     """Lower Cholesky factor of the (batched) positive-definite ``a``, with no host sync on a GPU.
 

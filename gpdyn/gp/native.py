@@ -366,18 +366,23 @@ def _run(ut: Tensor, v: Tensor, a: Tensor, out: Tensor, shared: bool) -> None:
         raise RuntimeError(f"gpdyn_exp2_matvec refused its arguments (R {r}, Np {np_}, P {a.shape[0]})")
 
 
+def _run_outputs(ut: Tensor, v: Tensor, vec: Tensor, out: Tensor) -> None:
+    """:func:`_run` for every output: one kernel shared by all (``ut`` and ``v`` without an output
+    axis) takes up to :data:`MAX_VECTORS` vectors per pass, per-output kernels take them all at once."""
+    if ut.dim() == 2 and v.dim() == 2:
+        for lo in range(0, vec.shape[0], MAX_VECTORS):
+            _run(ut, v, vec[lo : lo + MAX_VECTORS], out[lo : lo + MAX_VECTORS], shared=True)
+    else:
+        _run(ut, v, vec, out, shared=False)
+
+
 @torch.library.custom_op("gpdyn::exp2_matvec", mutates_args=())
 def _exp2_matvec(u: Tensor, v: Tensor, vec: Tensor) -> Tensor:
     p, n = vec.shape[0], u.shape[-2]
     padded = -(-n // LANES) * LANES
     out = vec.new_empty(p, padded)
     vec, v = vec.contiguous(), v.contiguous()
-    ut = _transposed(u, padded)  # every output's at once
-    if u.dim() == 2 and v.dim() == 2:  # one kernel: up to MAX_VECTORS vectors per pass
-        for lo in range(0, p, MAX_VECTORS):
-            _run(ut, v, vec[lo : lo + MAX_VECTORS], out[lo : lo + MAX_VECTORS], shared=True)
-    else:
-        _run(ut, v, vec, out, shared=False)
+    _run_outputs(_transposed(u, padded), v, vec, out)  # every output's test points laid out at once
     return out[:, :n].contiguous()  # as the fake implementation says: no padded storage kept
 
 
@@ -407,11 +412,7 @@ def exp2_matvec_laid_out(ut: Tensor, v: Tensor, vec: Tensor) -> Tensor:
         return out
     if m == 0:
         return out.zero_()
-    if ut.dim() == 2 and v.dim() == 2:
-        for lo in range(0, p, MAX_VECTORS):
-            _run(ut, v, vec[lo : lo + MAX_VECTORS], out[lo : lo + MAX_VECTORS], shared=True)
-    else:
-        _run(ut, v, vec, out, shared=False)
+    _run_outputs(ut, v, vec, out)
     return out
 
 

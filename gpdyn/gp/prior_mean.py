@@ -16,10 +16,9 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch import Tensor
 
-from gpdyn.gp.base import Learner
+from gpdyn.gp.base import BatchMemo, Learner
 
 
 class WithPriorMean(Learner):
@@ -31,7 +30,7 @@ class WithPriorMean(Learner):
         super().__init__(base.input_dim, base.output_dim, device=base.device, dtype=base.dtype, seed=base.seed)
         self.base, self.prior, self.prior_name = base, prior, prior_name
         self.initialized = base.initialized
-        self._last: tuple[Tensor, Tensor] | None = None  # the last batch and its prior: observe then step on it
+        self._last = BatchMemo()  # the last batch's prior: observe then step on it
 
     def can(self, capability: str) -> bool:  # type: ignore[override]
         """The base learner's ``step_on_observed`` passes through (an online updater must then step on the batch
@@ -45,11 +44,10 @@ class WithPriorMean(Learner):
     def _prior(self, x: Tensor) -> Tensor:
         # an online updater observes a batch and then steps on the same rows: the prior (MuJoCo's inverse dynamics
         # for an arm, on the CPU) is computed once for them
-        last = self._last
-        if last is not None and last[0].shape == x.shape and torch.equal(last[0], x):
-            return last[1]
-        prior = self.prior(x).to(device=x.device, dtype=x.dtype)
-        self._last = (x.detach().clone(), prior)
+        prior = self._last.get(x)
+        if prior is None:
+            prior = self.prior(x).to(device=x.device, dtype=x.dtype)
+            self._last.put(x, prior)
         return prior
 
     def observe(self, x: Tensor, y: Tensor) -> None:

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from gpdyn.gp import make_learner
-from gpdyn.gp.base import LOG_2PI, Learner, LearnerError, Stateful, cholesky
+from gpdyn.gp.base import LOG_2PI, BatchMemo, Learner, LearnerError, Stateful, cholesky
 from gpdyn.gp.exact import ExactOnlineGP
 from gpdyn.gp.online import load_learner
 from gpdyn.gp.kernels import median_lengthscale
@@ -287,7 +287,7 @@ class ResidualGP(Learner):
         # the inputs (a transition's few rows) and prior mean of the last predict: observe's residual
         # target on the same rows then needs no second prior prediction (a controller predicts a
         # transition for its log, then learns from it)
-        self._last_prior: tuple[Tensor, Tensor] | None = None
+        self._last_prior = BatchMemo(max_rows=4)
 
     @property
     def initialized(self) -> bool:  # type: ignore[override]
@@ -325,18 +325,14 @@ class ResidualGP(Learner):
         return gp
 
     def _prior_mean(self, x: Tensor) -> Tensor:
-        last = self._last_prior
-        if last is not None and last[0].shape == x.shape and torch.equal(last[0], x):
-            return last[1]
+        last = self._last_prior.get(x)
+        if last is not None:
+            return last
         with torch.no_grad():
             return self.prior.predict_mean(x)
 
-    def _remember_prior(self, x: Tensor, mean: Tensor) -> None:
-        """Keep ``x`` and the prior's mean there for :meth:`_prior_mean` when ``x`` is a few rows."""
-        self._last_prior = (x.detach().clone(), mean.detach().clone()) if x.dim() == 2 and x.shape[0] <= 4 else None
-
     def _after_load(self) -> None:
-        self._last_prior = None
+        self._last_prior.clear()
 
     def observe(self, x: Tensor, y: Tensor) -> None:
         """Condition the residual GP on ``y - prior(x)`` (the SE kernel's GP is rebuilt from its newest half when full)."""
@@ -374,7 +370,7 @@ class ResidualGP(Learner):
 
     def predict(self, x: Tensor) -> tuple[Tensor, Tensor]:
         mean, var = self.prior.predict(x)
-        self._remember_prior(x, mean)
+        self._last_prior.put(x, mean.detach().clone())
         if self.residual.n == 0:
             return mean, var
         r_mean, r_var = self.residual.predict(x)

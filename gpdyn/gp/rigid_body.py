@@ -35,8 +35,8 @@ and first moment alone, as for a compact load (a point mass at an unknown offset
 rotational inertia about the mount is second order in the offset and is learnt as any other
 parameter). Re-opening them widely lets a sample or two identify a load: consecutive samples
 of a tracking arm are nearly the same equations, so the fewer unknowns a reset opens, the
-sooner they are pinned down (all ten terms took three to four samples on the KUKA, and its
-wrist drifted meanwhile). Re-opening all parameters as widely would leave 7 equations per
+sooner they are pinned down, and the less the arm drifts meanwhile (docs/control.md, the
+arm tables). Re-opening all parameters as widely would leave 7 equations per
 sample against ~100 unknowns, and the estimate would follow the data of the last few
 samples instead.
 

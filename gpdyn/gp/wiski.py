@@ -98,7 +98,7 @@ import torch
 from torch import Tensor
 
 from gpdyn.compiled import SignatureCompiled, compile_errors
-from gpdyn.gp.base import LOG_2PI, Learner, LearnerError, MeanProgram
+from gpdyn.gp.base import LOG_2PI, BatchMemo, Learner, LearnerError, MeanProgram
 from gpdyn.gp.hyperparams import SEHyperparameters, initial_noise_variance
 
 #: the dtype of the caches of eqs. (7), (16), (17) and of every solve with them (module notes)
@@ -628,7 +628,7 @@ class WISKI(Learner):
         # c_p of the calibrated variance (module notes; 1 without calibration)
         self.variance_scale = torch.ones(output_dim, **kw)
         self._stale = True
-        self._last_predict: dict[str, Tensor] | None = None  # the last predict, for _predict_again
+        self._last_predict = BatchMemo(max_rows=int(predict_chunk))  # (caches, mean, unscaled var) for _predict_again
         self._m_cache = torch.zeros(0, **kw)
         self._mean_cache = torch.zeros(0, **kw)
         self._fast: dict[str, Tensor] = {}
@@ -811,11 +811,11 @@ class WISKI(Learner):
         same caches: the prequential rule predicts a chunk and then observes it, and the
         calibration's prediction of that batch is the same one (half of the variance work of a
         calibrated stream)."""
-        memo = self._last_predict
+        memo = self._last_predict.get(x)
         # _fast is remade by every change of the posterior (_refresh, _update_posterior); the
         # hyperparameters and the projection change only with _stale set
-        if (memo is not None and not self._stale and memo["fast"] is self._fast and memo["x"].shape == x.shape and torch.equal(memo["x"], x)):
-            return memo["mean"], memo["var"] * self.variance_scale
+        if memo is not None and not self._stale and memo[0] is self._fast:
+            return memo[1], memo[2] * self.variance_scale
         return self.predict(x)
 
     def mll(self) -> Tensor:
@@ -1100,8 +1100,8 @@ class WISKI(Learner):
                 variances.append((noise * torch.einsum("pnk,pnkl,pnl->pn", w, mg, w)).T)
         mean = torch.cat(means) if means else xf.new_zeros(0, p)
         var = torch.cat(variances).clamp_min(0.0) if variances else xf.new_zeros(0, p)
-        if self.calibrate_rows and x.dim() == 2 and x.shape[0] <= self.predict_chunk:  # for _predict_again
-            self._last_predict = {"x": x.clone(), "fast": self._fast, "mean": mean.clone(), "var": var}
+        if self.calibrate_rows:  # for _predict_again
+            self._last_predict.put(x, (self._fast, mean.clone(), var))
         var = var * self.variance_scale
         return mean.reshape(*lead, p), var.reshape(*lead, p)
 
