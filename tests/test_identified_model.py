@@ -151,6 +151,7 @@ def test_controller_and_experiment_take_the_identified_model() -> None:
     model = nominal_model()
     controller = HybridSamplingController(WalkingCost(), DT, model, learned=IdentificationConfig())
     assert isinstance(controller.forward, IdentifiedForward)
+    assert controller.summary()["online_learner"] == "parameters"  # what its records name as learnt online
     with pytest.raises(InputError, match="model must be one of"):
         WalkLearnedConfig(model="gp").validate()
     recipe = load_recipe("walker-learned-parameters", "walker-learned")

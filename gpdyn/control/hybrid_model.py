@@ -527,8 +527,9 @@ class HybridSamplingController(SamplingController):
         return {}
 
     def summary(self) -> dict[str, Any]:
-        # the residual learner (ResidualConfig.learner, a registered learner) takes one observe per transition
-        learner = self.forward.config.learner if isinstance(self.forward, HybridForward) else "residual"
+        # the residual learner (ResidualConfig.learner, a registered learner) or the identified parameters' Bayesian
+        # regression ("parameters", --learned-model parameters) takes one observe per transition
+        learner = self.forward.config.learner if isinstance(self.forward, HybridForward) else "parameters"
         return {**super().summary(), "online_learner": learner, "gp_updates": self.forward.observed,
                 "residual_points": float(self.forward.observed), "residual_active": self.forward.active,
                 "residual_distrusted_steps": float(self.forward.distrusted_steps)}

@@ -69,7 +69,7 @@ class IdentificationConfig:
     max_factor: float = 3.0
     # where the sensitivities J come from: "plant" (finite differences of the plant-resolution step, P + 2 rollouts of
     # stride * frame_skip substeps each) or "planning" (of one planning-model step under the mean control: P + 1
-    # single steps, about a quarter of the CPU; the prediction and the check stay at the plant's resolution)
+    # single coarse steps; the prediction and the check stay at the plant's resolution)
     sensitivity: str = "plant"
     gate_window: int = 100  # the online check, as ResidualConfig's (0: always used after warmup)
     gate_margin: float = 0.9
