@@ -120,6 +120,13 @@ class ResidualConfig:
     # force space: the generalized coordinates the force acts on: "all", or "actuated" (the actuators' joints only:
     # no force on the floating base, where a target's unidentifiable part otherwise lands as a bias)
     force_dofs: str = "all"
+    # which executed transitions it learns, and when. "overlapping": at every control step the planning step that ends
+    # there (consecutive transitions share stride - 1 control steps), its target, check and update all at that step.
+    # "spread": one transition per planning step, none overlapping, its work spread over two control steps: the
+    # nominal plant and the contact target's Jacobian at the step the transition ends, the target's iterations, the
+    # online check and the learner's update at the next (HybridSamplingController.observe), so that no control step
+    # carries a whole update; the targets are the same numbers
+    update: str = "overlapping"
     # the online check: each transition is predicted before it is learned, and over the last gate_window of them the
     # residual is used only while its one-step squared error is below the nominal plant's (0: always used). A plant
     # change the residual's form cannot express (feet that slip: foot friction x0.5) otherwise makes it worse than none
@@ -147,6 +154,7 @@ class ResidualConfig:
                   ("refit_every", self.refit_every >= 1), ("refit_iters", self.refit_iters >= 0),
                   ("forget", 0 < self.forget <= 1), ("force_target", self.force_target in ("contact", "inertia")),
                   ("force_iterations", self.force_iterations >= 1), ("force_dofs", self.force_dofs in ("all", "actuated")),
+                  ("update", self.update in ("overlapping", "spread")),
                   ("gate_window", self.gate_window >= 0),
                   ("gate_margin", np.isfinite(self.gate_margin) and 0 < self.gate_margin <= 1))
         for name, ok in checks:
@@ -155,6 +163,21 @@ class ResidualConfig:
                          "linear_inputs='action'; use space='velocity' otherwise)" if name == "space" and self.space == "force"
                          else "")
                 raise InputError(f"residual model: option {name}={getattr(self, name)!r} is out of range{extra}")
+
+
+@dataclass
+class PendingTransition:
+    """One executed transition between :meth:`HybridForward.begin_observe` and :meth:`HybridForward.finish_observe`:
+    its states ``[1, n]``, controls ``[1, stride, nu]``, the nominal plant's next velocity, and either its target
+    or (the contact target) the start, reached velocity and step map of :meth:`HybridForward.contact_jacobian`."""
+
+    qpos: np.ndarray
+    qvel: np.ndarray
+    controls: np.ndarray
+    next_qvel: np.ndarray
+    nominal: np.ndarray
+    target: np.ndarray | None = None
+    chord: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 class HybridForward(PathModel):
@@ -325,7 +348,15 @@ class HybridForward(PathModel):
         ``(J^T J + lambda I)^-1 J^T (next_qvel - qvel'(force))``. With a foot on the ground the plant's response to
         a force is not ``M^-1 force dt``: the contact takes up part of it, so the inertia inversion spreads a
         weakened hip's torque over the other joints, which these targets do not (the fitted hip columns of both:
-        docs/results/walk-learned-model/report.md)."""
+        docs/results/walk-learned-model/report.md). The two halves, :meth:`contact_jacobian` and
+        :meth:`contact_iterations`, may run at different control steps (``ResidualConfig.update="spread"``)."""
+        return self.contact_iterations(qpos, qvel, controls, next_qvel, *self.contact_jacobian(qpos, qvel, controls, start))
+
+    def contact_jacobian(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray,
+                         start: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`contact_force`'s first half, one rollout call: the start force ``[K, nv]`` (``start`` on
+        :attr:`force_dofs`, zero elsewhere), the velocity it reaches ``[K, nv]``, and the damped least-squares map
+        ``[K, nv, nv]`` from a velocity miss to a force step, from the finite-difference Jacobian there."""
         k, nv = qvel.shape
         dofs = self.force_dofs  # the force acts on these coordinates only (config.force_dofs)
         m = len(dofs)
@@ -342,9 +373,15 @@ class HybridForward(PathModel):
         lift = np.zeros((m, nv))
         lift[np.arange(m), dofs] = 1.0
         step_of = lift.T @ np.linalg.solve(gram + damping, jac.transpose(0, 2, 1))  # [K, nv, nv]: velocity miss -> force step
+        return force, reached[:, 0], step_of
+
+    def contact_iterations(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, next_qvel: np.ndarray,
+                           force: np.ndarray, velocity: np.ndarray, step_of: np.ndarray) -> np.ndarray:
+        """:meth:`contact_force`'s second half: ``config.force_iterations`` chord steps from ``force`` (which reaches
+        ``velocity``) with the map ``step_of`` of :meth:`contact_jacobian`, one rollout call each."""
         # each transition keeps its best force so far: where a contact comes or goes within the step the
         # Jacobian at the start can point the wrong way, and a step that misses more is not taken
-        best, best_velocity = force, reached[:, 0]
+        best, best_velocity = force, velocity
         miss = np.linalg.norm(next_qvel - best_velocity, axis=1)
         for _ in range(self.config.force_iterations):
             trial = best + (step_of @ (next_qvel - best_velocity)[..., None])[..., 0]
@@ -368,6 +405,11 @@ class HybridForward(PathModel):
         mujoco.mj_fullM(self.plant_model, self.plant_data, full)
         return full
 
+    def inertia_force(self, qpos: np.ndarray, dv: np.ndarray) -> np.ndarray:
+        """``M(q) dv / dt [K, nv]`` through the nominal mass matrix over the planning step (the "inertia" target and
+        the contact target's start)."""
+        return np.stack([self.mass_matrix(q) @ d for q, d in zip(qpos, dv, strict=True)]) / (self.stride * self._control_dt)
+
     def target(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, next_qvel: np.ndarray,
                nominal: np.ndarray | None = None) -> np.ndarray:
         """The residual targets ``[K, nv]`` of transitions ``(qpos, qvel) [K, n]`` under ``controls [K, stride, nu]``
@@ -376,8 +418,7 @@ class HybridForward(PathModel):
         if nominal is None and (self.config.space == "force" or self.config.target == "plant"):
             nominal = self.nominal_plant(qpos, qvel, controls)
         if self.config.space == "force":  # the generalized force that makes this velocity change
-            dv = next_qvel - nominal
-            inertia = np.stack([self.mass_matrix(q) @ d for q, d in zip(qpos, dv, strict=True)]) / (self.stride * self._control_dt)
+            inertia = self.inertia_force(qpos, next_qvel - nominal)
             if self.config.force_target == "inertia":  # M(q) dv / dt
                 return inertia
             return self.contact_force(qpos, qvel, controls, next_qvel, start=inertia)
@@ -387,7 +428,16 @@ class HybridForward(PathModel):
 
     def observe(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, next_qvel: np.ndarray) -> None:
         """One executed transition over a planning step: ``(qpos, qvel)`` under the control steps
-        ``controls [stride, nu]`` to ``next_qvel``; the GP's input takes their mean as the planning step's control."""
+        ``controls [stride, nu]`` to ``next_qvel``; the GP's input takes their mean as the planning step's control.
+        :meth:`begin_observe` then :meth:`finish_observe`."""
+        self.finish_observe(self.begin_observe(qpos, qvel, controls, next_qvel))
+
+    def begin_observe(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray,
+                      next_qvel: np.ndarray) -> PendingTransition:
+        """:meth:`observe`'s first half: the checks of its input, the nominal plant's step and the target, or for the
+        contact target its start and Jacobian (:meth:`contact_jacobian`). The model is unchanged until
+        :meth:`finish_observe` of what it returns (``ResidualConfig.update="spread"`` runs the two at consecutive
+        control steps)."""
         qpos, qvel, next_qvel = (np.asarray(a, dtype=float).reshape(1, -1) for a in (qpos, qvel, next_qvel))
         controls = np.asarray(controls, dtype=float)
         if (qpos.shape[1] != self.nq or qvel.shape[1] != self.nv or controls.shape != (self.stride, self.nu)
@@ -397,10 +447,24 @@ class HybridForward(PathModel):
                              f"({self.stride}, {self.nu}), {self.nv}")
         if not all(np.isfinite(a).all() for a in (qpos, qvel, controls, next_qvel)):
             raise InputError("hybrid model: observe got a non-finite state or control")
+        pending = PendingTransition(qpos, qvel, controls[None], next_qvel, self.nominal_plant(qpos, qvel, controls[None]))
+        if self.config.space == "force" and self.config.force_target == "contact":
+            pending.chord = self.contact_jacobian(qpos, qvel, pending.controls,
+                                                  self.inertia_force(qpos, next_qvel - pending.nominal))
+        else:
+            pending.target = self.target(qpos, qvel, pending.controls, next_qvel, pending.nominal)
+        return pending
+
+    def finish_observe(self, pending: PendingTransition) -> None:
+        """:meth:`observe`'s second half, on what :meth:`begin_observe` returned: the contact target's iterations
+        (:meth:`contact_iterations`), the online check's prediction of the transition, and the learner's update."""
+        qpos, qvel, controls, next_qvel, nominal = (pending.qpos, pending.qvel, pending.controls[0], pending.next_qvel,
+                                                    pending.nominal)
+        target = pending.target if pending.chord is None else self.contact_iterations(
+            qpos, qvel, pending.controls, next_qvel, *pending.chord)
         u = controls.mean(0, keepdims=True)
-        nominal = self.nominal_plant(qpos, qvel, controls[None])
         x = self.features(qpos, qvel, u)[0]
-        r = self.target(qpos, qvel, controls[None], next_qvel, nominal)[0, self.force_dofs]
+        r = target[0, self.force_dofs]
         self.observed += 1
         if self.learner is None:
             self._pending.append((x, r))
@@ -494,6 +558,9 @@ class HybridSamplingController(SamplingController):
         self.rng = np.random.default_rng(seed + 7919)
         self.low, self.high = nominal.actuator_ctrlrange[:, 0], nominal.actuator_ctrlrange[:, 1]
         self._history: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        # ResidualConfig.update="spread": one transition per planning step, finished at the control step after it ends
+        self._spread = isinstance(self.forward, HybridForward) and self.forward.config.update == "spread"
+        self._unfinished: PendingTransition | None = None
 
     def make_sampler(self, env: Any) -> SplineSampler:
         """The episode's sampler on the learned model of the nominal plant (a fresh seed per episode)."""
@@ -504,6 +571,9 @@ class HybridSamplingController(SamplingController):
     def start_episode(self) -> None:
         super().start_episode()
         self._history = []
+        if self._unfinished is not None:  # the last episode's last transition, between episodes (no control step's time)
+            self.forward.finish_observe(self._unfinished)
+            self._unfinished = None
 
     def act(self, obs: np.ndarray, info: Any) -> tuple[np.ndarray, dict[str, Any]]:
         start = time.process_time()
@@ -516,13 +586,26 @@ class HybridSamplingController(SamplingController):
         return action, record
 
     def observe(self, obs: np.ndarray, action: np.ndarray, next_obs: np.ndarray, info: Any) -> dict[str, Any]:
-        if not self.learn or len(self._history) < self.config.stride:
+        """Learn the planning step that ends here: every control step (overlapping transitions), or with
+        ``ResidualConfig.update="spread"`` every ``stride``-th, begun here and finished at the next control step."""
+        if not self.learn or (self._unfinished is None and len(self._history) < self.config.stride):
             return {}
         start = time.process_time()
-        qpos, qvel, _ = self._history[-self.config.stride]
-        controls = np.stack([h[2] for h in self._history[-self.config.stride:]])
-        self.forward.observe(qpos, qvel, controls, self.state(self.env)[self.nominal.nq :])
-        del self._history[: -self.config.stride]  # older entries are no longer needed
+        if self._unfinished is not None:
+            assert isinstance(self.forward, HybridForward)
+            self.forward.finish_observe(self._unfinished)
+            self._unfinished = None
+        if len(self._history) >= self.config.stride:
+            qpos, qvel, _ = self._history[-self.config.stride]
+            controls = np.stack([h[2] for h in self._history[-self.config.stride:]])
+            next_qvel = self.state(self.env)[self.nominal.nq :]
+            if self._spread:
+                assert isinstance(self.forward, HybridForward)
+                self._unfinished = self.forward.begin_observe(qpos, qvel, controls, next_qvel)
+                self._history = []  # the next transition starts here: none overlap
+            else:
+                self.forward.observe(qpos, qvel, controls, next_qvel)
+                del self._history[: -self.config.stride]  # older entries are no longer needed
         self._cpu[-1] += time.process_time() - start
         return {}
 
@@ -535,4 +618,4 @@ class HybridSamplingController(SamplingController):
                 "residual_distrusted_steps": float(self.forward.distrusted_steps)}
 
 
-__all__ = ["HybridForward", "HybridSamplingController", "ResidualConfig"]
+__all__ = ["HybridForward", "HybridSamplingController", "PendingTransition", "ResidualConfig"]
