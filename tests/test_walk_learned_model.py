@@ -292,3 +292,49 @@ def test_paired_statistics_pair_by_seed_and_bound_the_recovery() -> None:
     assert p["recovery"] == pytest.approx(gained.mean() / np.subtract(true, frozen).mean())
     assert p["recovery_5"] <= p["recovery"] <= p["recovery_95"] and p["recovery_95"] < 1.0
     assert "Paired over seeds" in tables([], records, 100)
+
+
+@pytest.mark.parametrize("every", [1, 2, 4])
+def test_the_controller_learns_every_nth_transition_its_update_in_pieces(every: int) -> None:
+    """update_every=1 learns at every control step the planning step ending there (s_0 -> s_2, s_1 -> s_3, ...);
+    n > 1 the one ending at every n-th control step (n = 2: s_0 -> s_2, s_2 -> s_4, ..., none overlapping; n = 4:
+    s_2 -> s_4, s_6 -> s_8, ...), its update in n pieces over n control steps. Either way the model equals one that
+    observed those transitions at once, and each piece runs about 1/n of the plant simulation."""
+    from gpdyn.control.hybrid_model import HybridSamplingController
+    from gpdyn.robots.legged import state_rows
+    from gpdyn.sim.loop import run_episode
+
+    sampler = SamplerConfig(samples=4, horizon=8, knots=3)
+    controller = HybridSamplingController(WalkingCost(), DT, nominal_model(), sampler,
+                                          ResidualConfig(warmup=4, update_every=every), seed=0)
+    env, _ = plant("weak_motor", 0.3)
+    rows = run_episode(env, controller, steps=33, reset_seed=3, rows=state_rows, next_rows=("qpos", "qvel")).rows
+    env.close()
+    assert len(rows["action"]) == 33  # it did not fall
+    # the transitions' first steps; the last one begun (step 31) is finished at step 32 (n = 2), or not yet (n = 4)
+    starts = {1: range(32), 2: range(0, 31, 2), 4: range(2, 27, 4)}[every]
+    reference = HybridForward(nominal_model(), DT, sampler.stride, sampler.integrator, ResidualConfig(warmup=4))
+    for t in starts:
+        reference.observe(rows["qpos"][t], rows["qvel"][t], rows["action"][t : t + 2], rows["next_qvel"][t + 1])
+    assert controller.forward.observed == reference.observed == len(starts)
+    q, v = rows["qpos"][:5], rows["qvel"][:5]
+    u = np.random.default_rng(2).uniform(-1, 1, (5, 6))
+    assert np.abs(reference._learned(q, v, u)).max() > 1e-3
+    np.testing.assert_allclose(controller.forward._learned(q, v, u), reference._learned(q, v, u), rtol=1e-12, atol=1e-12)
+    assert len(controller.forward.check) == len(reference.check) == len(starts) - 4
+    assert (controller._unfinished is not None) == (every == 4)
+    # the pieces: 15 plant rows (the nominal step, 10 Jacobian rows, 3 iterations, the check) in n parts
+    pieces, counted = reference.observe_in_pieces(rows["qpos"][0], rows["qvel"][0], rows["action"][:2],
+                                                  rows["next_qvel"][1], every), []
+    plant_rows = reference.nominal_plant
+
+    def counting(qpos, *rest):
+        counted[-1] += len(qpos)
+        return plant_rows(qpos, *rest)
+
+    reference.nominal_plant, counted = counting, [0]
+    for _ in pieces:
+        counted.append(0)
+    assert len(counted) <= every and max(counted) <= -(-15 // every), counted
+    with pytest.raises(InputError, match="update_every"):
+        ResidualConfig(update_every=0).validate()

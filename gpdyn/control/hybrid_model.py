@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,13 +121,13 @@ class ResidualConfig:
     # force space: the generalized coordinates the force acts on: "all", or "actuated" (the actuators' joints only:
     # no force on the floating base, where a target's unidentifiable part otherwise lands as a bias)
     force_dofs: str = "all"
-    # which executed transitions it learns, and when. "overlapping": at every control step the planning step that ends
-    # there (consecutive transitions share stride - 1 control steps), its target, check and update all at that step.
-    # "spread": one transition per planning step, none overlapping, its work spread over two control steps: the
-    # nominal plant and the contact target's Jacobian at the step the transition ends, the target's iterations, the
-    # online check and the learner's update at the next (HybridSamplingController.observe), so that no control step
-    # carries a whole update; the targets are the same numbers
-    update: str = "overlapping"
+    # control steps between the transitions it learns, and the work of each spread over them. 1: at every control step
+    # the planning step that ends there (consecutive transitions share stride - 1 control steps), its target, check
+    # and update all at that step. n > 1: the planning step ending at every n-th control step (with n = stride: one
+    # per planning step, none overlapping), its nominal step, target (the contact target's Jacobian rows in chunks
+    # and iterations), check and update cut into n pieces of about equal plant simulation, one per control step
+    # (HybridForward.observe_in_pieces), so that no control step carries a whole update; the targets are the same
+    update_every: int = 1
     # the online check: each transition is predicted before it is learned, and over the last gate_window of them the
     # residual is used only while its one-step squared error is below the nominal plant's (0: always used). A plant
     # change the residual's form cannot express (feet that slip: foot friction x0.5) otherwise makes it worse than none
@@ -154,7 +155,7 @@ class ResidualConfig:
                   ("refit_every", self.refit_every >= 1), ("refit_iters", self.refit_iters >= 0),
                   ("forget", 0 < self.forget <= 1), ("force_target", self.force_target in ("contact", "inertia")),
                   ("force_iterations", self.force_iterations >= 1), ("force_dofs", self.force_dofs in ("all", "actuated")),
-                  ("update", self.update in ("overlapping", "spread")),
+                  ("update_every", self.update_every >= 1),
                   ("gate_window", self.gate_window >= 0),
                   ("gate_margin", np.isfinite(self.gate_margin) and 0 < self.gate_margin <= 1))
         for name, ok in checks:
@@ -165,19 +166,17 @@ class ResidualConfig:
                 raise InputError(f"residual model: option {name}={getattr(self, name)!r} is out of range{extra}")
 
 
-@dataclass
-class PendingTransition:
-    """One executed transition between :meth:`HybridForward.begin_observe` and :meth:`HybridForward.finish_observe`:
-    its states ``[1, n]``, controls ``[1, stride, nu]``, the nominal plant's next velocity, and either its target
-    or (the contact target) the start, reached velocity and step map of :meth:`HybridForward.contact_jacobian`."""
+class _Pieces:
+    """The plant-rollout rows one piece of :meth:`HybridForward.observe_in_pieces` may run (``per``) and has run."""
 
-    qpos: np.ndarray
-    qvel: np.ndarray
-    controls: np.ndarray
-    next_qvel: np.ndarray
-    nominal: np.ndarray
-    target: np.ndarray | None = None
-    chord: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    def __init__(self, per: float) -> None:
+        self.per, self.used = per, 0
+
+    def room(self) -> Iterator[None]:
+        """Yield (end the piece) where this one has no room left: before the next rollout."""
+        if self.used >= self.per:
+            yield
+            self.used = 0
 
 
 class HybridForward(PathModel):
@@ -220,6 +219,8 @@ class HybridForward(PathModel):
         self.learner: Any = None
         self._runner: Any = None  # mujoco.rollout.Rollout, made at the first stepwise rollout
         self._models: list[mujoco.MjModel] = []
+        self._plant_runner: Any = None  # mujoco.rollout.Rollout of nominal_plant, made at its first call
+        self._plant_buffers: dict[int, tuple[list[mujoco.MjModel], np.ndarray, np.ndarray]] = {}
         self._pending: list[tuple[np.ndarray, np.ndarray]] = []
         self.observed = 0
         self.x_mean = self.x_scale = self.r_scale = None
@@ -334,9 +335,20 @@ class HybridForward(PathModel):
         if force is not None:
             per_substep = np.concatenate([per_substep, np.repeat(force[:, None, :], per_substep.shape[1], axis=1)], -1)
             spec |= mujoco.mjtState.mjSTATE_QFRC_APPLIED.value
-        out, _ = mj_rollout.rollout(self.plant_model, self.plant_data, self.states.initial(qpos, qvel), per_substep,
-                                    control_spec=spec)
-        return out[:, -1, self.states.qvel]
+        # through a persistent Rollout without its per-call checks and allocations (a transition's update makes
+        # several small calls): its buffers kept per batch size, the result copied out of them
+        per_substep = np.ascontiguousarray(per_substep, dtype=np.float64)
+        n, nstep = per_substep.shape[:2]
+        if self._plant_runner is None:
+            self._plant_runner = mj_rollout.Rollout(nthread=0)
+        buffers = self._plant_buffers.get(n)
+        if buffers is None or buffers[1].shape[1] != nstep:
+            buffers = self._plant_buffers[n] = ([self.plant_model] * n, np.empty((n, nstep, self.states.size)),
+                                                np.empty((n, nstep, self.plant_model.nsensordata)))
+        models, out, sensors = buffers
+        self._plant_runner.rollout(models, [self.plant_data], self.states.initial(qpos, qvel), per_substep,
+                                   skip_checks=True, nstep=nstep, control_spec=spec, state=out, sensordata=sensors)
+        return out[:, -1, self.states.qvel].copy()
 
     def contact_force(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, next_qvel: np.ndarray,
                       start: np.ndarray) -> np.ndarray:
@@ -348,15 +360,18 @@ class HybridForward(PathModel):
         ``(J^T J + lambda I)^-1 J^T (next_qvel - qvel'(force))``. With a foot on the ground the plant's response to
         a force is not ``M^-1 force dt``: the contact takes up part of it, so the inertia inversion spreads a
         weakened hip's torque over the other joints, which these targets do not (the fitted hip columns of both:
-        docs/results/walk-learned-model/report.md). The two halves, :meth:`contact_jacobian` and
-        :meth:`contact_iterations`, may run at different control steps (``ResidualConfig.update="spread"``)."""
-        return self.contact_iterations(qpos, qvel, controls, next_qvel, *self.contact_jacobian(qpos, qvel, controls, start))
+        docs/results/walk-learned-model/report.md)."""
+        steps = self._contact_force(qpos, qvel, controls, next_qvel, start, _Pieces(np.inf))
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
 
-    def contact_jacobian(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray,
-                         start: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`contact_force`'s first half, one rollout call: the start force ``[K, nv]`` (``start`` on
-        :attr:`force_dofs`, zero elsewhere), the velocity it reaches ``[K, nv]``, and the damped least-squares map
-        ``[K, nv, nv]`` from a velocity miss to a force step, from the finite-difference Jacobian there."""
+    def _contact_force(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, next_qvel: np.ndarray,
+                       start: np.ndarray, pieces: _Pieces) -> Generator[None, None, np.ndarray]:
+        """:meth:`contact_force` as a generator that yields where ``pieces`` has no room left for the next rollout:
+        the Jacobian's rows in chunks, each iteration's one row (:meth:`observe_in_pieces`); returns the force."""
         k, nv = qvel.shape
         dofs = self.force_dofs  # the force acts on these coordinates only (config.force_dofs)
         m = len(dofs)
@@ -365,27 +380,31 @@ class HybridForward(PathModel):
         perturb = np.zeros((m + 1, nv))
         perturb[np.arange(1, m + 1), dofs] = FORCE_STEP
         trial = (force[:, None, :] + perturb[None]).reshape(-1, nv)
-        reached = self.nominal_plant(np.repeat(qpos, m + 1, 0), np.repeat(qvel, m + 1, 0),
-                                     np.repeat(controls, m + 1, 0), trial).reshape(k, m + 1, nv)
+        rows_q, rows_v, rows_u = np.repeat(qpos, m + 1, 0), np.repeat(qvel, m + 1, 0), np.repeat(controls, m + 1, 0)
+        reached = np.empty((k * (m + 1), nv))
+        done = 0
+        while done < len(trial):  # the rows in chunks that fit the pieces (one call when they all fit)
+            yield from pieces.room()
+            rows = slice(done, done + int(min(pieces.per - pieces.used, len(trial) - done)))
+            reached[rows] = self.nominal_plant(rows_q[rows], rows_v[rows], rows_u[rows], trial[rows])
+            pieces.used += rows.stop - done
+            done = rows.stop
+        reached = reached.reshape(k, m + 1, nv)
         jac = (reached[:, 1:] - reached[:, :1]).transpose(0, 2, 1) / FORCE_STEP  # [K, nv (qvel), m (force)]
         gram = jac.transpose(0, 2, 1) @ jac
         damping = 1e-6 * np.trace(gram, axis1=1, axis2=2)[:, None, None] * np.eye(m)
         lift = np.zeros((m, nv))
         lift[np.arange(m), dofs] = 1.0
         step_of = lift.T @ np.linalg.solve(gram + damping, jac.transpose(0, 2, 1))  # [K, nv, nv]: velocity miss -> force step
-        return force, reached[:, 0], step_of
-
-    def contact_iterations(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, next_qvel: np.ndarray,
-                           force: np.ndarray, velocity: np.ndarray, step_of: np.ndarray) -> np.ndarray:
-        """:meth:`contact_force`'s second half: ``config.force_iterations`` chord steps from ``force`` (which reaches
-        ``velocity``) with the map ``step_of`` of :meth:`contact_jacobian`, one rollout call each."""
         # each transition keeps its best force so far: where a contact comes or goes within the step the
         # Jacobian at the start can point the wrong way, and a step that misses more is not taken
-        best, best_velocity = force, velocity
+        best, best_velocity = force, reached[:, 0]
         miss = np.linalg.norm(next_qvel - best_velocity, axis=1)
         for _ in range(self.config.force_iterations):
+            yield from pieces.room()
             trial = best + (step_of @ (next_qvel - best_velocity)[..., None])[..., 0]
             velocity = self.nominal_plant(qpos, qvel, controls, trial)
+            pieces.used += k
             trial_miss = np.linalg.norm(next_qvel - velocity, axis=1)
             better = trial_miss < miss
             if not better.any():
@@ -428,16 +447,18 @@ class HybridForward(PathModel):
 
     def observe(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, next_qvel: np.ndarray) -> None:
         """One executed transition over a planning step: ``(qpos, qvel)`` under the control steps
-        ``controls [stride, nu]`` to ``next_qvel``; the GP's input takes their mean as the planning step's control.
-        :meth:`begin_observe` then :meth:`finish_observe`."""
-        self.finish_observe(self.begin_observe(qpos, qvel, controls, next_qvel))
+        ``controls [stride, nu]`` to ``next_qvel``; the GP's input takes their mean as the planning step's control."""
+        for _ in self.observe_in_pieces(qpos, qvel, controls, next_qvel, 1):
+            pass
 
-    def begin_observe(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray,
-                      next_qvel: np.ndarray) -> PendingTransition:
-        """:meth:`observe`'s first half: the checks of its input, the nominal plant's step and the target, or for the
-        contact target its start and Jacobian (:meth:`contact_jacobian`). The model is unchanged until
-        :meth:`finish_observe` of what it returns (``ResidualConfig.update="spread"`` runs the two at consecutive
-        control steps)."""
+    def observe_in_pieces(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, next_qvel: np.ndarray,
+                          pieces: int) -> Iterator[None]:
+        """:meth:`observe` in ``pieces`` parts of about equal plant simulation (the nominal step, the contact target's
+        Jacobian rows, each of its iterations, the check's prediction: one rollout row each): a generator that
+        yields between the parts, for a controller to run one part per control step (``ResidualConfig.update_every``).
+        The input is checked at its first part; the model changes at its last, with the check and the update."""
+        if pieces < 1:
+            raise InputError(f"hybrid model: observe_in_pieces needs pieces >= 1, got {pieces}")
         qpos, qvel, next_qvel = (np.asarray(a, dtype=float).reshape(1, -1) for a in (qpos, qvel, next_qvel))
         controls = np.asarray(controls, dtype=float)
         if (qpos.shape[1] != self.nq or qvel.shape[1] != self.nv or controls.shape != (self.stride, self.nu)
@@ -447,31 +468,29 @@ class HybridForward(PathModel):
                              f"({self.stride}, {self.nu}), {self.nv}")
         if not all(np.isfinite(a).all() for a in (qpos, qvel, controls, next_qvel)):
             raise InputError("hybrid model: observe got a non-finite state or control")
-        pending = PendingTransition(qpos, qvel, controls[None], next_qvel, self.nominal_plant(qpos, qvel, controls[None]))
-        if self.config.space == "force" and self.config.force_target == "contact":
-            pending.chord = self.contact_jacobian(qpos, qvel, pending.controls,
-                                                  self.inertia_force(qpos, next_qvel - pending.nominal))
-        else:
-            pending.target = self.target(qpos, qvel, pending.controls, next_qvel, pending.nominal)
-        return pending
-
-    def finish_observe(self, pending: PendingTransition) -> None:
-        """:meth:`observe`'s second half, on what :meth:`begin_observe` returned: the contact target's iterations
-        (:meth:`contact_iterations`), the online check's prediction of the transition, and the learner's update."""
-        qpos, qvel, controls, next_qvel, nominal = (pending.qpos, pending.qvel, pending.controls[0], pending.next_qvel,
-                                                    pending.nominal)
-        target = pending.target if pending.chord is None else self.contact_iterations(
-            qpos, qvel, pending.controls, next_qvel, *pending.chord)
+        cfg = self.config
+        contact = cfg.space == "force" and cfg.force_target == "contact"
+        checked = self.learner is not None and bool(cfg.gate_window)
+        rows = 1 + (len(self.force_dofs) + 1 + cfg.force_iterations if contact else 0) + checked
+        part = _Pieces(np.inf if pieces == 1 else -(-rows // pieces))
         u = controls.mean(0, keepdims=True)
+        nominal = self.nominal_plant(qpos, qvel, controls[None])
+        part.used += 1
+        if contact:
+            start = self.inertia_force(qpos, next_qvel - nominal)
+            target = yield from self._contact_force(qpos, qvel, controls[None], next_qvel, start, part)
+        else:
+            target = self.target(qpos, qvel, controls[None], next_qvel, nominal)
         x = self.features(qpos, qvel, u)[0]
         r = target[0, self.force_dofs]
         self.observed += 1
         if self.learner is None:
             self._pending.append((x, r))
-            if len(self._pending) >= self.config.warmup:
+            if len(self._pending) >= cfg.warmup:
                 self._build()
             return
-        if self.config.gate_window:
+        if checked:
+            yield from part.room()
             self._check(qpos, qvel, controls, u, next_qvel, nominal)
         self._observe_scaled(x[None], r[None])
 
@@ -525,6 +544,7 @@ class HybridForward(PathModel):
         """A frozen copy (the learner's state as now; the MuJoCo model shared)."""
         other = copy.copy(self)
         other._runner, other._models = None, []  # its own rollout buffers
+        other._plant_runner, other._plant_buffers = None, {}
         other.learner = copy.deepcopy(self.learner)
         other._pending = list(self._pending)
         other.check = self.check.copy()
@@ -558,9 +578,10 @@ class HybridSamplingController(SamplingController):
         self.rng = np.random.default_rng(seed + 7919)
         self.low, self.high = nominal.actuator_ctrlrange[:, 0], nominal.actuator_ctrlrange[:, 1]
         self._history: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        # ResidualConfig.update="spread": one transition per planning step, finished at the control step after it ends
-        self._spread = isinstance(self.forward, HybridForward) and self.forward.config.update == "spread"
-        self._unfinished: PendingTransition | None = None
+        # ResidualConfig.update_every: control steps between learned transitions, each one's update spread over them
+        self._every = self.forward.config.update_every if isinstance(self.forward, HybridForward) else 1
+        self._since = 0  # control steps since the last learned transition ended
+        self._unfinished: Iterator[None] | None = None  # its update's remaining pieces
 
     def make_sampler(self, env: Any) -> SplineSampler:
         """The episode's sampler on the learned model of the nominal plant (a fresh seed per episode)."""
@@ -571,8 +592,10 @@ class HybridSamplingController(SamplingController):
     def start_episode(self) -> None:
         super().start_episode()
         self._history = []
+        self._since = 0
         if self._unfinished is not None:  # the last episode's last transition, between episodes (no control step's time)
-            self.forward.finish_observe(self._unfinished)
+            for _ in self._unfinished:
+                pass
             self._unfinished = None
 
     def act(self, obs: np.ndarray, info: Any) -> tuple[np.ndarray, dict[str, Any]]:
@@ -586,28 +609,37 @@ class HybridSamplingController(SamplingController):
         return action, record
 
     def observe(self, obs: np.ndarray, action: np.ndarray, next_obs: np.ndarray, info: Any) -> dict[str, Any]:
-        """Learn the planning step that ends here: every control step (overlapping transitions), or with
-        ``ResidualConfig.update="spread"`` every ``stride``-th, begun here and finished at the next control step."""
-        if not self.learn or (self._unfinished is None and len(self._history) < self.config.stride):
+        """Learn the planning step that ends here: at every control step, or with ``ResidualConfig.update_every``
+        n > 1 at every n-th, its update in n pieces, one per control step (this one's first)."""
+        if not self.learn:
             return {}
         start = time.process_time()
+        self._since += 1
         if self._unfinished is not None:
-            assert isinstance(self.forward, HybridForward)
-            self.forward.finish_observe(self._unfinished)
-            self._unfinished = None
-        if len(self._history) >= self.config.stride:
+            self._advance()
+        if len(self._history) >= self.config.stride and self._since >= self._every:
             qpos, qvel, _ = self._history[-self.config.stride]
             controls = np.stack([h[2] for h in self._history[-self.config.stride:]])
             next_qvel = self.state(self.env)[self.nominal.nq :]
-            if self._spread:
-                assert isinstance(self.forward, HybridForward)
-                self._unfinished = self.forward.begin_observe(qpos, qvel, controls, next_qvel)
-                self._history = []  # the next transition starts here: none overlap
-            else:
+            if self._every == 1:
                 self.forward.observe(qpos, qvel, controls, next_qvel)
-                del self._history[: -self.config.stride]  # older entries are no longer needed
+            else:
+                assert isinstance(self.forward, HybridForward)
+                if self._unfinished is not None:  # (pieces that did not fit: never with n pieces in n steps)
+                    for _ in self._unfinished:
+                        pass
+                self._unfinished = self.forward.observe_in_pieces(qpos, qvel, controls, next_qvel, self._every)
+                self._advance()
+            self._since = 0
+        del self._history[: -self.config.stride]  # older entries are no longer needed
         self._cpu[-1] += time.process_time() - start
         return {}
+
+    def _advance(self) -> None:
+        """The next piece of the unfinished update."""
+        assert self._unfinished is not None
+        if next(self._unfinished, StopIteration) is StopIteration:
+            self._unfinished = None
 
     def summary(self) -> dict[str, Any]:
         # the residual learner (ResidualConfig.learner, a registered learner) or the identified parameters' Bayesian
@@ -618,4 +650,4 @@ class HybridSamplingController(SamplingController):
                 "residual_distrusted_steps": float(self.forward.distrusted_steps)}
 
 
-__all__ = ["HybridForward", "HybridSamplingController", "PendingTransition", "ResidualConfig"]
+__all__ = ["HybridForward", "HybridSamplingController", "ResidualConfig"]
