@@ -476,6 +476,10 @@ class HybridForward(PathModel):
         u = controls.mean(0, keepdims=True)
         nominal = self.nominal_plant(qpos, qvel, controls[None])
         part.used += 1
+        # the check's predictions come first (the learner does not change before this update's end) and its
+        # verdict last, so that the pieces after it hold the target's rows and the learner's update
+        predictions = self._check_predictions(qpos, qvel, controls, u, nominal) if checked else None
+        part.used += checked
         if contact:
             start = self.inertia_force(qpos, next_qvel - nominal)
             target = yield from self._contact_force(qpos, qvel, controls[None], next_qvel, start, part)
@@ -489,24 +493,22 @@ class HybridForward(PathModel):
             if len(self._pending) >= cfg.warmup:
                 self._build()
             return
-        if checked:
-            yield from part.room()
-            self._check(qpos, qvel, controls, u, next_qvel, nominal)
+        if predictions is not None:
+            self.check.add(*predictions, next_qvel)
         self._observe_scaled(x[None], r[None])
 
-    def _check(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, u: np.ndarray, next_qvel: np.ndarray,
-               nominal: np.ndarray) -> None:
-        """The online check (``gate_window``): this transition's one-step error with the residual, predicted
-        before it is learned, against the error without it; the residual stays in use while its summed squared
-        error over the window is below ``gate_margin`` times the nominal's (after :data:`GATE_MIN` checked
-        transitions; in use before)."""
+    def _check_predictions(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, u: np.ndarray,
+                           nominal: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The online check's (``gate_window``) two predictions of a transition's next velocity, with the residual
+        (predicted before the transition is learned) and without it, for :meth:`OnlineCheck.add`: the residual stays
+        in use while its summed squared error over the window is below ``gate_margin`` times the nominal's (after
+        :data:`GATE_MIN` checked transitions; in use before)."""
         learned = self._learned(qpos, qvel, u)
         if self.config.space == "force":
-            base, predicted = nominal, self.nominal_plant(qpos, qvel, controls[None], learned)
-        else:  # the residual adds to what it was learned against: the nominal plant or the planning model
-            base = nominal if self.config.target == "plant" else self.nominal_step(qpos, qvel, u)[1]
-            predicted = base + learned
-        self.check.add(predicted, base, next_qvel)
+            return self.nominal_plant(qpos, qvel, controls[None], learned), nominal
+        # the residual adds to what it was learned against: the nominal plant or the planning model
+        base = nominal if self.config.target == "plant" else self.nominal_step(qpos, qvel, u)[1]
+        return base + learned, base
 
     def _observe_scaled(self, x: np.ndarray, r: np.ndarray) -> None:
         xs = torch.as_tensor((x - self.x_mean) / self.x_scale)
