@@ -298,8 +298,9 @@ def test_paired_statistics_pair_by_seed_and_bound_the_recovery() -> None:
 def test_the_controller_learns_every_nth_transition_its_update_in_pieces(every: int) -> None:
     """update_every=1 learns at every control step the planning step ending there (s_0 -> s_2, s_1 -> s_3, ...);
     n > 1 the one ending at every n-th control step (n = 2: s_0 -> s_2, s_2 -> s_4, ..., none overlapping; n = 4:
-    s_2 -> s_4, s_6 -> s_8, ...), its update in n pieces over n control steps. Either way the model equals one that
-    observed those transitions at once, and each piece runs about 1/n of the plant simulation."""
+    s_2 -> s_4, s_6 -> s_8, ...), its update in n pieces over n control steps, and checks every one. The model
+    and the check equal those of a model that observed and checked those transitions at those steps, and each
+    piece runs about 1/n of the plant simulation."""
     from gpdyn.control.hybrid_model import HybridSamplingController
     from gpdyn.robots.legged import state_rows
     from gpdyn.sim.loop import run_episode
@@ -311,18 +312,31 @@ def test_the_controller_learns_every_nth_transition_its_update_in_pieces(every: 
     rows = run_episode(env, controller, steps=33, reset_seed=3, rows=state_rows, next_rows=("qpos", "qvel")).rows
     env.close()
     assert len(rows["action"]) == 33  # it did not fall
-    # the transitions' first steps; the last one begun (step 31) is finished at step 32 (n = 2), or not yet (n = 4)
-    starts = {1: range(32), 2: range(0, 31, 2), 4: range(2, 27, 4)}[every]
+    # at control step tau the planning step s_{tau-1} -> s_{tau+1} ends; an update begun at tau (every n-th) ends
+    # with its last piece at tau + n - 1, before that step's check
     reference = HybridForward(nominal_model(), DT, sampler.stride, sampler.integrator, ResidualConfig(warmup=4))
-    for t in starts:
-        reference.observe(rows["qpos"][t], rows["qvel"][t], rows["action"][t : t + 2], rows["next_qvel"][t + 1])
-    assert controller.forward.observed == reference.observed == len(starts)
+    begun: dict[int, tuple] = {}
+    for tau in range(1, 33):
+        args = (rows["qpos"][tau - 1], rows["qvel"][tau - 1], rows["action"][tau - 1 : tau + 1], rows["next_qvel"][tau])
+        if every == 1:
+            reference.observe(*args)
+            continue
+        if tau - (every - 1) in begun:
+            for _ in reference.observe_in_pieces(*begun.pop(tau - (every - 1)), 1, check=False):
+                pass
+        reference.check_transition(*args)
+        if (tau + 1) % every == 0:
+            begun[tau] = args
+    assert controller.forward.observed == reference.observed == {1: 32, 2: 16, 4: 7}[every]
+    assert (controller._unfinished is not None) == bool(begun)  # n = 4: the one begun at step 31
     q, v = rows["qpos"][:5], rows["qvel"][:5]
     u = np.random.default_rng(2).uniform(-1, 1, (5, 6))
     assert np.abs(reference._learned(q, v, u)).max() > 1e-3
     np.testing.assert_allclose(controller.forward._learned(q, v, u), reference._learned(q, v, u), rtol=1e-12, atol=1e-12)
-    assert len(controller.forward.check) == len(reference.check) == len(starts) - 4
-    assert (controller._unfinished is not None) == (every == 4)
+    # the check saw every transition after the warm-up, however many it learned
+    checked = np.array(list(controller.forward.check._errors))
+    assert len(checked) == 32 - {1: 4, 2: 7, 4: 17}[every]  # from the step the warm-up ends
+    np.testing.assert_allclose(checked, np.array(list(reference.check._errors)), rtol=1e-12)
     # the pieces: 15 plant rows (the nominal step, 10 Jacobian rows, 3 iterations, the check) in n parts
     pieces, counted = reference.observe_in_pieces(rows["qpos"][0], rows["qvel"][0], rows["action"][:2],
                                                   rows["next_qvel"][1], every), []

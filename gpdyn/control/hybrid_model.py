@@ -125,8 +125,10 @@ class ResidualConfig:
     # the planning step that ends there (consecutive transitions share stride - 1 control steps), its target, check
     # and update all at that step. n > 1: the planning step ending at every n-th control step (with n = stride: one
     # per planning step, none overlapping), its nominal step, target (the contact target's Jacobian rows in chunks
-    # and iterations), check and update cut into n pieces of about equal plant simulation, one per control step
-    # (HybridForward.observe_in_pieces), so that no control step carries a whole update; the targets are the same
+    # and iterations) and update cut into n pieces of about equal plant simulation, one per control step
+    # (HybridForward.observe_in_pieces), so that no control step carries a whole update; the targets are the same.
+    # The online check still predicts the planning step ending at every control step (check_transition: two plant
+    # rows), so that it switches a residual off as soon after the warm-up as with n = 1
     update_every: int = 1
     # the online check: each transition is predicted before it is learned, and over the last gate_window of them the
     # residual is used only while its one-step squared error is below the nominal plant's (0: always used). A plant
@@ -452,25 +454,18 @@ class HybridForward(PathModel):
             pass
 
     def observe_in_pieces(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, next_qvel: np.ndarray,
-                          pieces: int) -> Iterator[None]:
+                          pieces: int, check: bool = True) -> Iterator[None]:
         """:meth:`observe` in ``pieces`` parts of about equal plant simulation (the nominal step, the contact target's
         Jacobian rows, each of its iterations, the check's prediction: one rollout row each): a generator that
         yields between the parts, for a controller to run one part per control step (``ResidualConfig.update_every``).
-        The input is checked at its first part; the model changes at its last, with the check and the update."""
+        The input is checked at its first part; the model changes at its last, with the check and the update.
+        ``check=False``: without the online check (the caller gives this transition to :meth:`check_transition`)."""
         if pieces < 1:
             raise InputError(f"hybrid model: observe_in_pieces needs pieces >= 1, got {pieces}")
-        qpos, qvel, next_qvel = (np.asarray(a, dtype=float).reshape(1, -1) for a in (qpos, qvel, next_qvel))
-        controls = np.asarray(controls, dtype=float)
-        if (qpos.shape[1] != self.nq or qvel.shape[1] != self.nv or controls.shape != (self.stride, self.nu)
-                or next_qvel.shape[1] != self.nv):
-            raise InputError(f"hybrid model: observe got widths {qpos.shape[1]}, {qvel.shape[1]}, controls "
-                             f"{controls.shape}, {next_qvel.shape[1]}, expected {self.nq}, {self.nv}, "
-                             f"({self.stride}, {self.nu}), {self.nv}")
-        if not all(np.isfinite(a).all() for a in (qpos, qvel, controls, next_qvel)):
-            raise InputError("hybrid model: observe got a non-finite state or control")
+        qpos, qvel, controls, next_qvel = self._transition(qpos, qvel, controls, next_qvel)
         cfg = self.config
         contact = cfg.space == "force" and cfg.force_target == "contact"
-        checked = self.learner is not None and bool(cfg.gate_window)
+        checked = check and self.learner is not None and bool(cfg.gate_window)
         rows = 1 + (len(self.force_dofs) + 1 + cfg.force_iterations if contact else 0) + checked
         part = _Pieces(np.inf if pieces == 1 else -(-rows // pieces))
         u = controls.mean(0, keepdims=True)
@@ -496,6 +491,40 @@ class HybridForward(PathModel):
         if predictions is not None:
             self.check.add(*predictions, next_qvel)
         self._observe_scaled(x[None], r[None])
+
+    def _transition(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray,
+                    next_qvel: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """An executed transition as ``[1, n]`` rows and ``controls [stride, nu]``; InputError on wrong widths or a
+        non-finite value."""
+        qpos, qvel, next_qvel = (np.asarray(a, dtype=float).reshape(1, -1) for a in (qpos, qvel, next_qvel))
+        controls = np.asarray(controls, dtype=float)
+        if (qpos.shape[1] != self.nq or qvel.shape[1] != self.nv or controls.shape != (self.stride, self.nu)
+                or next_qvel.shape[1] != self.nv):
+            raise InputError(f"hybrid model: observe got widths {qpos.shape[1]}, {qvel.shape[1]}, controls "
+                             f"{controls.shape}, {next_qvel.shape[1]}, expected {self.nq}, {self.nv}, "
+                             f"({self.stride}, {self.nu}), {self.nv}")
+        if not all(np.isfinite(a).all() for a in (qpos, qvel, controls, next_qvel)):
+            raise InputError("hybrid model: observe got a non-finite state or control")
+        return qpos, qvel, controls, next_qvel
+
+    def check_transition(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, next_qvel: np.ndarray) -> None:
+        """The online check alone on one executed transition (as :meth:`observe` checks it; nothing is learned),
+        for a controller that learns every n-th transition but checks each (``ResidualConfig.update_every``), so
+        that the check switches a residual off as many control steps after its warm-up as when it learns each.
+        Nothing before the warm-up, or with ``gate_window`` 0. In the force space one rollout call of two rows:
+        the nominal plant with and without the residual's force."""
+        if self.learner is None or not self.config.gate_window:
+            return
+        qpos, qvel, controls, next_qvel = self._transition(qpos, qvel, controls, next_qvel)
+        u = controls.mean(0, keepdims=True)
+        if self.config.space == "force":
+            forces = np.concatenate([np.zeros((1, self.nv)), self._learned(qpos, qvel, u)])
+            base, predicted = self.nominal_plant(np.repeat(qpos, 2, 0), np.repeat(qvel, 2, 0),
+                                                 np.repeat(controls[None], 2, 0), forces)
+            self.check.add(predicted[None], base[None], next_qvel)
+            return
+        self.check.add(*self._check_predictions(qpos, qvel, controls, u, self.nominal_plant(qpos, qvel, controls[None])),
+                       next_qvel)
 
     def _check_predictions(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, u: np.ndarray,
                            nominal: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -612,27 +641,32 @@ class HybridSamplingController(SamplingController):
 
     def observe(self, obs: np.ndarray, action: np.ndarray, next_obs: np.ndarray, info: Any) -> dict[str, Any]:
         """Learn the planning step that ends here: at every control step, or with ``ResidualConfig.update_every``
-        n > 1 at every n-th, its update in n pieces, one per control step (this one's first)."""
+        n > 1 at every n-th, its update in n pieces, one per control step (this one's first), and the online check
+        on every one."""
         if not self.learn:
             return {}
         start = time.process_time()
         self._since += 1
         if self._unfinished is not None:
             self._advance()
-        if len(self._history) >= self.config.stride and self._since >= self._every:
+        if len(self._history) >= self.config.stride:
             qpos, qvel, _ = self._history[-self.config.stride]
             controls = np.stack([h[2] for h in self._history[-self.config.stride:]])
             next_qvel = self.state(self.env)[self.nominal.nq :]
             if self._every == 1:
                 self.forward.observe(qpos, qvel, controls, next_qvel)
-            else:
+                self._since = 0
+            else:  # the online check on every transition, the update on every n-th
                 assert isinstance(self.forward, HybridForward)
-                if self._unfinished is not None:  # (pieces that did not fit: never with n pieces in n steps)
-                    for _ in self._unfinished:
-                        pass
-                self._unfinished = self.forward.observe_in_pieces(qpos, qvel, controls, next_qvel, self._every)
-                self._advance()
-            self._since = 0
+                self.forward.check_transition(qpos, qvel, controls, next_qvel)
+                if self._since >= self._every:
+                    if self._unfinished is not None:  # (pieces that did not fit: never with n pieces in n steps)
+                        for _ in self._unfinished:
+                            pass
+                    self._unfinished = self.forward.observe_in_pieces(qpos, qvel, controls, next_qvel, self._every,
+                                                                      check=False)
+                    self._advance()
+                    self._since = 0
         del self._history[: -self.config.stride]  # older entries are no longer needed
         self._cpu[-1] += time.process_time() - start
         return {}
