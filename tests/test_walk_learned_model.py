@@ -189,7 +189,7 @@ def test_online_check_keeps_a_residual_that_predicts_and_drops_one_that_does_not
 def test_online_check_margin_asks_the_residual_to_explain_a_share_of_the_error() -> None:
     """gate_margin: the residual stays in use only while its windowed error is below that share of the
     nominal plant's; a margin no residual can meet turns it off once the check has its first transitions."""
-    from gpdyn.control.hybrid_model import GATE_MIN
+    from gpdyn.control.online_check import GATE_MIN
 
     data = _transitions("weak_motor", 0.1, 60, seed=6)
     verdicts = {}

@@ -64,7 +64,7 @@ import torch
 from mujoco import rollout as mj_rollout
 
 from gpdyn.control.identified_model import IdentificationConfig, IdentifiedForward
-from gpdyn.control.online_check import GATE_MIN, OnlineCheck
+from gpdyn.control.online_check import OnlineCheck
 from gpdyn.control.planner import PathModel
 from gpdyn.control.spline_sampling import (INTEGRATORS, PathCost, SamplerConfig, SamplingController, SplineSampler,
                                            mujoco_rollout, split_state)
@@ -166,6 +166,16 @@ class ResidualConfig:
                          "linear_inputs='action'; use space='velocity' otherwise)" if name == "space" and self.space == "force"
                          else "")
                 raise InputError(f"residual model: option {name}={getattr(self, name)!r} is out of range{extra}")
+
+
+def _finish(steps: Iterator[Any]) -> Any:
+    """Run the rest of a generator of pieces (:meth:`HybridForward.observe_in_pieces`, its contact target) at
+    once; what it returns."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 class _Pieces:
@@ -363,12 +373,7 @@ class HybridForward(PathModel):
         a force is not ``M^-1 force dt``: the contact takes up part of it, so the inertia inversion spreads a
         weakened hip's torque over the other joints, which these targets do not (the fitted hip columns of both:
         docs/results/walk-learned-model/report.md)."""
-        steps = self._contact_force(qpos, qvel, controls, next_qvel, start, _Pieces(np.inf))
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                return done.value
+        return _finish(self._contact_force(qpos, qvel, controls, next_qvel, start, _Pieces(np.inf)))
 
     def _contact_force(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, next_qvel: np.ndarray,
                        start: np.ndarray, pieces: _Pieces) -> Generator[None, None, np.ndarray]:
@@ -450,8 +455,7 @@ class HybridForward(PathModel):
     def observe(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, next_qvel: np.ndarray) -> None:
         """One executed transition over a planning step: ``(qpos, qvel)`` under the control steps
         ``controls [stride, nu]`` to ``next_qvel``; the GP's input takes their mean as the planning step's control."""
-        for _ in self.observe_in_pieces(qpos, qvel, controls, next_qvel, 1):
-            pass
+        _finish(self.observe_in_pieces(qpos, qvel, controls, next_qvel, 1))
 
     def observe_in_pieces(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, next_qvel: np.ndarray,
                           pieces: int, check: bool = True) -> Iterator[None]:
@@ -531,7 +535,7 @@ class HybridForward(PathModel):
         """The online check's (``gate_window``) two predictions of a transition's next velocity, with the residual
         (predicted before the transition is learned) and without it, for :meth:`OnlineCheck.add`: the residual stays
         in use while its summed squared error over the window is below ``gate_margin`` times the nominal's (after
-        :data:`GATE_MIN` checked transitions; in use before)."""
+        :data:`~gpdyn.control.online_check.GATE_MIN` checked transitions; in use before)."""
         learned = self._learned(qpos, qvel, u)
         if self.config.space == "force":
             return self.nominal_plant(qpos, qvel, controls[None], learned), nominal
@@ -624,10 +628,7 @@ class HybridSamplingController(SamplingController):
         super().start_episode()
         self._history = []
         self._since = 0
-        if self._unfinished is not None:  # the last episode's last transition, between episodes (no control step's time)
-            for _ in self._unfinished:
-                pass
-            self._unfinished = None
+        self._finish_update()  # the last episode's last transition, between episodes (no control step's time)
 
     def act(self, obs: np.ndarray, info: Any) -> tuple[np.ndarray, dict[str, Any]]:
         start = time.process_time()
@@ -660,9 +661,7 @@ class HybridSamplingController(SamplingController):
                 assert isinstance(self.forward, HybridForward)
                 self.forward.check_transition(qpos, qvel, controls, next_qvel)
                 if self._since >= self._every:
-                    if self._unfinished is not None:  # (pieces that did not fit: never with n pieces in n steps)
-                        for _ in self._unfinished:
-                            pass
+                    self._finish_update()  # (pieces that did not fit: never with n pieces in n steps)
                     self._unfinished = self.forward.observe_in_pieces(qpos, qvel, controls, next_qvel, self._every,
                                                                       check=False)
                     self._advance()
@@ -670,6 +669,12 @@ class HybridSamplingController(SamplingController):
         del self._history[: -self.config.stride]  # older entries are no longer needed
         self._cpu[-1] += time.process_time() - start
         return {}
+
+    def _finish_update(self) -> None:
+        """The rest of the unfinished update at once, if any."""
+        if self._unfinished is not None:
+            _finish(self._unfinished)
+            self._unfinished = None
 
     def _advance(self) -> None:
         """The next piece of the unfinished update."""
