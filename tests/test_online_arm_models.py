@@ -11,6 +11,7 @@ import torch
 from synthetic import make_kuka_store
 from test_rigid_body import N, make_gp, states, tensor, torques
 
+from gpdyn.control.computed_torque import ComputedTorqueController
 from gpdyn.errors import InputError
 from gpdyn.experiments.arm_config import CHANGES, ArmRunConfig
 from gpdyn.experiments.control_arm import apply_change, run_arm
@@ -143,6 +144,23 @@ def test_joint_friction_and_motor_gain_change_the_plant_by_what_they_say() -> No
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(InputError, match="motor gain"):
             env.scale_motor_gain(bad)
+
+
+def test_the_true_feed_forward_drives_a_weakened_motor_harder() -> None:
+    # the oracle of a motor-gain change commands the plant's inverse-dynamics torque over the gear:
+    # with the feed-forward alone (no PD) it tracks the weakened arm as it tracks the nominal one
+    n = _env().arm.n
+    errors = []
+    for gain in (1.0, 0.6):
+        env = _env()
+        env.scale_motor_gain(gain)
+        controller = ComputedTorqueController("true", "true", (np.zeros(n), np.zeros(n)), env.dt)
+        controller.reset(env)
+        obs, info = env.reset(seed=0)
+        for _ in range(30):
+            obs, _, _, _, info = env.step(controller.act(obs, info)[0])
+        errors.append(info["tracking_error"])
+    assert errors[1] < 1.2 * errors[0] + 1e-3, errors
 
 
 @pytest.mark.parametrize("change", CHANGES)

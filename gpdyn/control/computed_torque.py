@@ -7,8 +7,9 @@ Nguyen-Tuong & Peters 2011)::
 
 clipped to the arm's torque limits, with ``f`` one of (:data:`FEEDFORWARD`): nothing
 (``none``: PD alone), MuJoCo's inverse dynamics of the actual plant (``true``, payload
-included), or a learned model (``learned``: a :class:`~gpdyn.control.dynamics.LearnedModel`
-of the ``arm``/``kuka`` problem, ``[q, qd, qdd] -> tau``). The torque is held for the
+included, divided by the actuators' gear so that a weakened motor is driven harder), or a
+learned model (``learned``: a :class:`~gpdyn.control.dynamics.LearnedModel` of the
+``arm``/``kuka`` problem, ``[q, qd, qdd] -> tau``). The torque is held for the
 whole control step, so ``f`` is evaluated at the reference of the middle of the step
 (``t + dt/2``), the same point its training pairs describe.
 
@@ -42,7 +43,7 @@ class ComputedTorqueController(Controller):
 
     ``gains``: ``(Kp, Kd)`` [n] (e.g. :func:`gpdyn.robots.arm.pd_gains`); ``dt``: the control
     step (s). With ``feedforward="learned"``, ``model`` is the learned inverse dynamics and
-    every step logs ``ff_error``, its torque minus the plant's own (N m per joint), and
+    every step logs ``ff_error``, its command minus the plant's own (:meth:`_plant_command`, N m per joint), and
     ``feedforward_seconds``, the CPU time of its prediction; ``updater`` (optional) learns
     from each transition (``update_seconds``: its CPU time).
     """
@@ -84,9 +85,12 @@ class ComputedTorqueController(Controller):
         self.low, self.high = self.env.arm.limits.torque.T
         self._fallbacks = self._skipped = 0
 
-    def _plant_torque(self, q: np.ndarray, qd: np.ndarray, qdd: np.ndarray) -> np.ndarray:
-        """The plant's own inverse dynamics (its current model: a payload change included)."""
-        return inverse_dynamics(self.env.model, self.scratch, q[None], qd[None], qdd[None])[0]
+    def _plant_command(self, q: np.ndarray, qd: np.ndarray, qdd: np.ndarray) -> np.ndarray:
+        """The command that makes the plant's own inverse-dynamics torque (its current model, a payload
+        change included): the joint torque over the actuator's gear, 1 on the torque model
+        (:meth:`~gpdyn.robots.arm.ArmModel.torque_model`) until a motor-gain change scales it."""
+        torque = inverse_dynamics(self.env.model, self.scratch, q[None], qd[None], qdd[None])[0]
+        return torque / self.env.model.actuator_gear[self.env.arm.actuator_of_joint, 0]
 
     def act(self, obs: np.ndarray, info: Mapping[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
         q, qd = obs[: self.n], obs[self.n :]
@@ -95,7 +99,7 @@ class ComputedTorqueController(Controller):
         if self.feedforward == "none":
             ff = np.zeros(self.n)
         elif self.feedforward == "true":
-            ff = self._plant_torque(*mid)
+            ff = self._plant_command(*mid)
         else:
             assert self.model is not None
             t0 = time.process_time()
@@ -103,7 +107,7 @@ class ComputedTorqueController(Controller):
                 mean = self.model.predict_mean(np.concatenate(mid))
             ff = mean.cpu().numpy().astype(np.float64)
             record["feedforward_seconds"] = time.process_time() - t0
-            record["ff_error"] = (ff - self._plant_torque(*mid)).tolist()
+            record["ff_error"] = (ff - self._plant_command(*mid)).tolist()
         record["fallback"] = ""
         if not np.isfinite(ff).all():  # a non-finite model output never reaches the motors: PD alone this step
             ff = np.zeros(self.n)
