@@ -37,6 +37,17 @@ The equations, with ``B = sigma^2 I + K A``:
   ``sigma^2 w(x)^T M w(x)``. :meth:`WISKI.predict_mean` reads only the mean cache
   ``a = M v`` (eq. (14)'s cache) with one gather.
 
+The symmetric form (``solver="cholesky"``, the default on the CPU). ``B`` is not symmetric,
+and an LU of it costs twice a Cholesky factor. With the symmetric root ``S = K^{1/2}``
+(block diagonal like ``K``; each block the Kronecker product of the roots of its small
+Toeplitz factors, from their eigendecompositions) and ``C = sigma^2 I + S A S = L L^T``
+(SPD, eigenvalues ``>= sigma^2``): ``B^{-1} S = S C^{-1}`` (push-through), so
+``M = B^{-1} K = S C^{-1} S``, ``a = S L^{-T} L^{-1} S v``, the latent variance is
+``sigma^2 |L^{-1} S w(x)|^2`` (one triangular solve) and ``log|B| = log|C|`` (Sylvester).
+The gradients of eq. (13) are written out from these (:class:`_SqrtLogdetFit`), so the
+root itself is never differentiated. Equal to the LU's results up to rounding
+(``tests/test_wiski_cholesky.py``).
+
 Why the full ``A`` rather than the paper's rank-``r`` root ``L`` with the ``J``
 pseudo-inverse update (WISKI Sec. 4.2, App. A.3): that update only rotates within the
 range of ``L``, so while ``W^T W`` is singular (any grid cell not yet visited) a new
@@ -120,6 +131,7 @@ from gpdyn.progress import progress_bar
 PROJECTIONS = ("auto", "none", "shared", "per-output")
 STRUCTURES = ("auto", "single", "additive")
 PROJ_INITS = ("axes", "random")
+SOLVERS = ("auto", "cholesky", "lu")
 #: observe batches of at least this many rows build ``Phi^T Phi`` as one dense product
 DENSE_GRAM_ROWS = 32
 #: elements of the dense ``[P, N, M]`` block of the additive variance per chunk
@@ -235,6 +247,135 @@ def woodbury_mll(
     b = noise[:, None, None] * eye + kmul(gram)
     logdet_b, mv = _LogdetSolve.apply(b, kmul(wty.unsqueeze(-1)))
     quad = yty - (wty * mv.squeeze(-1)).sum(-1)
+    log_noise = noise.log()
+    return -0.5 * quad / noise - 0.5 * (logdet_b - m * log_noise) - 0.5 * n * log_noise - 0.5 * n * LOG_2PI
+
+
+def _cholesky_factor(c: Tensor) -> Tensor:
+    """Lower Cholesky factor of the batched SPD ``C`` with no host sync on a GPU (as :func:`_lu_factor`)."""
+    low, info = torch.linalg.cholesky_ex(c)
+    if c.device.type == "cpu":
+        failed = (info != 0).nonzero()
+        if len(failed):
+            raise torch.linalg.LinAlgError(f"WISKI: C of batch member {tuple(failed[0].tolist())} is not positive "
+                                           "definite")
+        return low
+    return torch.where((info != 0)[..., None, None], torch.full_like(low, math.nan), low)
+
+
+def psd_sqrt(f: Tensor) -> Tensor:
+    """The symmetric square root ``S`` (``S S = F``) of batched symmetric PSD matrices ``f [..., g, g]``.
+
+    From the eigendecomposition, negative eigenvalues (rounding: the SE Gram matrix of a
+    grid is numerically singular) taken as 0. For the small Toeplitz factors of ``K``."""
+    vals, vecs = torch.linalg.eigh(f)
+    return (vecs * vals.clamp_min(0.0).sqrt().unsqueeze(-2)) @ vecs.transpose(-1, -2)
+
+
+class SqrtPrior:
+    """The prior ``K = blockdiag(K_1, ..., K_C, diag(v))`` ``[P, M, M]`` and its symmetric root ``S = K^{1/2}``.
+
+    ``blocks [P, C, m, m]``: the dense diagonal blocks ``K_c`` (``m = g^d``; one block of
+    ``m = M`` for the single grid), differentiable in the hyperparameters; ``linear [P, L]``:
+    ``v`` (``L`` may be 0), differentiable. ``mul(X)``: ``S X`` for ``X [Q, M, c]`` (Q = 1 or
+    P), ``[P, M, c]``, without gradient: ``S = blockdiag(S_1, ..., S_C, diag(v^{1/2}))``, each
+    ``S_c`` the Kronecker product of the Toeplitz factors' roots (:func:`psd_sqrt`) times the
+    amplitude's root, so ``S S = K`` up to rounding.
+    """
+
+    def __init__(self, blocks: Tensor, linear: Tensor, mul: Callable[[Tensor], Tensor]) -> None:
+        self.blocks, self.linear, self.mul = blocks, linear, mul
+
+
+def sqrt_system(prior: SqrtPrior, noise: Tensor, gram: Tensor) -> tuple[Tensor, Tensor]:
+    """``(S A [P, M, M], L)``: the lower Cholesky factor ``L`` of ``C = sigma^2 I + S A S`` (module notes).
+
+    ``A S = (S A)^T`` (both symmetric), so ``C`` takes two products with ``S``, ``O(P M^2 m)``."""
+    sa = prior.mul(gram)
+    c = prior.mul(sa.transpose(-1, -2))
+    c.diagonal(dim1=-2, dim2=-1).add_(noise.detach().unsqueeze(-1))
+    return sa, _cholesky_factor(c)
+
+
+def sqrt_mean(prior: SqrtPrior, low: Tensor, wty: Tensor) -> tuple[Tensor, Tensor]:
+    """``(a, u)``: the mean cache ``a = B^{-1} K v = S C^{-1} S v`` ``[P, M, 1]`` (eq. (14)) and
+    ``u = L^{-1} S v`` (``v^T a = |u|^2``), for ``wty`` = ``v`` ``[P, M]``."""
+    u = torch.linalg.solve_triangular(low, prior.mul(wty.unsqueeze(-1)), upper=False)
+    return prior.mul(torch.linalg.solve_triangular(low.transpose(-1, -2), u, upper=True)), u
+
+
+class _SqrtLogdetFit(torch.autograd.Function):
+    """``(log|B|, v^T B^{-1} K v)`` ``[P]`` each from the Cholesky factor of ``C = sigma^2 I + S A S``.
+
+    Forward (``K = S S``): ``log|B| = log|C|`` (Sylvester), ``v^T B^{-1} K v = |L^{-1} S v|^2``
+    (``B^{-1} S = S C^{-1}``). Backward, written out (no derivative of the root): with
+    ``a = B^{-1} K v``, ``r = v - A a``, ``F = L^{-1} S A``,
+
+    - ``d log|B| / dK = B^{-T} A = (A - F^T F) / sigma^2``, ``d log|B| / dsigma^2 = tr(C^{-1})
+      = |L^{-1}|_F^2`` with ``sigma^2 L^{-1} = L^T - F S``, ``d log|B| / dA = S C^{-1} S``;
+    - ``d fit / dK = r r^T / sigma^2``, ``d fit / dsigma^2 = -r^T a / sigma^2``,
+      ``d fit / dA = -a a^T``, ``d fit / dv = 2 a``.
+
+    ``K`` is block diagonal: only the gradient's diagonal blocks (and the linear diagonal)
+    are formed, ``O(P M^2 m)``. Inputs: ``blocks``, ``linear`` of the :class:`SqrtPrior`,
+    ``noise [P]``, ``gram`` = ``A`` ``[Q, M, M]``, ``wty`` = ``v`` ``[P, M]``, the prior.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, blocks: Tensor, linear: Tensor, noise: Tensor, gram: Tensor, wty: Tensor,
+                prior: SqrtPrior) -> tuple[Tensor, Tensor]:
+        sa, low = sqrt_system(prior, noise, gram)
+        a, u = sqrt_mean(prior, low, wty)
+        ctx.prior = prior
+        ctx.save_for_backward(noise, gram, wty, sa, low, a.squeeze(-1))
+        return 2.0 * low.diagonal(dim1=-2, dim2=-1).log().sum(-1), u.squeeze(-1).square().sum(-1)
+
+    @staticmethod
+    def backward(ctx: Any, g_logdet: Tensor, g_fit: Tensor) -> tuple[Tensor | None, ...]:
+        noise, gram, wty, sa, low, a = ctx.saved_tensors
+        prior: SqrtPrior = ctx.prior
+        need_blocks, need_linear, need_noise, need_gram, need_wty = ctx.needs_input_grad[:5]
+        p, big_m = wty.shape
+        _, comps, m, _ = prior.blocks.shape
+        cm = comps * m
+        inv_noise = 1.0 / noise
+        r = wty - (gram @ a.unsqueeze(-1)).squeeze(-1)  # v - A a [P, M]
+        f = torch.linalg.solve_triangular(low, sa, upper=False)  # L^{-1} S A [P, M, M]
+        g_gram = None
+        if need_gram:
+            cinv = torch.cholesky_inverse(low)
+            trace = cinv.diagonal(dim1=-2, dim2=-1).sum(-1)
+            g_gram = (g_logdet[:, None, None] * prior.mul(prior.mul(cinv).transpose(-1, -2))
+                      - g_fit[:, None, None] * a.unsqueeze(-1) * a.unsqueeze(-2))
+            if gram.shape[0] != p:
+                g_gram = g_gram.sum(0, keepdim=True)
+        elif need_noise:
+            e = low.transpose(-1, -2) - prior.mul(f.transpose(-1, -2)).transpose(-1, -2)  # sigma^2 L^{-1}
+            trace = e.square().sum((-2, -1)) * inv_noise.square()
+        g_noise = g_logdet * trace - g_fit * (r * a).sum(-1) * inv_noise if need_noise else None
+        g_blocks = g_linear = None
+        if need_blocks:
+            fg = f[:, :, :cm].unflatten(-1, (comps, m))  # [P, M, C, m]
+            ftf = torch.einsum("pick,picl->pckl", fg, fg)
+            a_blocks = gram[:, :cm, :cm].unflatten(1, (comps, m)).unflatten(3, (comps, m)).diagonal(dim1=1, dim2=3)
+            a_blocks = a_blocks.permute(0, 3, 1, 2)  # [Q, C, m, m]
+            rg = r[:, :cm].unflatten(-1, (comps, m))
+            g_blocks = ((g_logdet * inv_noise)[:, None, None, None] * (a_blocks - ftf)
+                        + (g_fit * inv_noise)[:, None, None, None] * rg.unsqueeze(-1) * rg.unsqueeze(-2))
+        if need_linear:
+            a_lin = gram.diagonal(dim1=-2, dim2=-1)[:, cm:]
+            ftf_lin = f[:, :, cm:].square().sum(1)
+            g_linear = ((g_logdet * inv_noise)[:, None] * (a_lin - ftf_lin)
+                        + (g_fit * inv_noise)[:, None] * r[:, cm:].square())
+        g_wty = 2.0 * g_fit[:, None] * a if need_wty else None
+        return g_blocks, g_linear, g_noise, g_gram, g_wty, None
+
+
+def sqrt_mll(prior: SqrtPrior, noise: Tensor, gram: Tensor, wty: Tensor, yty: Tensor, n: int) -> Tensor:
+    """:func:`woodbury_mll` by the symmetric form (one Cholesky factor instead of an LU, module notes), ``[P]``."""
+    m = wty.shape[-1]
+    logdet_b, fit = _SqrtLogdetFit.apply(prior.blocks, prior.linear, noise, gram, wty, prior)
+    quad = yty - fit
     log_noise = noise.log()
     return -0.5 * quad / noise - 0.5 * (logdet_b - m * log_noise) - 0.5 * n * log_noise - 0.5 * n * LOG_2PI
 
@@ -402,6 +543,12 @@ class WISKI(Learner):
             controller that predicts after every transition (module notes, "Incremental
             posterior"); ``predict`` with variances still forms ``M = B^{-1} K`` (a product,
             ``O(P M^3)``) when asked after an update.
+        solver: how the steps, refreshes and variances factor ``B = sigma^2 I + K A``:
+            ``"cholesky"`` (the symmetric form ``C = sigma^2 I + K^{1/2} A K^{1/2}``, module notes:
+            half the flops of an LU, triangular solves for the variance), ``"lu"`` (an LU of ``B``)
+            or ``"auto"`` (default: ``"cholesky"`` on the CPU, ``"lu"`` elsewhere, since the
+            roots of ``K``'s factors come from ``torch.linalg.eigh``, which checks its result on
+            the host: a sync per step on a GPU). The same posterior up to rounding.
     """
 
     name = "wiski"
@@ -449,6 +596,7 @@ class WISKI(Learner):
         calibrate_rows: int = 0,
         incremental_rows: int = 0,
         step_every: int = 1,
+        solver: str = "auto",
         **kwargs: Any,
     ) -> None:
         super().__init__(input_dim, output_dim, **kwargs)  # device, dtype, seed
@@ -489,6 +637,8 @@ class WISKI(Learner):
             raise LearnerError(f"WISKI: incremental_rows must be >= 0 (0: full refreshes only), got {incremental_rows}")
         if isinstance(step_every, bool) or not isinstance(step_every, int) or step_every < 1:
             raise LearnerError(f"WISKI: step_every must be an integer >= 1 (1: a step on every call), got {step_every!r}")
+        if solver not in SOLVERS:
+            raise LearnerError(f"WISKI: solver must be one of {', '.join(SOLVERS)}, got {solver!r}")
         if calibrate_rows < 0:
             raise LearnerError(f"WISKI: calibrate_rows must be >= 0 (0: no calibration), got {calibrate_rows}")
         if out_of_grid not in ("clamp", "error"):
@@ -521,8 +671,10 @@ class WISKI(Learner):
             "init_iters": int(init_iters), "noise_floor": float(noise_floor), "learn_hyperparameters": bool(learn_hyperparameters),
             "validate": bool(validate), "predict_chunk": int(predict_chunk), "compiled_mean": compiled_mean,
             "calibrate_rows": int(calibrate_rows), "incremental_rows": int(incremental_rows),
-            "step_every": int(step_every),
+            "step_every": int(step_every), "solver": solver,
         })
+        # the symmetric (Cholesky) form of every solve with B, or an LU of B (the ``solver`` option)
+        self.cholesky = solver == "cholesky" or (solver == "auto" and self.device.type == "cpu")
         self.step_every = int(step_every)
         self.step_calls = 0  # calls of step() since the start: every step_every-th takes the Adam step
         self.calibrate_rows = int(calibrate_rows)
@@ -532,8 +684,10 @@ class WISKI(Learner):
         self._b_inv: Tensor | None = None
         self._incremental_since = 0
         self._m_lags = False
-        # the LU of B of the last refresh, and whether M = B^{-1} K (the variance cache) is still to be formed from it
+        # the factor of the last refresh (the LU of B, or the Cholesky factor L of C and the prior's root), and
+        # whether M = B^{-1} K (the variance cache) is still to be formed from it
         self._lu: tuple[Tensor, Tensor] | None = None
+        self._chol: tuple[Tensor, SqrtPrior] | None = None
         self._m_pending = False
         self.structure = structure
         self.projection = projection
@@ -717,6 +871,43 @@ class WISKI(Learner):
         lin = self.hp.linear.to(dtype)
         return lambda x: additive_kmul(factors, amp, lin, x)
 
+    def _sqrt_prior(self, dtype: torch.dtype | None = None) -> SqrtPrior:
+        """The prior ``K`` as :class:`SqrtPrior` (its dense blocks, differentiable, and ``X -> K^{1/2} X``) for the
+        current hyperparameters, in ``dtype`` (default the learner's)."""
+        assert self.grid is not None
+        dtype = dtype or self.dtype
+        ls, amp = self.hp.lengthscale.to(dtype), self.hp.amplitude.to(dtype)
+        p = self.output_dim
+        if self.structure == "single":
+            factors = toeplitz_factors(self.grid, ls)
+            with torch.no_grad():
+                roots, amp_root = [psd_sqrt(f) for f in factors], amp.sqrt()
+            return SqrtPrior(kron_dense(factors, amp).unsqueeze(1), amp.new_zeros(p, 0),
+                             lambda x: kron_matmul(roots, amp_root, x))
+        c, m = self.components, self.grid_points
+        factors = toeplitz_factors(self.grid, ls.reshape(-1, self.grid_dim))
+        lin = self.hp.linear.to(dtype)
+        with torch.no_grad():
+            roots = kron_dense([psd_sqrt(f) for f in factors], amp.reshape(-1).sqrt())  # [P C, m, m]
+            # the blocks of one component for every output stacked: [C, P m, m]
+            roots_by_component = roots.view(p, c, m, m).transpose(0, 1).reshape(c, p * m, m)
+            lin_root = lin.sqrt().unsqueeze(-1)
+
+        def mul(x: Tensor) -> Tensor:  # blockdiag(S_1..S_C, diag(v^{1/2})) X by torch.bmm over the blocks
+            q, _, cols = x.shape
+            out = x.new_empty(p, c * m + self.linear_dim, cols)
+            grid = out[:, : c * m].unflatten(1, (c, m))  # [P, C, m, cols]
+            if q == 1:  # one X for every output (A, the rows Phi): C products of [P m, m] with [m, cols]
+                prod = torch.bmm(roots_by_component, x[0, : c * m].reshape(c, m, cols))
+                grid.copy_(prod.view(c, p, m, cols).transpose(0, 1))
+            else:  # P C products of [m, m] with [m, cols] (a broadcast matmul would take 3x as long)
+                grid.copy_(torch.bmm(roots, x[:, : c * m].reshape(p * c, m, cols)).view(p, c, m, cols))
+            if self.linear_dim:
+                torch.mul(lin_root, x[:, c * m :], out=out[:, c * m :])
+            return out
+
+        return SqrtPrior(kron_dense(factors, amp.reshape(-1)).view(p, c, m, m), lin, mul)
+
     def prior_dense(self, dtype: torch.dtype | None = None) -> Tensor:
         """Dense prior covariance ``K`` ``[P, M, M]`` of the basis weights (``K_UU`` for the single grid),
         in ``dtype`` (default the learner's)."""
@@ -824,6 +1015,8 @@ class WISKI(Learner):
 
     def _mll(self, gram: Tensor, wty: Tensor, yty: Tensor, n: int) -> Tensor:
         s = SOLVE_DTYPE  # the caches' precision (module notes); the result too
+        if self.cholesky:
+            return sqrt_mll(self._sqrt_prior(s), self.hp.noise.to(s), gram.to(s), wty.to(s), yty.to(s), n)
         return woodbury_mll(self._kmul(s), self.hp.noise.to(s), gram.to(s), wty.to(s), yty.to(s), n)
 
     def step(self, x: Tensor, y: Tensor) -> dict[str, float]:
@@ -854,15 +1047,25 @@ class WISKI(Learner):
         cache ``M = B^{-1} K`` (eq. (6)) follows when a prediction needs it (:meth:`_variance_cache`)."""
         s = SOLVE_DTYPE  # solved in the caches' precision, kept in the learner's (module notes)
         m = self.num_inducing
-        kmul = self._kmul(s)
-        b = self.hp.noise.to(s)[:, None, None] * torch.eye(m, dtype=s, device=self.device) + kmul(self.gram)
-        lu, piv = _lu_factor(b)
-        self._lu = (lu, piv)
+        noise = self.hp.noise.to(s)
+        if self.cholesky:
+            prior = self._sqrt_prior(s)
+            low = sqrt_system(prior, noise, self.gram)[1]
+            self._chol, self._lu = (low, prior), None
+            mean = sqrt_mean(prior, low, self.wty)[0]
+        else:
+            kmul = self._kmul(s)
+            lu, piv = _lu_factor(noise[:, None, None] * torch.eye(m, dtype=s, device=self.device) + kmul(self.gram))
+            self._lu, self._chol = (lu, piv), None
+            mean = torch.linalg.lu_solve(lu, piv, kmul(self.wty.unsqueeze(-1)))
         self._m_pending = True
-        self._mean_cache = torch.linalg.lu_solve(lu, piv, kmul(self.wty.unsqueeze(-1))).squeeze(-1).to(self.dtype)
+        self._mean_cache = mean.squeeze(-1).to(self.dtype)
         self._fast = self._mean_tables()
         self._stale = self._m_lags = False
-        if self.incremental_rows:
+        if self.incremental_rows:  # B^{-1} for the Woodbury updates of _update_posterior, from an LU of B
+            kmul = self._kmul(s)
+            b = noise[:, None, None] * torch.eye(m, dtype=s, device=self.device) + kmul(self.gram)
+            lu, piv = self._lu if self._lu is not None else _lu_factor(b)
             eye = torch.eye(m, dtype=s, device=self.device).expand_as(b)
             self._b_inv, self._incremental_since = torch.linalg.lu_solve(lu, piv, eye), 0
 
@@ -899,6 +1102,9 @@ class WISKI(Learner):
         if self._m_lags:  # incremental updates moved B^{-1}: M = B^{-1} K follows
             assert self._b_inv is not None
             mm = self._b_inv @ self.prior_dense(SOLVE_DTYPE)
+        elif self._m_pending and self._chol is not None:  # S C^{-1} S
+            low, prior = self._chol
+            mm = prior.mul(prior.mul(torch.cholesky_inverse(low)).transpose(-1, -2))
         elif self._m_pending:
             mm = torch.linalg.lu_solve(*self._lu, self.prior_dense(SOLVE_DTYPE))
         else:
@@ -1067,8 +1273,9 @@ class WISKI(Learner):
         lead = x.shape[:-1]
         xf = x.reshape(-1, self.input_dim)
         m, p = self.num_inducing, self.output_dim
-        # fewer points than basis functions, right after a refresh: their variance from the LU of B,
-        # sigma^2 phi^T B^{-1} (K phi), O(P N M^2), rather than first M = B^{-1} K, O(P M^3)
+        # fewer points than basis functions, right after a refresh: their variance from the refresh's factor,
+        # sigma^2 |L^{-1} S phi|^2 or sigma^2 phi^T B^{-1} (K phi) (LU), O(P N M^2), rather than first
+        # M = B^{-1} K, O(P M^3)
         direct = (self._m_pending and self.structure == "additive" and self.dtype == SOLVE_DTYPE
                   and xf.shape[0] < m)
         if not direct:
@@ -1079,7 +1286,7 @@ class WISKI(Learner):
             chunk = max(1, min(chunk, VARIANCE_BLOCK // (p * m)))
         means, variances = [], []
         mflat = self._m_cache.reshape(p, m * m) if not direct else self._m_cache
-        kmul = self._kmul(SOLVE_DTYPE) if direct else None
+        kmul = self._kmul(SOLVE_DTYPE) if direct and self._chol is None else None
         for start in range(0, xf.shape[0], chunk):
             mean, outside = self._mean_chunk(xf[start : start + chunk])  # predict_mean's path
             self.predict_clamped += outside
@@ -1088,7 +1295,11 @@ class WISKI(Learner):
             if self.structure == "additive":
                 # sigma^2 phi^T M phi with phi = [w_1..w_C, x, 1] dense: (Phi M) . Phi, O(P N M^2) at BLAS speed
                 phi = dense_rows(idx, w, m)  # [Q, N, M]
-                if kmul is not None:
+                if direct and self._chol is not None:  # phi^T S C^{-1} S phi = |L^{-1} S phi|^2
+                    low, prior = self._chol
+                    sol = torch.linalg.solve_triangular(low, prior.mul(phi.transpose(-1, -2)), upper=False)
+                    variances.append((noise * sol.square().sum(-2)).T)
+                elif kmul is not None:
                     sol = torch.linalg.lu_solve(*self._lu, kmul(phi.transpose(-1, -2).expand(p, -1, -1).contiguous()))
                     variances.append((noise * (phi.transpose(-1, -2) * sol).sum(-2)).T)
                 else:
