@@ -91,6 +91,15 @@ def test_a_stream_with_the_cholesky_solver_follows_the_lu(case):
             m.step(x[a : a + 32], y[a : a + 32])
     for a, b in zip(ch.hp.parameters(), lu.hp.parameters()):
         assert _rel(a, b) < 1e-9
+    # the root of K kept between refreshes follows every change of the hyperparameters
+    for m in (lu, ch):
+        m.set_hyperparameters(lengthscale=0.7, amplitude=0.3)
+    assert _rel(ch.predict(x[:20])[1], lu.predict(x[:20])[1]) < 1e-10
+    again = WISKI(ch.input_dim, 2, dtype=D64, seed=1, **{k: v for k, v in ch.config.items()
+                                                         if k not in ("input_dim", "output_dim", "seed")})
+    again.load_state_dict(lu.state_dict())
+    assert again.cholesky
+    assert _rel(again.predict(x[:20])[1], lu.predict(x[:20])[1]) < 1e-10
 
 
 def test_a_wrong_root_of_k_is_caught():

@@ -311,8 +311,9 @@ class _SqrtLogdetFit(torch.autograd.Function):
     (``B^{-1} S = S C^{-1}``). Backward, written out (no derivative of the root): with
     ``a = B^{-1} K v``, ``r = v - A a``, ``F = L^{-1} S A``,
 
-    - ``d log|B| / dK = B^{-T} A = (A - F^T F) / sigma^2``, ``d log|B| / dsigma^2 = tr(C^{-1})
-      = |L^{-1}|_F^2`` with ``sigma^2 L^{-1} = L^T - F S``, ``d log|B| / dA = S C^{-1} S``;
+    - ``d log|B| / dK = B^{-T} A = (A - F^T F) / sigma^2``, ``d log|B| / dA = S C^{-1} S``,
+      ``d log|B| / dsigma^2 = tr(B^{-1}) = (M - <d log|B| / dK, K>) / sigma^2`` (or the trace of
+      ``C^{-1}``, when ``d / dA`` forms it);
     - ``d fit / dK = r r^T / sigma^2``, ``d fit / dsigma^2 = -r^T a / sigma^2``,
       ``d fit / dA = -a a^T``, ``d fit / dv = 2 a``.
 
@@ -341,6 +342,11 @@ class _SqrtLogdetFit(torch.autograd.Function):
         inv_noise = 1.0 / noise
         r = wty - (gram @ a.unsqueeze(-1)).squeeze(-1)  # v - A a [P, M]
         f = torch.linalg.solve_triangular(low, sa, upper=False)  # L^{-1} S A [P, M, M]
+        # d log|B| / dK on K's diagonal blocks and its linear diagonal: (A - F^T F) / sigma^2
+        fg = f[:, :, :cm].unflatten(-1, (comps, m))  # [P, M, C, m]
+        a_blocks = gram[:, :cm, :cm].unflatten(1, (comps, m)).unflatten(3, (comps, m)).diagonal(dim1=1, dim2=3)
+        dl_blocks = (a_blocks.permute(0, 3, 1, 2) - torch.einsum("pick,picl->pckl", fg, fg)) * inv_noise[:, None, None, None]
+        dl_linear = (gram.diagonal(dim1=-2, dim2=-1)[:, cm:] - f[:, :, cm:].square().sum(1)) * inv_noise[:, None]
         g_gram = None
         if need_gram:
             cinv = torch.cholesky_inverse(low)
@@ -349,24 +355,18 @@ class _SqrtLogdetFit(torch.autograd.Function):
                       - g_fit[:, None, None] * a.unsqueeze(-1) * a.unsqueeze(-2))
             if gram.shape[0] != p:
                 g_gram = g_gram.sum(0, keepdim=True)
-        elif need_noise:
-            e = low.transpose(-1, -2) - prior.mul(f.transpose(-1, -2)).transpose(-1, -2)  # sigma^2 L^{-1}
-            trace = e.square().sum((-2, -1)) * inv_noise.square()
+        else:
+            # tr(B^{-1}) without C^{-1}: K A B^{-1} = I - sigma^2 B^{-1}, and tr(K A B^{-1}) = <d log|B| / dK, K>
+            inner = (dl_blocks * prior.blocks).sum((1, 2, 3)) + (dl_linear * prior.linear).sum(-1)
+            trace = (big_m - inner) * inv_noise
         g_noise = g_logdet * trace - g_fit * (r * a).sum(-1) * inv_noise if need_noise else None
         g_blocks = g_linear = None
         if need_blocks:
-            fg = f[:, :, :cm].unflatten(-1, (comps, m))  # [P, M, C, m]
-            ftf = torch.einsum("pick,picl->pckl", fg, fg)
-            a_blocks = gram[:, :cm, :cm].unflatten(1, (comps, m)).unflatten(3, (comps, m)).diagonal(dim1=1, dim2=3)
-            a_blocks = a_blocks.permute(0, 3, 1, 2)  # [Q, C, m, m]
             rg = r[:, :cm].unflatten(-1, (comps, m))
-            g_blocks = ((g_logdet * inv_noise)[:, None, None, None] * (a_blocks - ftf)
+            g_blocks = (g_logdet[:, None, None, None] * dl_blocks
                         + (g_fit * inv_noise)[:, None, None, None] * rg.unsqueeze(-1) * rg.unsqueeze(-2))
         if need_linear:
-            a_lin = gram.diagonal(dim1=-2, dim2=-1)[:, cm:]
-            ftf_lin = f[:, :, cm:].square().sum(1)
-            g_linear = ((g_logdet * inv_noise)[:, None] * (a_lin - ftf_lin)
-                        + (g_fit * inv_noise)[:, None] * r[:, cm:].square())
+            g_linear = g_logdet[:, None] * dl_linear + (g_fit * inv_noise)[:, None] * r[:, cm:].square()
         g_wty = 2.0 * g_fit[:, None] * a if need_wty else None
         return g_blocks, g_linear, g_noise, g_gram, g_wty, None
 
@@ -688,6 +688,9 @@ class WISKI(Learner):
         # whether M = B^{-1} K (the variance cache) is still to be formed from it
         self._lu: tuple[Tensor, Tensor] | None = None
         self._chol: tuple[Tensor, SqrtPrior] | None = None
+        # the prior's root of the last refresh and what it was made from (_refresh_prior)
+        self._root_prior: SqrtPrior | None = None
+        self._root_key: tuple[Any, ...] | None = None
         self._m_pending = False
         self.structure = structure
         self.projection = projection
@@ -893,6 +896,7 @@ class WISKI(Learner):
             roots_by_component = roots.view(p, c, m, m).transpose(0, 1).reshape(c, p * m, m)
             lin_root = lin.sqrt().unsqueeze(-1)
 
+        @torch.no_grad()
         def mul(x: Tensor) -> Tensor:  # blockdiag(S_1..S_C, diag(v^{1/2})) X by torch.bmm over the blocks
             q, _, cols = x.shape
             out = x.new_empty(p, c * m + self.linear_dim, cols)
@@ -1049,7 +1053,7 @@ class WISKI(Learner):
         m = self.num_inducing
         noise = self.hp.noise.to(s)
         if self.cholesky:
-            prior = self._sqrt_prior(s)
+            prior = self._refresh_prior()
             low = sqrt_system(prior, noise, self.gram)[1]
             self._chol, self._lu = (low, prior), None
             mean = sqrt_mean(prior, low, self.wty)[0]
@@ -1068,6 +1072,17 @@ class WISKI(Learner):
             lu, piv = self._lu if self._lu is not None else _lu_factor(b)
             eye = torch.eye(m, dtype=s, device=self.device).expand_as(b)
             self._b_inv, self._incremental_since = torch.linalg.lu_solve(lu, piv, eye), 0
+
+    def _refresh_prior(self) -> SqrtPrior:
+        """:meth:`_sqrt_prior` in the solve dtype, kept from the last refresh while the hyperparameters and the
+        grid are the same tensors at the same versions (a stream steps on every ``step_every``-th chunk only)."""
+        key = (self.grid, *((t, t._version) for t in self.hp.parameters()))
+        old = self._root_key
+        if old is None or len(old) != len(key) or old[0] is not key[0] or any(
+                a[0] is not b[0] or a[1] != b[1] for a, b in zip(old[1:], key[1:])):
+            self._root_prior, self._root_key = self._sqrt_prior(SOLVE_DTYPE), key
+        assert self._root_prior is not None
+        return self._root_prior
 
     @torch.no_grad()
     def _update_posterior(self, idx: Tensor, w: Tensor) -> None:
