@@ -1067,11 +1067,9 @@ class WISKI(Learner):
         self._fast = self._mean_tables()
         self._stale = self._m_lags = False
         if self.incremental_rows:  # B^{-1} for the Woodbury updates of _update_posterior, from an LU of B
-            kmul = self._kmul(s)
-            b = noise[:, None, None] * torch.eye(m, dtype=s, device=self.device) + kmul(self.gram)
-            lu, piv = self._lu if self._lu is not None else _lu_factor(b)
-            eye = torch.eye(m, dtype=s, device=self.device).expand_as(b)
-            self._b_inv, self._incremental_since = torch.linalg.lu_solve(lu, piv, eye), 0
+            eye = torch.eye(m, dtype=s, device=self.device)
+            lu, piv = self._lu if self._lu is not None else _lu_factor(noise[:, None, None] * eye + self._kmul(s)(self.gram))
+            self._b_inv, self._incremental_since = torch.linalg.lu_solve(lu, piv, eye.expand_as(lu)), 0
 
     def _refresh_prior(self) -> SqrtPrior:
         """:meth:`_sqrt_prior` in the solve dtype, kept from the last refresh while the hyperparameters and the
