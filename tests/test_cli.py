@@ -56,7 +56,7 @@ def test_group_help_lists_its_subcommands(capsys, monkeypatch):
 
 
 def test_names_come_from_the_registries(capsys):
-    from gpdyn.data.problems import PROBLEMS
+    from gpdyn.robots.tasks import PROBLEMS  # the registry with the legged tasks' problems registered (PROBLEM_NAMES's home)
     from gpdyn.gp import LEARNERS
 
     from gpdyn.config import LEARNER_NAMES, PROBLEM_NAMES
