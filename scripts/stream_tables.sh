@@ -38,5 +38,5 @@ run stream-walker1 --store data/walker50.zarr --problem walker-1
 learners=wiski,ssgp,rls
 run stream-walker1-tuned/walker50 --store data/walker50.zarr --problem walker-1 \
     --size wiski.proj_lr=0 --size wiski.pretrain_lr=0.2 --size wiski.pretrain_proj_lr=0.05 \
-    --size wiski.grid_size=6 --size wiski.step_every=4 --size wiski.lr=0.2
+    --size wiski.grid_size=7 --size wiski.margin=0 --size wiski.step_every=4 --size wiski.lr=0.3
 rm -f docs/results/stream-walker1-tuned/walker50/curves.csv  # the per-output curves (over 200 kB); the command makes them again
