@@ -403,7 +403,7 @@ def write_arm_report(run: RunDir, cfg: Any, arm: Any = None, joint_rmse: dict[st
         f"{c['steps']} control steps at {c['rate_hz']:.0f} Hz, "
         f"trajectory family `{c['family']}` at speed {c['speed']}; {arm_change_text(c)}.",
         "Control law: tau = f(q_ref, qd_ref, qdd_ref) + Kp (q_ref - q) + Kd (qd_ref - qd); "
-        "`pd` has no feed-forward, `true` uses MuJoCo's inverse dynamics of the actual plant; f is evaluated "
+        "`pd` has no feed-forward, `true` uses MuJoCo's inverse dynamics of the actual plant (over the actuators' gear, which a motor-gain change scales); f is evaluated "
         "at the reference of the middle of the step. PD gains: critically damped at "
         f"{c['omega']:g} rad/s on the effective joint inertia.",
         f"Online model: `{c['adapt']}` " + {
