@@ -520,27 +520,29 @@ class HybridForward(PathModel):
         if self.learner is None or not self.config.gate_window:
             return
         qpos, qvel, controls, next_qvel = self._transition(qpos, qvel, controls, next_qvel)
-        u = controls.mean(0, keepdims=True)
-        if self.config.space == "force":
-            forces = np.concatenate([np.zeros((1, self.nv)), self._learned(qpos, qvel, u)])
-            base, predicted = self.nominal_plant(np.repeat(qpos, 2, 0), np.repeat(qvel, 2, 0),
-                                                 np.repeat(controls[None], 2, 0), forces)
-            self.check.add(predicted[None], base[None], next_qvel)
-            return
-        self.check.add(*self._check_predictions(qpos, qvel, controls, u, self.nominal_plant(qpos, qvel, controls[None])),
-                       next_qvel)
+        self.check.add(*self._check_predictions(qpos, qvel, controls, controls.mean(0, keepdims=True)), next_qvel)
 
     def _check_predictions(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, u: np.ndarray,
-                           nominal: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                           nominal: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The online check's (``gate_window``) two predictions of a transition's next velocity, with the residual
         (predicted before the transition is learned) and without it, for :meth:`OnlineCheck.add`: the residual stays
         in use while its summed squared error over the window is below ``gate_margin`` times the nominal's (after
-        :data:`~gpdyn.control.online_check.GATE_MIN` checked transitions; in use before)."""
+        :data:`~gpdyn.control.online_check.GATE_MIN` checked transitions; in use before). ``nominal``: the nominal
+        plant's next velocity when the caller has it; else made here (in the force space in the same rollout call
+        as the prediction with the residual, two rows)."""
         learned = self._learned(qpos, qvel, u)
         if self.config.space == "force":
+            if nominal is None:
+                forces = np.concatenate([np.zeros((1, self.nv)), learned])
+                nominal, predicted = self.nominal_plant(np.repeat(qpos, 2, 0), np.repeat(qvel, 2, 0),
+                                                        np.repeat(controls[None], 2, 0), forces)
+                return predicted[None], nominal[None]
             return self.nominal_plant(qpos, qvel, controls[None], learned), nominal
         # the residual adds to what it was learned against: the nominal plant or the planning model
-        base = nominal if self.config.target == "plant" else self.nominal_step(qpos, qvel, u)[1]
+        if self.config.target == "plant":
+            base = nominal if nominal is not None else self.nominal_plant(qpos, qvel, controls[None])
+        else:
+            base = self.nominal_step(qpos, qvel, u)[1]
         return base + learned, base
 
     def _observe_scaled(self, x: np.ndarray, r: np.ndarray) -> None:

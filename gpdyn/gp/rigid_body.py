@@ -49,6 +49,9 @@ class can say (a payload: a few samples identify it), the GP (WISKI's exact cach
 SVDGP's steps) what it cannot. Both see the same torques one after the other, as in
 backfitting: the filter explains the torque given the GP's current mean, the GP the rest
 given the filter's. :attr:`online_name` is then the prior's name: the GP is the online learner.
+``beta`` is estimated with the rest, so where the rigid-body columns explain the torques better
+than the prior does (an unchanged arm: they describe it exactly) ``beta`` goes toward 0 and what
+the prior learns then weighs little in the prediction.
 
 Units: like every learner it speaks normalised inputs and outputs (the problem's
 :class:`~gpdyn.data.problems.Normalizer`); the regressor needs physical ones, so it is
