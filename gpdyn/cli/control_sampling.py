@@ -30,7 +30,7 @@ from gpdyn.errors import InputError
 
 SAMPLING_KINDS = ("walker-sampling", "walker-learned")
 #: what the online planning model learns (gpdyn.experiments.walk_learned_model.MODELS, listed here without importing it)
-LEARNED_MODELS = ("parameters", "residual")
+LEARNED_MODELS = ("parameters", "residual", "parameters+residual")
 #: options the walker's command has that these recipes take too, with the same meaning
 SHARED_OPTIONS = ("steps", "samples", "horizon", "controllers", "out")
 #: the options (dests) each kind takes
@@ -114,8 +114,9 @@ def add_sampling_options(p: argparse.ArgumentParser, *, kinds: tuple[str, ...] =
     option("explore_std", "--explore-std", type=NON_NEGATIVE, metavar="STD",
            help="walker-learned: action noise while learning online (default: the recipe's)")
     option("learned_model", "--learned-model", choices=LEARNED_MODELS,
-           help="walker-learned: what the online model learns, the plant's physical parameters (parameters) or a "
-                "GP residual on the nominal model (residual; default: the recipe's)")
+           help="walker-learned: what the online model learns, the plant's physical parameters (parameters), a "
+                "GP residual on the nominal model (residual) or a GP residual on the identified parameters "
+                "(parameters+residual; default: the recipe's)")
     option("hybrid_kernel", "--hybrid-kernel", choices=("se", "linear"),
            help="walker-learned, --learned-model residual: the residual GP's kernel (default: the recipe's)")
     option("hybrid_learner", "--hybrid-learner", metavar="NAME",

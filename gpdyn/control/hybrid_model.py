@@ -48,6 +48,15 @@ residual GP is gpdyn's :class:`gpdyn.gp.residual.ResidualGP`
 with a zero prior (a sliding-window exact SE-ARD GP, rank-q Cholesky updates, or a
 linear-kernel GP), on inputs and targets scaled by the first ``warmup`` transitions'
 spread. Its predictions are batched over the ``K`` samples at each planning step.
+
+On top of the identified parameters (``HybridForward(identification=...)``, the walker's
+``parameters+residual`` model): the plant's physical parameters are identified online as
+:class:`gpdyn.control.identified_model.IdentifiedForward` does, and the residual is learned
+against the identified plant and added to the identified planning model (each while its own
+online check trusts it). The parameters carry what the 15 factors can represent (a weak
+motor, a heavier body, slipping feet) and the GP only what they cannot (a joint spring).
+Each transition's residual target and check are against the identified model from before
+the transition; the identification learns it after them.
 """
 
 from __future__ import annotations
@@ -202,7 +211,8 @@ class HybridForward(PathModel):
     """
 
     def __init__(self, model: mujoco.MjModel, control_dt: float, stride: int = 2, integrator: str = "implicitfast",
-                 config: ResidualConfig | None = None, seed: int = 0) -> None:
+                 config: ResidualConfig | None = None, seed: int = 0,
+                 identification: IdentificationConfig | None = None) -> None:
         self.config = config or ResidualConfig()
         self.config.validate()
         if integrator not in INTEGRATORS:
@@ -237,11 +247,26 @@ class HybridForward(PathModel):
         self.observed = 0
         self.x_mean = self.x_scale = self.r_scale = None
         self.check = OnlineCheck(self.config.gate_window, self.config.gate_margin)
+        # the physical parameters identified under the residual: it is then learned against (and added to) the
+        # identified plant instead of the nominal one
+        self.identified = (None if identification is None else
+                           IdentifiedForward(model, control_dt, stride, integrator, identification))
 
     # ----------------------------------------------------------------- the model
+    @property
+    def planning_model(self) -> mujoco.MjModel:
+        """The planning model the residual adds to: the nominal one, or the identified one while it is in use."""
+        return self.model if self.identified is None else self.identified.planning_model
+
+    @property
+    def reference_plant(self) -> mujoco.MjModel:
+        """The plant at its own resolution that the residual's targets and checks are against: the nominal plant,
+        or the identified one while it is in use."""
+        return self.plant_model if self.identified is None else self.identified.plant_model
+
     def nominal_step(self, qpos: np.ndarray, qvel: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One nominal planning step of ``K`` states ``qpos, qvel [K, n]`` under ``u [K, nu]``."""
-        out, _ = mj_rollout.rollout(self.model, self.data, self.states.initial(qpos, qvel), u[:, None, :])
+        out, _ = mj_rollout.rollout(self.planning_model, self.data, self.states.initial(qpos, qvel), u[:, None, :])
         return out[:, 0, self.states.qpos], out[:, 0, self.states.qvel]
 
     def features(self, qpos: np.ndarray, qvel: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -287,8 +312,9 @@ class HybridForward(PathModel):
     def rollout(self, state: np.ndarray, actions: np.ndarray) -> np.ndarray:
         """Planning states ``[K, H, nx]`` after each planning step of ``actions [K, H, nu]`` from ``state [nx]``
         or ``[K, nx]``: the nominal planning model with the residual (module docs)."""
-        if not self.in_use:  # zero residual: the nominal model's one rollout call
-            return mujoco_rollout(self.model, self.data, self.states, state, actions)
+        planning = self.planning_model
+        if not self.in_use:  # zero residual: the planning model's one rollout call
+            return mujoco_rollout(planning, self.data, self.states, state, actions)
         k, h, _ = actions.shape
         state = np.asarray(state, dtype=float)
         if state.shape[-1] != self.nq + self.nv or state.ndim not in (1, 2):
@@ -303,15 +329,15 @@ class HybridForward(PathModel):
         force_space = self.config.space == "force"
         if force_space and self.action_only:  # a force of the action alone: predicted for all K x H, one rollout call
             force = self.residual(starts_q, starts_v, actions.reshape(k * h, -1)).reshape(k, h, self.nv)
-            return mujoco_rollout(self.model, self.data, self.states, state, np.concatenate([actions, force], -1),
+            return mujoco_rollout(planning, self.data, self.states, state, np.concatenate([actions, force], -1),
                                   force_spec)
         # one planning step at a time (the residual enters between steps) through a persistent Rollout without
         # its per-call checks and allocations, so that H one-step calls cost about one whole-horizon call
         # (docs/results/implementation-timings.md)
         if self._runner is None:
             self._runner = mj_rollout.Rollout(nthread=0)
-        if len(self._models) != k:
-            self._models = [self.model] * k
+        if len(self._models) != k or self._models[0] is not planning:
+            self._models = [planning] * k
             self._step_out, self._no_sensors = np.empty((k, 1, self.states.size)), np.empty((k, 1, self.model.nsensordata))
         controls = np.ascontiguousarray(actions, dtype=np.float64)
         paths = np.empty((k, h, self.states.size))
@@ -340,8 +366,9 @@ class HybridForward(PathModel):
     # ----------------------------------------------------------------- learning
     def nominal_plant(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray,
                       force: np.ndarray | None = None) -> np.ndarray:
-        """``qvel [K, nv]`` of the nominal plant at its own time step after the control steps ``controls [K, stride, nu]``,
-        with the generalized force ``force [K, nv]`` applied throughout when given."""
+        """``qvel [K, nv]`` of the nominal plant (:attr:`reference_plant`: the identified one under ``identification``)
+        at its own time step after the control steps ``controls [K, stride, nu]``, with the generalized force
+        ``force [K, nv]`` applied throughout when given."""
         per_substep = np.repeat(controls, self.frame_skip, axis=1)
         spec = mujoco.mjtState.mjSTATE_CTRL.value
         if force is not None:
@@ -353,9 +380,10 @@ class HybridForward(PathModel):
         n, nstep = per_substep.shape[:2]
         if self._plant_runner is None:
             self._plant_runner = mj_rollout.Rollout(nthread=0)
+        reference = self.reference_plant
         buffers = self._plant_buffers.get(n)
-        if buffers is None or buffers[1].shape[1] != nstep:
-            buffers = self._plant_buffers[n] = ([self.plant_model] * n, np.empty((n, nstep, self.states.size)),
+        if buffers is None or buffers[1].shape[1] != nstep or buffers[0][0] is not reference:
+            buffers = self._plant_buffers[n] = ([reference] * n, np.empty((n, nstep, self.states.size)),
                                                 np.empty((n, nstep, self.plant_model.nsensordata)))
         models, out, sensors = buffers
         self._plant_runner.rollout(models, [self.plant_data], self.states.initial(qpos, qvel), per_substep,
@@ -422,13 +450,14 @@ class HybridForward(PathModel):
         return best
 
     def mass_matrix(self, qpos: np.ndarray) -> np.ndarray:
-        """The nominal plant's joint-space inertia ``M(q) [nv, nv]``."""
+        """The joint-space inertia ``M(q) [nv, nv]`` of the nominal plant (:attr:`reference_plant`)."""
+        reference = self.reference_plant
         self.plant_data.qpos[:] = qpos
-        mujoco.mj_kinematics(self.plant_model, self.plant_data)
-        mujoco.mj_comPos(self.plant_model, self.plant_data)
-        mujoco.mj_crb(self.plant_model, self.plant_data)
+        mujoco.mj_kinematics(reference, self.plant_data)
+        mujoco.mj_comPos(reference, self.plant_data)
+        mujoco.mj_crb(reference, self.plant_data)
         full = np.zeros((self.nv, self.nv))
-        mujoco.mj_fullM(self.plant_model, self.plant_data, full)
+        mujoco.mj_fullM(reference, self.plant_data, full)
         return full
 
     def inertia_force(self, qpos: np.ndarray, dv: np.ndarray) -> np.ndarray:
@@ -491,10 +520,12 @@ class HybridForward(PathModel):
             self._pending.append((x, r))
             if len(self._pending) >= cfg.warmup:
                 self._build()
-            return
-        if predictions is not None:
-            self.check.add(*predictions, next_qvel)
-        self._observe_scaled(x[None], r[None])
+        else:
+            if predictions is not None:
+                self.check.add(*predictions, next_qvel)
+            self._observe_scaled(x[None], r[None])
+        if self.identified is not None:  # last: this transition's target and check were against the model before it
+            self.identified.observe(qpos[0], qvel[0], controls, next_qvel[0])
 
     def _transition(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray,
                     next_qvel: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -585,6 +616,8 @@ class HybridForward(PathModel):
         other.learner = copy.deepcopy(self.learner)
         other._pending = list(self._pending)
         other.check = self.check.copy()
+        if self.identified is not None:
+            other.identified = self.identified.snapshot()
         return other
 
 
@@ -599,19 +632,24 @@ class HybridSamplingController(SamplingController):
     or never (``"frozen"``: the nominal model). ``explore_std``: Gaussian noise added to the
     executed action while learning (actions the sampler alone would not try). The learned
     model lives across episodes; ``act`` + ``observe`` CPU time is the control step's.
+    ``identification`` with a :class:`ResidualConfig`: the residual on top of identified parameters.
     """
 
     def __init__(self, cost: PathCost, control_dt: float, nominal: mujoco.MjModel, config: SamplerConfig | None = None,
                  learned: ResidualConfig | IdentificationConfig | None = None, learn: bool = True,
-                 explore_std: float = 0.0, seed: int = 0, name: str | None = None) -> None:
+                 explore_std: float = 0.0, seed: int = 0, name: str | None = None,
+                 identification: IdentificationConfig | None = None) -> None:
         super().__init__(cost, control_dt, config, seed, name or ("online-hybrid" if learn else "frozen-hybrid"))
         if not (np.isfinite(explore_std) and explore_std >= 0):
             raise InputError(f"hybrid controller: explore_std must be finite and >= 0, got {explore_std}")
         self.nominal, self.learn, self.explore_std = nominal, bool(learn), float(explore_std)
+        if identification is not None and isinstance(learned, IdentificationConfig):
+            raise InputError("hybrid controller: identification under a residual needs learned to be a ResidualConfig")
         self.forward: HybridForward | IdentifiedForward = (
             IdentifiedForward(nominal, control_dt, self.config.stride, self.config.integrator, learned)
             if isinstance(learned, IdentificationConfig)
-            else HybridForward(nominal, control_dt, self.config.stride, self.config.integrator, learned, seed))
+            else HybridForward(nominal, control_dt, self.config.stride, self.config.integrator, learned, seed,
+                               identification))
         self.rng = np.random.default_rng(seed + 7919)
         self.low, self.high = nominal.actuator_ctrlrange[:, 0], nominal.actuator_ctrlrange[:, 1]
         self._history: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []

@@ -170,6 +170,8 @@ class IdentifiedForward(PathModel):
                              [self.parameters.model(np.zeros(size), control_dt * stride, integrator) for _ in range(size + 1)])
         self.nominal_plan = self.parameters.model(np.zeros(size), control_dt * stride, integrator)
         self.identified_plan = self.parameters.model(np.zeros(size), control_dt * stride, integrator)
+        # the identified plant at its own resolution: what a residual on top of this model is learned against
+        self.identified_plant = self.parameters.model(np.zeros(size))
         self._plan_data = mujoco.MjData(self.nominal_plan)
         self.states = RolloutStates(self.nominal_plan)
         # per transition in the window: J' J / noise^2 and J' y / noise^2, and their running sums
@@ -194,6 +196,17 @@ class IdentifiedForward(PathModel):
         """Observed transitions after which the online check had the identified parameters off."""
         return self.check.distrusted_steps
 
+    @property
+    def planning_model(self) -> mujoco.MjModel:
+        """The planning model plans use now: the identified one while it is in use, else the nominal one."""
+        return self.identified_plan if self.in_use else self.nominal_plan
+
+    @property
+    def plant_model(self) -> mujoco.MjModel:
+        """The plant at its own resolution as this model has it now (identified while in use, else nominal): the
+        reference a residual on top of it learns against (:class:`gpdyn.control.hybrid_model.HybridForward`)."""
+        return self.identified_plant if self.in_use else self._probes[-1]
+
     def factors(self) -> dict[str, float]:
         """The identified factors ``1 + theta`` by parameter name (as the planning model has them)."""
         return dict(zip(self.parameters.names, (1 + self._clipped()).tolist(), strict=True))
@@ -204,8 +217,7 @@ class IdentifiedForward(PathModel):
     def rollout(self, state: np.ndarray, actions: np.ndarray) -> np.ndarray:
         """Planning states ``[K, H, nx]`` after each planning step of ``actions [K, H, nu]`` from ``state [nx]`` or
         ``[K, nx]``: the planning model with the identified parameters while they are in use, else the nominal one."""
-        model = self.identified_plan if self.in_use else self.nominal_plan
-        return mujoco_rollout(model, self._plan_data, self.states, state, actions)
+        return mujoco_rollout(self.planning_model, self._plan_data, self.states, state, actions)
 
     # ----------------------------------------------------------------- learning
     def observe(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, next_qvel: np.ndarray) -> None:
@@ -249,7 +261,8 @@ class IdentifiedForward(PathModel):
         precision = self._gram + np.eye(self.parameters.size) / self.config.prior_std**2  # of the posterior over theta
         self.theta = np.linalg.solve(precision, self._moment)
         self.observed += 1
-        self.parameters.apply(self.identified_plan, self._clipped())
+        for model in (self.identified_plan, self.identified_plant):
+            self.parameters.apply(model, self._clipped())
 
     def _perturb(self, models: list[mujoco.MjModel], theta: np.ndarray) -> None:
         """``models[0]`` to ``theta``, ``models[i]`` to ``theta + fd_step e_i`` (as many as are given)."""
@@ -261,6 +274,7 @@ class IdentifiedForward(PathModel):
         """A frozen copy for planning: the estimate and planning models as now (it shares the probe models)."""
         other = copy.copy(self)
         other.identified_plan = copy.deepcopy(self.identified_plan)
+        other.identified_plant = copy.deepcopy(self.identified_plant)
         other._plan_data = mujoco.MjData(other.identified_plan)
         other.theta = self.theta.copy()
         other._window, other.check = copy.copy(self._window), self.check.copy()

@@ -11,7 +11,8 @@ spline-sampling controllers (:mod:`gpdyn.control.spline_sampling`, :class:`gpdyn
   default): the plant's physical parameters identified by Bayesian linear regression on their
   sensitivities (:class:`gpdyn.control.identified_model.IdentifiedForward`); ``"residual"``: a
   GP residual (``space``: a generalized force or a velocity change,
-  :class:`gpdyn.control.hybrid_model.HybridForward`).
+  :class:`gpdyn.control.hybrid_model.HybridForward`); ``"parameters+residual"``: the residual
+  learned on top of the identified parameters (both).
 
 The "learned model" is nominal MuJoCo physics with a learned part, not a pure GP model (a pure
 GP of walking does not rank plans: ``scripts/sampler_learned_model.py``).
@@ -51,8 +52,9 @@ from gpdyn.runs import RunDir
 log = logging.getLogger(__name__)
 
 CONTROLLERS = ("true", "frozen", "online")
-#: what the online controller learns: the plant's parameters (IdentifiedForward) or a GP residual (HybridForward)
-MODELS = ("parameters", "residual")
+#: what the online controller learns: the plant's parameters (IdentifiedForward), a GP residual on the nominal model
+#: (HybridForward) or a GP residual on the identified parameters (HybridForward with identification)
+MODELS = ("parameters", "residual", "parameters+residual")
 NOMINAL = "none"  # the plant unchanged
 
 
@@ -83,8 +85,8 @@ class WalkLearnedConfig:
     eval_horizon: int = 16  # planning steps of the open-loop error
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     model: str = "parameters"  # one of MODELS
-    residual: ResidualConfig = field(default_factory=ResidualConfig)  # model="residual"
-    identification: IdentificationConfig = field(default_factory=IdentificationConfig)  # model="parameters"
+    residual: ResidualConfig = field(default_factory=ResidualConfig)  # model="residual", "parameters+residual"
+    identification: IdentificationConfig = field(default_factory=IdentificationConfig)  # "parameters", "parameters+residual"
 
     def change_factor(self, change: str) -> tuple[str, float | None]:
         """The plant change's name and factor of an entry of ``changes``: ``"weak_motor:0.1"`` names its own,
@@ -94,8 +96,13 @@ class WalkLearnedConfig:
 
     @property
     def learned(self) -> ResidualConfig | IdentificationConfig:
-        """The learned model's config (``model``)."""
+        """The learned model's config (``model``): the residual's where there is one."""
         return self.identification if self.model == "parameters" else self.residual
+
+    @property
+    def identification_under_residual(self) -> IdentificationConfig | None:
+        """The identification the residual is learned on top of (``model="parameters+residual"``), else None."""
+        return self.identification if self.model == "parameters+residual" else None
 
     def validate(self) -> None:
         """Raise InputError naming the first impossible option."""
@@ -226,7 +233,7 @@ def episode(controller_name: str, change: str, seed: int, config: WalkLearnedCon
         online = controller_name == "online"
         controller = HybridSamplingController(cost, DT, nominal, config.sampler, config.learned, learn=online,
                                               explore_std=config.explore_std if online else 0.0, seed=seed,
-                                              name=controller_name)
+                                              name=controller_name, identification=config.identification_under_residual)
     diag = (Diagnostics(controller, env.unwrapped.model, cost, config.eval_every, seed)
             if controller_name == "online" and config.eval_every else None)
     ep = run_episode(env, controller, steps=config.steps, reset_seed=seed, before_step=diag, rows=state_rows,
@@ -406,9 +413,11 @@ def run(config: WalkLearnedConfig | None = None, cost: WalkingCost | None = None
     rows = summary(records, config.steps)
     for r in rows:
         run_dir.log(kind="summary", **r)
-    learned = ("its physical parameters (body masses, gears, foot friction) identified by Bayesian regression on "
-               "their sensitivities (gpdyn/control/identified_model.py)" if config.model == "parameters" else
-               f"a GP residual per planning step (space: {config.residual.space}, gpdyn/control/hybrid_model.py)")
+    parameters = ("its physical parameters (body masses, gears, foot friction) identified by Bayesian regression on "
+                  "their sensitivities (gpdyn/control/identified_model.py)")
+    residual = f"a GP residual per planning step (space: {config.residual.space}, gpdyn/control/hybrid_model.py)"
+    learned = {"parameters": parameters, "residual": residual,
+               "parameters+residual": f"{parameters} and {residual} on top of them"}[config.model]
     text = (f"# Walker2d, predictive sampling on a learned model after a plant change\n\n"
             f"The learned model is the NOMINAL plant's MuJoCo planning model with {learned}, learned online from the "
             "controller's own transitions. true: the changed plant's own model; frozen: the nominal model (never "
