@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from gpdyn.control.hybrid_model import HybridForward, ResidualConfig
+from gpdyn.control.hybrid_model import HybridForward, HybridSamplingController, ResidualConfig
+from gpdyn.control.identified_model import IdentificationConfig
 from gpdyn.control.spline_sampling import SamplerConfig, SplineSampler
 from gpdyn.errors import InputError
 from gpdyn.experiments.walk_learned_model import WalkLearnedConfig, episode, nominal_model, plant
@@ -352,3 +353,49 @@ def test_the_controller_learns_every_nth_transition_its_update_in_pieces(every: 
     assert len(counted) <= every and max(counted) <= -(-15 // every), counted
     with pytest.raises(InputError, match="update_every"):
         ResidualConfig(update_every=0).validate()
+
+
+def test_a_residual_on_the_identified_parameters_learns_against_them() -> None:
+    """``identification=``: the parameters identified under the residual take a weak hip, the residual's targets are
+    against the identified plant (what the parameters leave: here little) and its rollouts add to the identified
+    planning model."""
+    data = _transitions("weak_motor", 0.3, 80, seed=5)
+    identification = IdentificationConfig(warmup=10, gate_window=0)
+    both = HybridForward(nominal_model(), DT, config=ResidualConfig(warmup=20), identification=identification)
+    plain = HybridForward(nominal_model(), DT, config=ResidualConfig(warmup=20))
+    unbuilt = HybridForward(nominal_model(), DT, config=ResidualConfig(warmup=100), identification=identification)
+    for q, v, u, nv in data[:60]:
+        for forward in (both, plain, unbuilt):
+            forward.observe(q, v, u, nv)
+    assert both.identified is not None and both.identified.in_use and both.active
+    assert both.identified.factors()["gear:thigh_joint"] == pytest.approx(0.3, abs=0.1)
+    assert both.reference_plant is both.identified.identified_plant
+    assert both.planning_model is both.identified.identified_plan
+    q, v, u, nv = (np.stack(a) for a in zip(*data[60:], strict=True))
+    on_parameters, on_nominal = both.target(q, v, u, nv), plain.target(q, v, u, nv)
+    assert (on_parameters**2).sum() < 0.1 * (on_nominal**2).sum()
+    # with no residual built yet the rollout is the identified planning model's, not the nominal one's
+    state = np.concatenate([data[60][0], data[60][1]])
+    controls = np.random.default_rng(1).uniform(-1, 1, (3, 16, 6))
+    assert not unbuilt.active and unbuilt.identified.in_use
+    identified = unbuilt.identified.rollout(state, controls)
+    np.testing.assert_array_equal(unbuilt.rollout(state, controls), identified)
+    assert np.abs(identified - HybridForward(nominal_model(), DT).rollout(state, controls)).max() > 1e-3
+    # a snapshot keeps the identified parameters as they were
+    snap = both.snapshot()
+    for q0, v0, u0, nv0 in data[60:]:
+        both.observe(q0, v0, u0, nv0)
+    assert snap.identified.observed == 60 and both.identified.observed == 80
+
+
+def test_the_walker_config_and_controller_take_a_residual_on_the_parameters() -> None:
+    config = WalkLearnedConfig(model="parameters+residual")
+    config.validate()
+    assert config.learned is config.residual and config.identification_under_residual is config.identification
+    assert WalkLearnedConfig(model="residual").identification_under_residual is None
+    controller = HybridSamplingController(WalkingCost(), DT, nominal_model(), learned=ResidualConfig(),
+                                          identification=IdentificationConfig())
+    assert controller.forward.identified is not None and controller.summary()["online_learner"] == "residual"
+    with pytest.raises(InputError, match="identification under a residual"):
+        HybridSamplingController(WalkingCost(), DT, nominal_model(), learned=IdentificationConfig(),
+                                 identification=IdentificationConfig())

@@ -245,8 +245,11 @@ def episode(controller_name: str, change: str, seed: int, config: WalkLearnedCon
     record = {**ep.record, "change": change, "plant": description, "fell": bool(rows["terminated"][-1, 0]),
               "distance_m": float(x1 - x0), "speed_m_s": float((x1 - x0) / (length * DT)),
               "cpu_ms_per_step": ep.record["plan_cpu_ms_mean"]}
-    if isinstance(getattr(controller, "forward", None), IdentifiedForward) and controller.forward.active:
-        record["identified"] = controller.forward.factors()  # the factors the planning model ends with
+    forward = getattr(controller, "forward", None)
+    identified = forward.identified if isinstance(forward, HybridForward) else forward  # (parameters+residual: under it)
+    if isinstance(identified, IdentifiedForward) and identified.active:
+        record["identified"] = identified.factors()  # the factors the planning model ends with
+        record["parameters_distrusted_steps"] = float(identified.distrusted_steps)
     diagnostics: list[dict[str, Any]] = []
     if diag is not None:
         loops = {r["t"]: r for r in diag.open_loop(rows, config.eval_horizon)}
