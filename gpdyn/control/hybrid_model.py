@@ -56,7 +56,8 @@ against the identified plant and added to the identified planning model (each wh
 online check trusts it). The parameters carry what the 15 factors can represent (a weak
 motor, a heavier body, slipping feet) and the GP only what they cannot (a joint spring).
 Each transition's residual target and check are against the identified model from before
-the transition; the identification learns it after them.
+the transition; the identification learns it after them (with ``update_every`` n > 1 it
+learns the transitions the residual learns, every n-th).
 """
 
 from __future__ import annotations
