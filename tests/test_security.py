@@ -235,7 +235,7 @@ def test_the_online_arm_controller_keeps_tracking_while_its_model_predicts_nan(t
     frozen = LearnedModel(_nan_prior(frozen.learner, "params.a"), frozen.normalizer)
     ref = cfg.reference
     poses = get_family(ref.family).pattern(cfg.seed, arm.limits).evaluate(np.arange(0.0, 0.3, 0.05), ref.speed)[0]
-    controller = _controller("online", cfg, arm, pd_gains(arm.torque_model(), poses, ref.omega), frozen, x_train)
+    controller = _controller("online", cfg, arm, pd_gains(arm.torque_model(), poses, ref.omega), poses, frozen, x_train)
     env = ArmEnv(arm, frame_skip=arm.steps_per_sample(ref.rate_hz), family=ref.family, pattern_seed=cfg.seed)
     episode = run_episode(env, controller, steps=cfg.steps, reset_seed=cfg.seed, log=run.log)
     env.close()

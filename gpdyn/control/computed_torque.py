@@ -45,7 +45,8 @@ class ComputedTorqueController(Controller):
     step (s). With ``feedforward="learned"``, ``model`` is the learned inverse dynamics and
     every step logs ``ff_error``, its command minus the plant's own (:meth:`_plant_command`, N m per joint), and
     ``feedforward_seconds``, the CPU time of its prediction; ``updater`` (optional) learns
-    from each transition (``update_seconds``: its CPU time).
+    from each transition (``update_seconds``: its CPU time). ``gain_schedule`` (optional, a
+    :class:`gpdyn.control.gain_schedule.PayloadGains`): asked after each update for new gains.
     """
 
     def __init__(
@@ -57,6 +58,7 @@ class ComputedTorqueController(Controller):
         *,
         model: LearnedModel | None = None,
         updater: Callable[[torch.Tensor, torch.Tensor], Mapping[str, float]] | None = None,
+        gain_schedule: Any = None,
     ) -> None:
         if feedforward not in FEEDFORWARD:
             raise InputError(f"computed torque: feedforward must be one of {', '.join(FEEDFORWARD)}, got '{feedforward}'")
@@ -72,7 +74,7 @@ class ComputedTorqueController(Controller):
         if not dt > 0:
             raise InputError(f"computed torque: dt must be > 0 s, got {dt}")
         self.name, self.feedforward, self.dt, self.n = name, feedforward, float(dt), n
-        self.model, self.updater = model, updater
+        self.model, self.updater, self.gain_schedule = model, updater, gain_schedule
         self.env: Any = None
         self._fallbacks = 0
         self._skipped = 0  # transitions the updater could not learn from (NaN/inf), see OnlineUpdater
@@ -126,6 +128,11 @@ class ComputedTorqueController(Controller):
             metrics = self.updater(*self.model.training_pair(x, action))
             record.update(update_seconds=time.process_time() - t0, **{f"update_{k}": v for k, v in metrics.items()})
             self._skipped += bool(metrics.get("skipped"))
+        if self.gain_schedule is not None:  # gains rebuilt on what the model has identified
+            gains = self.gain_schedule.update()
+            if gains is not None:
+                self.kp, self.kd = gains
+                record["gains_rebuilt"] = True
         return record
 
     def summary(self) -> dict[str, Any]:
@@ -135,6 +142,8 @@ class ComputedTorqueController(Controller):
             out.update(getattr(self.updater, "summary", dict)())  # online_learner, gp_updates
         if self.model is not None:
             out.update(self.model.diagnostics())
+        if self.gain_schedule is not None:
+            out["gains_rebuilt"] = self.gain_schedule.rebuilt
         return out
 
 

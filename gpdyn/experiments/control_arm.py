@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from gpdyn.control.computed_torque import ComputedTorqueController
+from gpdyn.control.gain_schedule import PayloadGains
 from gpdyn.control.dynamics import LearnedModel
 from gpdyn.errors import InputError
 from gpdyn.gp import make_learner
@@ -177,7 +178,7 @@ def run_store(run_dir: str | Path) -> str:
     return store
 
 
-def _controller(name: str, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.ndarray, np.ndarray],
+def _controller(name: str, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.ndarray, np.ndarray], poses: np.ndarray,
                 frozen: LearnedModel | None, x_train: torch.Tensor | None) -> ComputedTorqueController:
     n = arm.n
     if name in ("pd", "true"):
@@ -199,8 +200,12 @@ def _controller(name: str, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.nda
         factors = [1.0] * (2 * n) + [cfg.adaptation.qdd_lengthscale] * n
         learner = ResidualGP(learner, x_train, window=cfg.adaptation.window, amplitude=1.0, lengthscale_factor=factors)
     updater = OnlineUpdater(learner, batch=cfg.adaptation.online_batch, updates=cfg.adaptation.updates)
+    schedule = None
+    if isinstance(learner, RigidBodyGP) and cfg.adaptation.payload_gains:
+        schedule = PayloadGains(learner, arm.torque_model(), cfg.resolved_change_bodies(arm)[0], poses,
+                                cfg.reference.omega, cfg.dt)
     return ComputedTorqueController(name, "learned", gains, cfg.dt, model=LearnedModel(learner, frozen.normalizer),
-                                    updater=updater)
+                                    updater=updater, gain_schedule=schedule)
 
 
 def apply_change(cfg: ArmRunConfig, env: Any) -> str | None:
@@ -231,14 +236,15 @@ class ArmPlan:
     episodes = 1
     next_rows = ("q_error",)
 
-    def __init__(self, run: RunDir, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.ndarray, np.ndarray],
+    def __init__(self, run: RunDir, cfg: ArmRunConfig, arm: ArmModel, poses: np.ndarray,
                  frozen: LearnedModel | None, x_train: torch.Tensor | None) -> None:
-        self.run, self.cfg, self.arm, self.gains, self.frozen, self.x_train = run, cfg, arm, gains, frozen, x_train
+        self.run, self.cfg, self.arm, self.poses, self.frozen, self.x_train = run, cfg, arm, poses, frozen, x_train
+        self.gains = pd_gains(arm.torque_model(), poses, cfg.reference.omega)  # on the poses of the run's reference
         self.robot, self.controllers, self.steps, self.progress = cfg.robot, cfg.controllers, cfg.steps, cfg.progress
         self.joint_rmse: dict[str, dict[str, list[float]]] = {}
 
     def controller(self, name: str, condition: str) -> ComputedTorqueController:
-        return _controller(name, self.cfg, self.arm, self.gains, self.frozen, self.x_train)
+        return _controller(name, self.cfg, self.arm, self.gains, self.poses, self.frozen, self.x_train)
 
     def make_env(self) -> Any:
         from gpdyn.sim.arm_env import ArmEnv
@@ -286,7 +292,7 @@ def run_arm(run: RunDir, cfg: ArmRunConfig, store: str | Path | None = None) -> 
         frozen, x_train = _pretrained(run, cfg, arm, store)
     pattern = get_family(cfg.reference.family).pattern(cfg.seed, arm.limits)
     poses = pattern.evaluate(np.arange(0.0, cfg.steps * cfg.dt, 0.05), cfg.reference.speed)[0]
-    return run_control(run, ArmPlan(run, cfg, arm, pd_gains(arm.torque_model(), poses, cfg.reference.omega), frozen, x_train))
+    return run_control(run, ArmPlan(run, cfg, arm, poses, frozen, x_train))
 
 
 __all__ = ["ARM_CONTROLLERS", "ArmRunConfig", "check_recorded_arm", "run_arm", "run_store"]

@@ -291,6 +291,15 @@ class RigidBodyGP(Learner):
     def noise_variance(self) -> Tensor:
         return self.noise_var / self.y_std**2
 
+    def body_estimate(self, body: str) -> np.ndarray:
+        """The estimate of ``body``'s ten regressor terms (``(m, m c, I_O)``, :data:`gpdyn.robots.regressor.BODY_TERMS`)
+        in physical units: what the rigid-body term adds for that body on top of ``beta`` times the prior, not the
+        body's own parameters (the prior carries part of the arm)."""
+        index = [i for i, name in enumerate(self.regressor.names) if name.rsplit(".", 1)[0] == body]
+        if len(index) != 10:
+            raise LearnerError(f"RigidBodyGP: {body!r} is not a moving body of the arm's regressor")
+        return (self.theta[index] / self.column_scale[index]).detach().cpu().numpy()
+
     def diagnostics(self) -> dict[str, float]:
         """The prior's counters, the samples learnt from and the covariance resets (detected changes)."""
         return {**self.prior.diagnostics(), "observed": float(self.observed), "covariance_resets": float(self.resets),

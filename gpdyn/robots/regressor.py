@@ -37,7 +37,7 @@ JOINT_TERMS = ("armature", "damping", "frictionloss")
 _INERTIA_INDEX = ((0, 0), (1, 1), (2, 2), (0, 1), (0, 2), (1, 2))
 
 
-def _body_linear(model: mujoco.MjModel, body: int) -> np.ndarray:
+def body_linear(model: mujoco.MjModel, body: int) -> np.ndarray:
     """``(m, m c, I_O)`` of one body in its own frame (I_O: the inertia about the frame origin)."""
     m, c = float(model.body_mass[body]), np.array(model.body_ipos[body])
     rot = np.zeros(9)
@@ -48,7 +48,7 @@ def _body_linear(model: mujoco.MjModel, body: int) -> np.ndarray:
     return np.concatenate([[m], m * c, [inertia_origin[i, j] for i, j in _INERTIA_INDEX]])
 
 
-def _set_body_linear(model: mujoco.MjModel, body: int, pi: np.ndarray) -> None:
+def set_body_linear(model: mujoco.MjModel, body: int, pi: np.ndarray) -> None:
     """Write ``(m, m c, I_O)`` into MuJoCo's mass, centre of mass, principal inertia and axes."""
     m = float(pi[0])
     c = pi[1:4] / m
@@ -98,19 +98,19 @@ class InertialRegressor:
         base = copy.deepcopy(model)
         for body in self.bodies:  # a massless mount gets a 1 kg base: every direction is then a valid body
             if base.body_mass[body] < 1e-6:
-                _set_body_linear(base, body, np.concatenate([[1.0], np.zeros(3), [1e-3, 1e-3, 1e-3, 0, 0, 0]]))
+                set_body_linear(base, body, np.concatenate([[1.0], np.zeros(3), [1e-3, 1e-3, 1e-3, 0, 0, 0]]))
         self.names: list[str] = []
         # the base model first, then one model moved along each parameter, with the size of its move
         self._models: list[mujoco.MjModel] = [base]
         steps: list[float] = []
         for body in self.bodies:
-            pi = _body_linear(base, body)
+            pi = body_linear(base, body)
             name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, body) or f"body{body}"
             for k, term in enumerate(BODY_TERMS):
                 # a step that keeps the body physical: 10% of its mass, 1 cm of moment arm, 10% of its inertia
                 step = (0.1 * pi[0] if k == 0 else 0.01 * pi[0] if k < 4 else 0.1 * max(pi[4:7].min(), 1e-4))
                 moved = copy.deepcopy(base)
-                _set_body_linear(moved, body, pi + step * np.eye(10)[k])
+                set_body_linear(moved, body, pi + step * np.eye(10)[k])
                 self.names.append(f"{name}.{term}")
                 self._models.append(moved)
                 steps.append(step)
@@ -154,11 +154,11 @@ class InertialRegressor:
         if model.nv != self.n or model.nbody <= max(self.bodies):
             raise InputError(f"InertialRegressor.parameters: the model has {model.nv} joints and {model.nbody} bodies, "
                              f"this regressor {self.n} joints")
-        parts = [_body_linear(model, body) for body in self.bodies]
+        parts = [body_linear(model, body) for body in self.bodies]
         for joint in range(self.n):
             dof = model.jnt_dofadr[joint]
             parts.append(np.array([model.dof_armature[dof], model.dof_damping[dof], model.dof_frictionloss[dof]]))
         return np.concatenate(parts)
 
 
-__all__ = ["BODY_TERMS", "JOINT_TERMS", "InertialRegressor", "moving_bodies"]
+__all__ = ["BODY_TERMS", "JOINT_TERMS", "InertialRegressor", "body_linear", "moving_bodies", "set_body_linear"]
