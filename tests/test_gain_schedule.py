@@ -84,14 +84,18 @@ def test_a_small_or_negative_mass_change_builds_no_gains_and_bad_options_are_ref
     stats = (np.zeros(3 * N), np.ones(3 * N), np.zeros(N), np.ones(N))
     gp = RigidBodyGP(ZeroMean(3 * N, N), InertialRegressor(arm.torque_model()), stats, x,
                      change_bodies=[arm.payload_body])
-    schedule = PayloadGains(gp, arm.torque_model(), arm.payload_body, x[:20, :N].numpy(), OMEGA, DT, first=1,
-                            min_mass=5.0)  # the 3 kg load is below it
+    poses = x[:20, :N].numpy()
+    schedules = [PayloadGains(gp, arm.torque_model(), arm.payload_body, poses, OMEGA, DT, first=1, min_mass=5.0),
+                 PayloadGains(gp, arm.torque_model(), arm.payload_body, poses, OMEGA, DT, first=1, max_offset=0.01),
+                 PayloadGains(gp, arm.torque_model(), arm.payload_body, poses, OMEGA, DT, first=1)]
     gp.observe(x, tau)
     x_load, tau_load = _samples(arm, 30, 4, 3.0)
     for row in range(30):
         gp.observe(x_load[row : row + 1], tau_load[row : row + 1])
-        assert schedule.update() is None
-    assert gp.resets >= 1 and schedule.rebuilt == 0
+        for schedule in schedules:
+            schedule.update()
+    # the 3 kg load 5 cm out is below 5 kg, and beyond 1 cm; the default schedule takes it
+    assert gp.resets >= 1 and [s.rebuilt for s in schedules[:2]] == [0, 0] and schedules[2].rebuilt > 0
     with pytest.raises(InputError, match="no body 'gripper'"):
         PayloadGains(gp, arm.torque_model(), "gripper", x[:20, :N].numpy(), OMEGA, DT)
     with pytest.raises(InputError, match="first >= 1"):
