@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mujoco
 import numpy as np
@@ -34,6 +34,9 @@ from gpdyn.control.dynamics import LearnedModel
 from gpdyn.sim.loop import Controller
 from gpdyn.errors import InputError
 from gpdyn.robots.arm import inverse_dynamics
+
+if TYPE_CHECKING:
+    from gpdyn.control.gain_schedule import PayloadGains
 
 FEEDFORWARD = ("none", "true", "learned")
 
@@ -58,7 +61,7 @@ class ComputedTorqueController(Controller):
         *,
         model: LearnedModel | None = None,
         updater: Callable[[torch.Tensor, torch.Tensor], Mapping[str, float]] | None = None,
-        gain_schedule: Any = None,
+        gain_schedule: PayloadGains | None = None,
     ) -> None:
         if feedforward not in FEEDFORWARD:
             raise InputError(f"computed torque: feedforward must be one of {', '.join(FEEDFORWARD)}, got '{feedforward}'")

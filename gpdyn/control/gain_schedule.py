@@ -20,7 +20,7 @@ Only a load the body could hold is taken: at least ``min_mass`` and centred with
 ``max_offset`` of the body's frame (a load at the flange). The filter's first samples move the
 estimate a long way and may trip the change test before any change (its prior is the pretrained
 learner, not the arm): the "load" then found is a fraction of a kilogram a metre away, gains
-built on it are far too stiff for the arm, and on one seed of eight they made its tracking
+built on it are far too stiff for the arm, and on one seed of nine they made its tracking
 worse before the change and after it (docs/control.md, the arm's gain schedule). A change that
 takes a load off (a mass change below ``min_mass``) leaves the gains as they are.
 """

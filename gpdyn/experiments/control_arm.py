@@ -22,6 +22,8 @@ PD gains (:func:`gpdyn.robots.arm.pd_gains`): critically damped per joint on the
 diagonal of M made the sampled 100 Hz loop of the iiwa unstable (spectral radius up to
 1.78, :func:`gpdyn.robots.arm.sampled_loop_radius`): it chattered at the Nyquist rate
 against the torque limits, which was a 0.04-0.05 rad "true model" error on joints 2 and 4.
+The online rigid-body model's controller rebuilds them on the load the filter identifies after a
+detected change (``payload_gains``, :class:`gpdyn.control.gain_schedule.PayloadGains`).
 
 The plant changes at step ``change_at`` (:data:`CHANGES`, :func:`apply_change`): a payload at
 the arm's payload body (none when ``payload`` is 0), dry and viscous friction added to every
@@ -48,8 +50,8 @@ import numpy as np
 import torch
 
 from gpdyn.control.computed_torque import ComputedTorqueController
-from gpdyn.control.gain_schedule import PayloadGains
 from gpdyn.control.dynamics import LearnedModel
+from gpdyn.control.gain_schedule import PayloadGains
 from gpdyn.errors import InputError
 from gpdyn.gp import make_learner
 from gpdyn.gp.residual import ResidualGP
