@@ -127,9 +127,9 @@ class ArmAdaptationSettings:
                                                    none_means="their mass and first moment (a compact load)",
                                                    help="rigid-body: which of the change bodies' terms (m, mcx, mcy, mcz, "
                                                         "Ixx, Iyy, Izz, Ixy, Ixz, Iyz) a detected change re-opens widely")
-    payload_gains: bool = setting(True, help="rigid-body: after a detected change, rebuild the PD gains on the load "
-                                             "the filter identifies at the change body (off: the gains stay those "
-                                             "of the unloaded arm)")
+    payload_gains: bool = setting(True, help="rigid-body with one change body: after a detected change, rebuild the "
+                                             "PD gains on the load the filter identifies there (off: the gains stay "
+                                             "those of the unloaded arm)")
     window: int = setting(400, low=4, metavar="N", help="residual: the most recent samples it conditions on")
     qdd_lengthscale: float = setting(10.0, low=0, open_low=True, metavar="F",
                                      help="residual: factor on the median-trick lengthscales of the accelerations")

@@ -203,9 +203,9 @@ def _controller(name: str, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.nda
         learner = ResidualGP(learner, x_train, window=cfg.adaptation.window, amplitude=1.0, lengthscale_factor=factors)
     updater = OnlineUpdater(learner, batch=cfg.adaptation.online_batch, updates=cfg.adaptation.updates)
     schedule = None
-    if isinstance(learner, RigidBodyGP) and cfg.adaptation.payload_gains:
-        schedule = PayloadGains(learner, arm.torque_model(), cfg.resolved_change_bodies(arm)[0], poses,
-                                cfg.reference.omega, cfg.dt)
+    bodies = cfg.resolved_change_bodies(arm)
+    if isinstance(learner, RigidBodyGP) and cfg.adaptation.payload_gains and len(bodies) == 1:  # a load at one body
+        schedule = PayloadGains(learner, arm.torque_model(), bodies[0], poses, cfg.reference.omega, cfg.dt)
     return ComputedTorqueController(name, "learned", gains, cfg.dt, model=LearnedModel(learner, frozen.normalizer),
                                     updater=updater, gain_schedule=schedule)
 
