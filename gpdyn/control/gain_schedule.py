@@ -69,27 +69,26 @@ class PayloadGains:
         self.poses, self.omega, self.dt = np.asarray(poses, dtype=np.float64), float(omega), float(dt)
         self.gap, self.min_mass, self.max_offset = int(gap), float(min_mass), float(max_offset)
         self._due = {first * 2**k for k in range(horizon.bit_length()) if first * 2**k <= horizon}  # steps after a change
+        learner.body_estimate(body)  # a body the filter has columns of (LearnerError otherwise)
         self._resets, self._steps, self._last_reset = learner.resets, 0, None
-        self._before = learner.body_estimate(body)  # the estimate before the latest update
-        self._base: np.ndarray | None = None  # ... before the current change's first reset
+        self._base: np.ndarray | None = None  # the body's estimate before the current change's first reset
         self._since = 0  # control steps since that reset
         self.rebuilt = 0  # gains rebuilt and taken
         self.load: tuple[float, list[float]] | None = None  # the last load they were built on (kg, m)
 
     def update(self) -> tuple[np.ndarray, np.ndarray] | None:
-        estimate = self.learner.body_estimate(self.body_name)
+        learner = self.learner
         self._steps += 1
-        if self.learner.resets > self._resets:
-            if self._last_reset is None or self._steps - self._last_reset > self.gap:
-                self._base, self._since = self._before, 0
-            self._resets, self._last_reset = self.learner.resets, self._steps
-        self._before = estimate
+        if learner.resets > self._resets:
+            if self._last_reset is None or self._steps - self._last_reset > self.gap:  # a new change
+                self._base, self._since = learner.body_estimate(self.body_name, learner.theta_before_reset), 0
+            self._resets, self._last_reset = learner.resets, self._steps
         if self._base is None:
             return None
         self._since += 1
         if self._since not in self._due:
             return None
-        change = estimate[:4] - self._base[:4]
+        change = learner.body_estimate(self.body_name)[:4] - self._base[:4]
         mass = float(change[0])
         if mass < self.min_mass:
             return None

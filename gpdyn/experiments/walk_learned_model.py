@@ -246,10 +246,12 @@ def episode(controller_name: str, change: str, seed: int, config: WalkLearnedCon
               "distance_m": float(x1 - x0), "speed_m_s": float((x1 - x0) / (length * DT)),
               "cpu_ms_per_step": ep.record["plan_cpu_ms_mean"]}
     forward = getattr(controller, "forward", None)
-    identified = forward.identified if isinstance(forward, HybridForward) else forward  # (parameters+residual: under it)
+    under = forward.identified if isinstance(forward, HybridForward) else None  # parameters+residual: the parameters
+    identified = under if under is not None else forward
     if isinstance(identified, IdentifiedForward) and identified.active:
         record["identified"] = identified.factors()  # the factors the planning model ends with
-        record["parameters_distrusted_steps"] = float(identified.distrusted_steps)
+    if under is not None:  # (the residual's own check is residual_distrusted_steps)
+        record["parameters_distrusted_steps"] = float(under.distrusted_steps)
     diagnostics: list[dict[str, Any]] = []
     if diag is not None:
         loops = {r["t"]: r for r in diag.open_loop(rows, config.eval_horizon)}

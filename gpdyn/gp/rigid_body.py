@@ -164,6 +164,10 @@ class RigidBodyGP(Learner):
         self.covariance = torch.diag(torch.cat([torch.full((p,), float(param_std) ** 2, **kw),
                                                 torch.full((n,), float(prior_gain_std) ** 2, **kw)]))
         self.observed, self.resets = 0, 0
+        # theta just before the latest batch's first covariance reset (None before any): what the arm was before the
+        # change, for a gain schedule (gpdyn.control.gain_schedule); not saved with the state
+        self.theta_before_reset: Tensor | None = None
+        self._body_columns: dict[str, list[int]] = {}
         # the prior's last prior_batch rows and residual targets (a ring; the first recent_rows are filled)
         self.learn_prior, self.prior_steps = bool(learn_prior), int(prior_steps) if learn_prior else 0
         self.recent_x = torch.zeros(prior_batch, 3 * n, **kw)
@@ -202,7 +206,7 @@ class RigidBodyGP(Learner):
         design = self._design(x)  # [q, n, p + n]
         self.check_finite("observe", design=design)
         torque = y * self.y_std + self.y_mean
-        theta, covariance, resets = self.theta, self.covariance, 0
+        theta, covariance, resets, before_reset = self.theta, self.covariance, 0, None
         noise = self.noise_var * torch.eye(self.output_dim, device=self.device, dtype=self.dtype)
         for start in range(0, x.shape[0], UPDATE_ROWS):
             rows, target = design[start : start + UPDATE_ROWS], torque[start : start + UPDATE_ROWS]
@@ -211,6 +215,7 @@ class RigidBodyGP(Learner):
             nis = (innovation * torch.linalg.solve(spread, innovation.unsqueeze(-1)).squeeze(-1)).sum(-1)
             if bool((nis > self.change_threshold).any()):  # one host read per chunk: a CPU learner
                 covariance, resets = covariance + self.reset_covariance, resets + 1
+                before_reset = theta if before_reset is None else before_reset
             h = rows.reshape(-1, rows.shape[-1])  # the chunk's r n torques as one measurement
             ph = covariance @ h.T
             gain = torch.linalg.solve(h @ ph + self.noise_var * torch.eye(h.shape[0], device=self.device,
@@ -219,6 +224,8 @@ class RigidBodyGP(Learner):
             covariance = covariance - gain @ ph.T
             covariance = 0.5 * (covariance + covariance.T)
         self.theta, self.covariance = theta, covariance
+        if before_reset is not None:
+            self.theta_before_reset = before_reset
         self.resets += resets
         self.observed += x.shape[0]
         if self.learn_prior:
@@ -291,14 +298,18 @@ class RigidBodyGP(Learner):
     def noise_variance(self) -> Tensor:
         return self.noise_var / self.y_std**2
 
-    def body_estimate(self, body: str) -> np.ndarray:
-        """The estimate of ``body``'s ten regressor terms (``(m, m c, I_O)``, :data:`gpdyn.robots.regressor.BODY_TERMS`)
-        in physical units: what the rigid-body term adds for that body on top of ``beta`` times the prior, not the
-        body's own parameters (the prior carries part of the arm)."""
-        index = [i for i, name in enumerate(self.regressor.names) if name.rsplit(".", 1)[0] == body]
-        if len(index) != 10:
-            raise LearnerError(f"RigidBodyGP: {body!r} is not a moving body of the arm's regressor")
-        return (self.theta[index] / self.column_scale[index]).detach().cpu().numpy()
+    def body_estimate(self, body: str, theta: Tensor | None = None) -> np.ndarray:
+        """The estimate (``theta``, default the current one) of ``body``'s ten regressor terms (``(m, m c, I_O)``,
+        :data:`gpdyn.robots.regressor.BODY_TERMS`) in physical units: what the rigid-body term adds for that body on
+        top of ``beta`` times the prior, not the body's own parameters (the prior carries part of the arm)."""
+        index = self._body_columns.get(body)
+        if index is None:
+            index = [i for i, name in enumerate(self.regressor.names) if name.rsplit(".", 1)[0] == body]
+            if len(index) != 10:
+                raise LearnerError(f"RigidBodyGP: {body!r} is not a moving body of the arm's regressor")
+            self._body_columns[body] = index
+        theta = self.theta if theta is None else theta
+        return (theta[index] / self.column_scale[index]).detach().cpu().numpy()
 
     def diagnostics(self) -> dict[str, float]:
         """The prior's counters, the samples learnt from and the covariance resets (detected changes)."""

@@ -109,7 +109,7 @@ import torch
 from torch import Tensor
 
 from gpdyn.compiled import SignatureCompiled, compile_errors
-from gpdyn.gp.base import LOG_2PI, BatchMemo, Learner, LearnerError, MeanProgram
+from gpdyn.gp.base import LOG_2PI, BatchMemo, Learner, LearnerError, MeanProgram, cholesky
 from gpdyn.gp.hyperparams import SEHyperparameters, initial_noise_variance
 
 #: the dtype of the caches of eqs. (7), (16), (17) and of every solve with them (module notes)
@@ -251,18 +251,6 @@ def woodbury_mll(
     return -0.5 * quad / noise - 0.5 * (logdet_b - m * log_noise) - 0.5 * n * log_noise - 0.5 * n * LOG_2PI
 
 
-def _cholesky_factor(c: Tensor) -> Tensor:
-    """Lower Cholesky factor of the batched SPD ``C`` with no host sync on a GPU (as :func:`_lu_factor`)."""
-    low, info = torch.linalg.cholesky_ex(c)
-    if c.device.type == "cpu":
-        failed = (info != 0).nonzero()
-        if len(failed):
-            raise torch.linalg.LinAlgError(f"WISKI: C of batch member {tuple(failed[0].tolist())} is not positive "
-                                           "definite")
-        return low
-    return torch.where((info != 0)[..., None, None], torch.full_like(low, math.nan), low)
-
-
 def psd_sqrt(f: Tensor) -> Tensor:
     """The symmetric square root ``S`` (``S S = F``) of batched symmetric PSD matrices ``f [..., g, g]``.
 
@@ -294,7 +282,7 @@ def sqrt_system(prior: SqrtPrior, noise: Tensor, gram: Tensor) -> tuple[Tensor, 
     sa = prior.mul(gram)
     c = prior.mul(sa.transpose(-1, -2))
     c.diagonal(dim1=-2, dim2=-1).add_(noise.detach().unsqueeze(-1))
-    return sa, _cholesky_factor(c)
+    return sa, cholesky(c)
 
 
 def sqrt_mean(prior: SqrtPrior, low: Tensor, wty: Tensor) -> tuple[Tensor, Tensor]:
