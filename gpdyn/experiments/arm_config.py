@@ -127,6 +127,9 @@ class ArmAdaptationSettings:
                                                    none_means="their mass and first moment (a compact load)",
                                                    help="rigid-body: which of the change bodies' terms (m, mcx, mcy, mcz, "
                                                         "Ixx, Iyy, Izz, Ixy, Ixz, Iyz) a detected change re-opens widely")
+    change_window: int = setting(10, low=0, metavar="N",
+                                 help="rigid-body: the change test also sums the innovations of the last N control steps "
+                                      "(a persistent error too small for one sample's test; 0: each sample alone)")
     payload_gains: bool = setting(True, help="rigid-body with one change body: after a detected change, rebuild the "
                                              "PD gains on the load the filter identifies there (off: the gains stay "
                                              "those of the unloaded arm)")

@@ -196,7 +196,8 @@ def _controller(name: str, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.nda
         # the regressor's inverse dynamics, like the data's, leaves contacts out
         terms = {} if cfg.adaptation.change_terms is None else {"change_terms": cfg.adaptation.change_terms}
         learner = RigidBodyGP(learner, InertialRegressor(without_contacts(arm.torque_model())), stats, x_train,
-                              change_bodies=cfg.resolved_change_bodies(arm), learn_prior=cfg.adaptation.gp_online,
+                              change_bodies=cfg.resolved_change_bodies(arm), change_window=cfg.adaptation.change_window,
+                              learn_prior=cfg.adaptation.gp_online,
                               prior_steps=cfg.adaptation.gp_steps, prior_batch=cfg.adaptation.online_batch, **terms)
     elif cfg.adaptation.adapt == "residual":
         factors = [1.0] * (2 * n) + [cfg.adaptation.qdd_lengthscale] * n

@@ -419,7 +419,9 @@ def write_arm_report(run: RunDir, cfg: Any, arm: Any = None, joint_rmse: dict[st
         f"{c['omega']:g} rad/s on the effective joint inertia{_rebuilt_gains_text(c, records)}.",
         f"Online model: `{c['adapt']}` " + {
             "rigid-body": "(RigidBodyGP: the arm's rigid-body regressor and the frozen model as features, one Kalman "
-                          "update per control step, covariance reset on a detected change).",
+                          "update per control step, covariance reset on a detected change: one sample's innovation "
+                          "out of its distribution" + (f", or the summed innovations of the last {c['change_window']}"
+                                                        if c["change_window"] else "") + ").",
             "residual": f"(ResidualGP: exact GP on the frozen model's residuals, window {c['window']}).",
         }.get(c["adapt"], f"({c['updates']} learner step(s) per control step on the latest {c['online_batch']} samples)."),
         *_unfinished(len(joint_rmse), len(c["controllers"]), "controller"),
@@ -589,6 +591,7 @@ ARM_SETTINGS: dict[str, tuple[tuple[Any, str], Any]] = {
     "speed": (_NUMBER, REQUIRED), "rate_hz": (_POSITIVE, 100.0), "omega": (_NUMBER, REQUIRED),
     "adapt": (_NAME, "?"), "window": (_COUNT, 400), "updates": (_COUNT, 1), "online_batch": (_COUNT, 64),
     "payload_gains": (_SWITCH, False),  # a folder from before the gain schedule kept its gains
+    "change_window": (_COUNT, 0),  # nor had a windowed change test
     "controllers": (_NAMES, REQUIRED),
 }
 

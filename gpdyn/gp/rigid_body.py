@@ -28,7 +28,14 @@ its tail: 2e-4 for 3 joints, 6e-3 for 7, and the assumed ``noise_std`` is well a
 noise of a simulated arm, so a plant as modelled rarely comes near it), the covariance is reset to ``P + reset_std^2 I + change_std^2 I_B`` before the
 update, so the new data move the parameters at once instead of being outweighed by the old
 ones (covariance resetting, Goodwin & Sin, *Adaptive Filtering, Prediction and Control*,
-1984, Sec. 3.4). ``I_B`` selects the parameters of ``change_bodies``, the bodies where a
+1984, Sec. 3.4). A change the arm's response hides can pass that test sample after sample: a light
+load makes the arm sag, the sag explains most of each torque, and the rest, a few times ``noise_std``, is
+learnt slowly into every parameter. With ``change_window = k`` the test also sums the innovations of the
+last ``k`` samples: under the model they are independent with covariances ``S_i``, so
+``(sum nu)^T (sum S_i)^-1 (sum nu)`` is chi-square with ``P`` degrees of freedom too, and a persistent error
+fails it within ``k`` samples. It looks only :data:`WINDOW_HOLD` samples after the latest reset: the
+innovations of an estimate settling after a change are persistent as well, and re-opening the covariance on
+them made the arm track worse. ``I_B`` selects the parameters of ``change_bodies``, the bodies where a
 change is expected (an arm's payload mount: a grasped load changes that body's ten
 parameters and nothing else), and of those the terms ``change_terms``: by default the mass
 and first moment alone, as for a compact load (a point mass at an unknown offset; its
@@ -75,6 +82,9 @@ if TYPE_CHECKING:  # the caller builds it from the arm (robots sit above the lea
 
 # rows of a batch taken into one Kalman update: its innovation covariance is (rows x joints)^2
 UPDATE_ROWS = 16
+# samples after a covariance reset before the windowed change test looks again: the innovations of an estimate
+# settling after a change are persistent by nature, and re-opening the covariance on them made the arm track worse
+WINDOW_HOLD = 200
 # the terms of a change body that a detected change re-opens widely by default: the mass and first moment (the
 # regressor's names, gpdyn.robots.regressor.BODY_TERMS)
 CHANGE_TERMS = ("m", "mcx", "mcy", "mcz")
@@ -88,7 +98,7 @@ class RigidBodyGP(Learner):
     statistics; ``reference_x``: normalised inputs (e.g. the pretraining ones) whose
     regressor columns set each column's scale. ``noise_std``: the torque noise (N m) the
     updates assume; ``param_std``: prior std of ``pi`` per scaled column (N m);
-    ``prior_gain_std``: prior std of ``beta`` around 1; ``change_threshold``, ``reset_std``,
+    ``prior_gain_std``: prior std of ``beta`` around 1; ``change_threshold``, ``change_window``, ``reset_std``,
     ``change_bodies``, ``change_terms``, ``change_std``: the change test and the covariance reset.
     """
 
@@ -97,7 +107,8 @@ class RigidBodyGP(Learner):
     # step() has nothing to optimise: the updater need not gather recent samples for it
     capabilities = frozenset({"step_on_observed"})
     # the prior and the column scales give theta its meaning: they are state too
-    state_fields = ("prior", "column_scale", "theta", "covariance", "observed", "resets", "recent_x", "recent_y",
+    state_fields = ("prior", "column_scale", "theta", "covariance", "window_innovation", "window_spread", "window_rows",
+                    "observed", "resets", "recent_x", "recent_y",
                     "recent_rows", "last_rows", "prior_updates", "prior_refused")
 
     def __init__(
@@ -113,6 +124,7 @@ class RigidBodyGP(Learner):
         # a change's first innovations are damped by the arm's own response (a load makes it sag, and the
         # sagging acceleration explains part of the torque): a test far in the tail let it pass for 20 steps
         change_threshold: float = 20.0,
+        change_window: int = 0,
         reset_std: float = 0.3,
         change_bodies: Sequence[str] = (),
         change_terms: Sequence[str] = CHANGE_TERMS,
@@ -127,6 +139,8 @@ class RigidBodyGP(Learner):
         if (prior.input_dim, prior.output_dim) != (3 * n, n):
             raise LearnerError(f"RigidBodyGP: a {n}-joint arm maps [q, qd, qdd] ({3 * n}) -> tau ({n}), "
                                f"the prior maps {prior.input_dim} -> {prior.output_dim}")
+        if change_window < 0:
+            raise LearnerError(f"RigidBodyGP: change_window must be >= 0, got {change_window}")
         if prior_steps < 0 or prior_batch < 1:
             raise LearnerError(f"RigidBodyGP: need prior_steps >= 0 and prior_batch >= 1, got {prior_steps}, {prior_batch}")
         for name, value in (("noise_std", noise_std), ("param_std", param_std), ("prior_gain_std", prior_gain_std),
@@ -143,6 +157,11 @@ class RigidBodyGP(Learner):
         self.x_mean, self.x_std, self.y_mean, self.y_std = x_mean, x_std, y_mean, y_std
         self.noise_var = float(noise_std) ** 2
         self.change_threshold = float(change_threshold)
+        # the last change_window samples' innovations and their predictive covariances (a ring; window_rows filled)
+        self.change_window = int(change_window)
+        self.window_innovation = torch.zeros(self.change_window, n, **kw)
+        self.window_spread = torch.zeros(self.change_window, n, n, **kw)
+        self.window_rows = 0
         known = {name.split(".")[0] for name in regressor.names}
         unknown = [b for b in change_bodies if b not in known]
         if unknown:
@@ -176,7 +195,8 @@ class RigidBodyGP(Learner):
         self.prior_refused = 0  # rows a full prior (an exact GP at max_points) could not take: it stopped learning
         self.config.update(prior={"learner": prior.name, "config": prior.config}, noise_std=float(noise_std),
                            param_std=float(param_std), prior_gain_std=float(prior_gain_std),
-                           change_threshold=float(change_threshold), reset_std=float(reset_std),
+                           change_threshold=float(change_threshold), change_window=int(change_window),
+                           reset_std=float(reset_std),
                            change_bodies=list(change_bodies), change_terms=list(change_terms),
                            change_std=float(change_std),
                            learn_prior=bool(learn_prior), prior_steps=int(prior_steps), prior_batch=int(prior_batch))
@@ -207,15 +227,26 @@ class RigidBodyGP(Learner):
         self.check_finite("observe", design=design)
         torque = y * self.y_std + self.y_mean
         theta, covariance, resets, before_reset = self.theta, self.covariance, 0, None
+        window_innovation, window_spread, window_rows = self.window_innovation.clone(), self.window_spread.clone(), self.window_rows
         noise = self.noise_var * torch.eye(self.output_dim, device=self.device, dtype=self.dtype)
         for start in range(0, x.shape[0], UPDATE_ROWS):
             rows, target = design[start : start + UPDATE_ROWS], torque[start : start + UPDATE_ROWS]
             innovation = target - rows @ theta  # [r, n]
             spread = rows @ covariance @ rows.transpose(-1, -2) + noise  # each row's predictive covariance
             nis = (innovation * torch.linalg.solve(spread, innovation.unsqueeze(-1)).squeeze(-1)).sum(-1)
-            if bool((nis > self.change_threshold).any()):  # one host read per chunk: a CPU learner
+            changed = nis > self.change_threshold
+            if self.change_window:  # the summed innovations of the window: the same test on a persistent error
+                for row in range(rows.shape[0]):
+                    slot = window_rows % self.change_window
+                    window_innovation[slot], window_spread[slot] = innovation[row], spread[row]
+                    window_rows += 1
+                if window_rows >= self.change_window:
+                    total = window_innovation.sum(0)
+                    changed = changed | (total @ torch.linalg.solve(window_spread.sum(0), total) > self.change_threshold)
+            if bool(changed.any()):  # one host read per chunk: a CPU learner
                 covariance, resets = covariance + self.reset_covariance, resets + 1
                 before_reset = theta if before_reset is None else before_reset
+                window_rows = -WINDOW_HOLD
             h = rows.reshape(-1, rows.shape[-1])  # the chunk's r n torques as one measurement
             ph = covariance @ h.T
             gain = torch.linalg.solve(h @ ph + self.noise_var * torch.eye(h.shape[0], device=self.device,
@@ -224,6 +255,7 @@ class RigidBodyGP(Learner):
             covariance = covariance - gain @ ph.T
             covariance = 0.5 * (covariance + covariance.T)
         self.theta, self.covariance = theta, covariance
+        self.window_innovation, self.window_spread, self.window_rows = window_innovation, window_spread, window_rows
         if before_reset is not None:
             self.theta_before_reset = before_reset
         self.resets += resets
