@@ -82,8 +82,7 @@ if TYPE_CHECKING:  # the caller builds it from the arm (robots sit above the lea
 
 # rows of a batch taken into one Kalman update: its innovation covariance is (rows x joints)^2
 UPDATE_ROWS = 16
-# samples after a covariance reset before the windowed change test looks again: the innovations of an estimate
-# settling after a change are persistent by nature, and re-opening the covariance on them made the arm track worse
+# samples after a covariance reset before the windowed change test looks again (the module notes say why)
 WINDOW_HOLD = 200
 # the terms of a change body that a detected change re-opens widely by default: the mass and first moment (the
 # regressor's names, gpdyn.robots.regressor.BODY_TERMS)
@@ -227,7 +226,8 @@ class RigidBodyGP(Learner):
         self.check_finite("observe", design=design)
         torque = y * self.y_std + self.y_mean
         theta, covariance, resets, before_reset = self.theta, self.covariance, 0, None
-        window_innovation, window_spread, window_rows = self.window_innovation.clone(), self.window_spread.clone(), self.window_rows
+        window_innovation, window_spread = self.window_innovation.clone(), self.window_spread.clone()
+        window_rows = self.window_rows
         noise = self.noise_var * torch.eye(self.output_dim, device=self.device, dtype=self.dtype)
         for start in range(0, x.shape[0], UPDATE_ROWS):
             rows, target = design[start : start + UPDATE_ROWS], torque[start : start + UPDATE_ROWS]
