@@ -156,7 +156,8 @@ class RigidBodyGP(Learner):
         self.x_mean, self.x_std, self.y_mean, self.y_std = x_mean, x_std, y_mean, y_std
         self.noise_var = float(noise_std) ** 2
         self.change_threshold = float(change_threshold)
-        # the last change_window samples' innovations and their predictive covariances (a ring; window_rows filled)
+        # the last change_window samples' innovations and their predictive covariances: a ring, window_rows counts the
+        # rows written since the start, from -WINDOW_HOLD after a reset (the test runs once it reaches change_window)
         self.change_window = int(change_window)
         self.window_innovation = torch.zeros(self.change_window, n, **kw)
         self.window_spread = torch.zeros(self.change_window, n, n, **kw)
