@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 import torch
 
+from gpdyn.control.feedback import InertiaFeedback
 from gpdyn.control.gain_schedule import LOAD_RADIUS, PayloadGains, compact_load
 from gpdyn.errors import InputError
 from gpdyn.gp.residual import ZeroMean
 from gpdyn.gp.rigid_body import RigidBodyGP
-from gpdyn.robots.arm import inverse_dynamics, pd_gains
+from gpdyn.robots.arm import inertia_matrix, inverse_dynamics, pd_gains
 from gpdyn.robots.kuka import kuka_arm
 from gpdyn.robots.regressor import InertialRegressor, body_linear, set_body_linear
 
@@ -62,7 +63,7 @@ def test_gains_follow_the_identified_payload_at_doubling_intervals() -> None:
     assert gp.resets >= 1 and sorted(rebuilt) == [first, first + 10, first + 30] and schedule.rebuilt == 3
     mass, centre = schedule.load
     assert mass == pytest.approx(3.0, abs=0.05) and np.allclose(centre, [0.0, 0.0, 0.05], atol=0.005)
-    kp, kd = rebuilt[max(rebuilt)]
+    kp, kd = rebuilt[max(rebuilt)].kp, rebuilt[max(rebuilt)].kd
     nominal_kp, _ = pd_gains(arm.torque_model(), poses, OMEGA)
     assert (kp >= nominal_kp - 1e-9).all() and kp[5] > 1.5 * nominal_kp[5]  # the wrist (joint 6) feels the load most
     # the gains of the nominal arm with the true load as a compact one: what a perfect estimate would give
@@ -76,6 +77,33 @@ def test_gains_follow_the_identified_payload_at_doubling_intervals() -> None:
     # sphere about its centre, where the compact load's smaller radius makes the difference)
     loaded_kp, _ = pd_gains(arm.torque_model(3.0), poses, OMEGA)
     np.testing.assert_allclose(kp[:6], loaded_kp[:6], rtol=0.05)
+
+
+def test_the_inertia_feedback_is_rebuilt_on_the_arm_with_the_identified_load() -> None:
+    arm = kuka_arm(friction=0.0)
+    x, tau = _samples(arm, 60, 1, 0.0)
+    x_load, tau_load = _samples(arm, 30, 2, 3.0)
+    stats = (np.zeros(3 * N), np.ones(3 * N), np.zeros(N), np.ones(N))
+    gp = RigidBodyGP(ZeroMean(3 * N, N), InertialRegressor(arm.torque_model()), stats, x,
+                     change_bodies=[arm.payload_body])
+    schedule = PayloadGains(gp, arm.torque_model(), arm.payload_body, x[:20, :N].numpy(), OMEGA, DT, first=10,
+                            horizon=10, inertia=True)
+    gp.observe(x, tau)
+    feedback = []
+    for row in range(30):
+        gp.observe(x_load[row : row + 1], tau_load[row : row + 1])
+        feedback.append(schedule.update())
+    built = [f for f in feedback if f is not None]
+    assert len(built) == 1 and isinstance(built[0], InertiaFeedback) and schedule.rebuilt == 1
+    body = mujoco.mj_name2id(arm.torque_model(), mujoco.mjtObj.mjOBJ_BODY, arm.payload_body)
+    nominal = arm.torque_model().body_mass[body]
+    assert built[0].model.body_mass[body] == pytest.approx(nominal + 3.0, abs=0.05)
+    # its inertia is the loaded arm's: M(q) of the plant with the 3 kg sphere, within the compact load's difference
+    q = x_load[0, :N].numpy()
+    plant = arm.torque_model(3.0)
+    np.testing.assert_allclose(built[0].torque(q, np.full(N, 0.01), np.zeros(N)),
+                               inertia_matrix(plant, q, mujoco.MjData(plant)) @ np.full(N, OMEGA**2 * 0.01),
+                               rtol=0.05, atol=0.02)
 
 
 def test_a_small_or_negative_mass_change_builds_no_gains_and_bad_options_are_refused() -> None:

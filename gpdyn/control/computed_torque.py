@@ -1,11 +1,12 @@
 """Computed-torque tracking of any arm, with the true or a learned inverse dynamics.
 
-Control law (feed-forward plus PD, as in learned inverse-dynamics control,
+Control law (feed-forward plus feedback, as in learned inverse-dynamics control,
 Nguyen-Tuong & Peters 2011)::
 
     tau = f(q_ref, qd_ref, qdd_ref) + Kp (q_ref - q) + Kd (qd_ref - qd)
 
-clipped to the arm's torque limits, with ``f`` one of (:data:`FEEDFORWARD`): nothing
+or, with the feedback through the arm's inertia (:mod:`gpdyn.control.feedback`),
+``f(...) + M(q) (w^2 e + 2 w e')``, clipped to the arm's torque limits, with ``f`` one of (:data:`FEEDFORWARD`): nothing
 (``none``: PD alone), MuJoCo's inverse dynamics of the actual plant (``true``, payload
 included, divided by the actuators' gear so that a weakened motor is driven harder), or a
 learned model (``learned``: a :class:`~gpdyn.control.dynamics.LearnedModel` of the
@@ -31,11 +32,13 @@ import numpy as np
 import torch
 
 from gpdyn.control.dynamics import LearnedModel
+from gpdyn.control.feedback import DiagonalFeedback
 from gpdyn.sim.loop import Controller
 from gpdyn.errors import InputError
 from gpdyn.robots.arm import inverse_dynamics
 
 if TYPE_CHECKING:
+    from gpdyn.control.feedback import Feedback
     from gpdyn.control.gain_schedule import PayloadGains
 
 FEEDFORWARD = ("none", "true", "learned")
@@ -44,19 +47,20 @@ FEEDFORWARD = ("none", "true", "learned")
 class ComputedTorqueController(Controller):
     """Feed-forward plus PD on an :class:`~gpdyn.sim.arm_env.ArmEnv` (see the module notes).
 
-    ``gains``: ``(Kp, Kd)`` [n] (e.g. :func:`gpdyn.robots.arm.pd_gains`); ``dt``: the control
+    ``feedback``: a :class:`~gpdyn.control.feedback.DiagonalFeedback` or
+    :class:`~gpdyn.control.feedback.InertiaFeedback` (or ``(Kp, Kd)`` [n], diagonal gains); ``dt``: the control
     step (s). With ``feedforward="learned"``, ``model`` is the learned inverse dynamics and
     every step logs ``ff_error``, its command minus the plant's own (:meth:`_plant_command`, N m per joint), and
     ``feedforward_seconds``, the CPU time of its prediction; ``updater`` (optional) learns
     from each transition (``update_seconds``: its CPU time). ``gain_schedule`` (optional, a
-    :class:`gpdyn.control.gain_schedule.PayloadGains`): asked after each update for new gains.
+    :class:`gpdyn.control.gain_schedule.PayloadGains`): asked after each update for a new feedback.
     """
 
     def __init__(
         self,
         name: str,
         feedforward: str,
-        gains: tuple[np.ndarray, np.ndarray],
+        feedback: Feedback | tuple[np.ndarray, np.ndarray],
         dt: float,
         *,
         model: LearnedModel | None = None,
@@ -67,10 +71,10 @@ class ComputedTorqueController(Controller):
             raise InputError(f"computed torque: feedforward must be one of {', '.join(FEEDFORWARD)}, got '{feedforward}'")
         if (feedforward == "learned") != (model is not None) or (updater is not None and model is None):
             raise InputError("computed torque: a learned model goes with feedforward='learned' (and an updater needs one)")
-        self.kp, self.kd = (np.asarray(g, dtype=np.float64) for g in gains)
-        n = self.kp.shape[0]
-        if self.kd.shape != (n,) or not (np.isfinite(self.kp).all() and np.isfinite(self.kd).all()):
-            raise InputError(f"computed torque: gains must be two finite [n] vectors, got {self.kp.shape}, {self.kd.shape}")
+        if isinstance(feedback, tuple):
+            feedback = DiagonalFeedback(*feedback)
+        self.feedback = feedback
+        n = feedback.n
         if model is not None and (model.input_dim != 3 * n or model.output_dim != n):
             raise InputError(f"computed torque: the learned model maps {model.input_dim} -> {model.output_dim}, "
                              f"a {n}-joint arm needs {3 * n} -> {n} ([q, qd, qdd] -> tau)")
@@ -87,6 +91,7 @@ class ComputedTorqueController(Controller):
         if self.env.arm.n != self.n:
             raise InputError(f"computed torque: gains for {self.n} joints, the arm has {self.env.arm.n}")
         self.scratch = mujoco.MjData(self.env.model)
+        self.feedback.reset(self.env)
         self.low, self.high = self.env.arm.limits.torque.T
         self._fallbacks = self._skipped = 0
 
@@ -118,7 +123,7 @@ class ComputedTorqueController(Controller):
             ff = np.zeros(self.n)
             record["fallback"] = "feed-forward not finite"
             self._fallbacks += 1
-        tau = ff + self.kp * (info["q_ref"] - q) + self.kd * (info["qd_ref"] - qd)
+        tau = ff + self.feedback.torque(q, info["q_ref"] - q, info["qd_ref"] - qd)
         return np.clip(tau, self.low, self.high), record
 
     def observe(self, obs: np.ndarray, action: np.ndarray, next_obs: np.ndarray, info: Mapping[str, Any]) -> dict[str, Any]:
@@ -131,10 +136,10 @@ class ComputedTorqueController(Controller):
             metrics = self.updater(*self.model.training_pair(x, action))
             record.update(update_seconds=time.process_time() - t0, **{f"update_{k}": v for k, v in metrics.items()})
             self._skipped += bool(metrics.get("skipped"))
-        if self.gain_schedule is not None:  # gains rebuilt on what the model has identified
-            gains = self.gain_schedule.update()
-            if gains is not None:
-                self.kp, self.kd = gains
+        if self.gain_schedule is not None:  # the feedback rebuilt on what the model has identified
+            feedback = self.gain_schedule.update()
+            if feedback is not None:
+                self.feedback = feedback
                 record["gains_rebuilt"] = True
         return record
 

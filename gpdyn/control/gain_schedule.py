@@ -1,4 +1,4 @@
-"""PD gains rescheduled on the load that the rigid-body filter identifies.
+"""The feedback (PD gains, or the inertia it acts through) rebuilt on the load the rigid-body filter identifies.
 
 The computed-torque controller's gains are critically damped on the arm's smallest effective
 inertia over the run's poses (:func:`gpdyn.robots.arm.pd_gains`). A grasped load raises the
@@ -23,6 +23,11 @@ learner, not the arm): the "load" then found is a fraction of a kilogram a metre
 built on it are far too stiff for the arm, and on one seed of nine they made its tracking
 worse before the change and after it (docs/control.md, the arm's gain schedule). A change that
 takes a load off (a mass change below ``min_mass``) leaves the gains as they are.
+
+With the feedback through the arm's inertia (``inertia=True``, :mod:`gpdyn.control.feedback`)
+the same load goes into the model whose ``M(q)`` the feedback multiplies: the loaded model is positive
+definite by construction and the loop critically damped on every mode where the load is right, so no
+gains and no stability check are needed.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import copy
 import mujoco
 import numpy as np
 
+from gpdyn.control.feedback import DiagonalFeedback, Feedback, InertiaFeedback
 from gpdyn.errors import InputError
 from gpdyn.gp.rigid_body import RigidBodyGP
 from gpdyn.robots.arm import pd_gains, sampled_loop_radius
@@ -52,13 +58,14 @@ def compact_load(mass: float, position: np.ndarray) -> np.ndarray:
 
 
 class PayloadGains:
-    """Gains rebuilt on the load identified at ``body`` (module notes). ``model``: the nominal arm's torque model;
-    ``poses [N, n]``, ``omega``, ``dt``: as for the initial gains. Call :meth:`update` after each filter update:
-    new ``(Kp, Kd)`` when due and stable, else None."""
+    """The feedback rebuilt on the load identified at ``body`` (module notes). ``model``: the nominal arm's torque
+    model; ``poses [N, n]``, ``omega``, ``dt``: as for the initial gains; ``inertia``: the feedback through the
+    loaded arm's inertia instead of its gains. Call :meth:`update` after each filter update: the new feedback when due (and, diagonal, stable),
+    else None."""
 
     def __init__(self, learner: RigidBodyGP, model: mujoco.MjModel, body: str, poses: np.ndarray, omega: float,
                  dt: float, *, first: int = 10, horizon: int = 160, gap: int = 50, min_mass: float = 0.3,
-                 max_offset: float = 0.25) -> None:
+                 max_offset: float = 0.25, inertia: bool = False) -> None:
         self.body = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, body)
         if self.body < 0:
             raise InputError(f"gain schedule: the arm has no body {body!r}")
@@ -68,6 +75,7 @@ class PayloadGains:
         self.learner, self.model, self.body_name = learner, model, body
         self.poses, self.omega, self.dt = np.asarray(poses, dtype=np.float64), float(omega), float(dt)
         self.gap, self.min_mass, self.max_offset = int(gap), float(min_mass), float(max_offset)
+        self.inertia = bool(inertia)
         self._due = {first * 2**k for k in range(horizon.bit_length()) if first * 2**k <= horizon}  # steps after a change
         learner.body_estimate(body)  # a body the filter has columns of (LearnerError otherwise)
         self._resets, self._steps, self._last_reset = learner.resets, 0, None
@@ -76,7 +84,7 @@ class PayloadGains:
         self.rebuilt = 0  # gains rebuilt and taken
         self.load: tuple[float, list[float]] | None = None  # the last load they were built on (kg, m)
 
-    def update(self) -> tuple[np.ndarray, np.ndarray] | None:
+    def update(self) -> Feedback | None:
         learner = self.learner
         self._steps += 1
         if learner.resets > self._resets:
@@ -97,12 +105,16 @@ class PayloadGains:
             return None
         loaded = copy.deepcopy(self.model)
         set_body_linear(loaded, self.body, body_linear(loaded, self.body) + compact_load(mass, position))
-        kp, kd = pd_gains(loaded, self.poses, self.omega)
-        if sampled_loop_radius(loaded, self.poses, kp, kd, self.dt) >= 1:
-            return None
+        if self.inertia:
+            feedback: Feedback = InertiaFeedback(loaded, self.omega, loaded.nv)
+        else:
+            kp, kd = pd_gains(loaded, self.poses, self.omega)
+            if sampled_loop_radius(loaded, self.poses, kp, kd, self.dt) >= 1:
+                return None
+            feedback = DiagonalFeedback(kp, kd)
         self.rebuilt += 1
         self.load = (mass, position.tolist())
-        return kp, kd
+        return feedback
 
 
 __all__ = ["LOAD_RADIUS", "PayloadGains", "compact_load"]

@@ -31,6 +31,8 @@ CHANGES = ("payload", "joint-friction", "motor-gain", "joint-spring")
 # Kalman updates), "residual" (ResidualGP, an exact GP on the frozen model's residuals) or "steps"
 # (the learner's own optimiser steps)
 ADAPT = ("rigid-body", "residual", "steps")
+# the feedback around the feed-forward (gpdyn.control.feedback): per-joint gains, or through the arm's inertia
+FEEDBACK = ("diagonal", "inertia")
 MAX_SEED = 2**32 - 1  # gpdyn.device.MAX_SEED (that module imports torch)
 # memory per control step: the episode's rows (a few small arrays per step, with Python's
 # overhead) and the reference poses; generous for arms of up to ~30 joints
@@ -86,6 +88,11 @@ class ReferenceSettings:
                              help="control rate: a whole number of the model's simulation steps per control step")
     omega: float = setting(20.0, low=0, open_low=True, metavar="RAD_S",
                            help="PD bandwidth, rad/s (critically damped on the effective inertia)")
+    feedback: str = setting("diagonal", choices=FEEDBACK, metavar="LAW",
+                            help="the feedback around the feed-forward: per-joint PD gains critically damped on the "
+                                 "smallest effective inertia (diagonal), or M(q) (w^2 e + 2 w e') through the "
+                                 "controller's inertia model: the plant's for true, the nominal arm's, and the nominal "
+                                 "arm's plus the identified load for online (inertia)")
 
 
 @dataclass
@@ -233,4 +240,4 @@ class ArmRunConfig:
 
 
 __all__ = ["ADAPT", "ARM_CONTROLLERS", "ArmAdaptationSettings", "ArmModelSettings", "ArmPlantSettings", "ArmRunConfig",
-           "CHANGES", "MjcfSettings", "ReferenceSettings"]
+           "CHANGES", "FEEDBACK", "MjcfSettings", "ReferenceSettings"]

@@ -51,6 +51,7 @@ import torch
 
 from gpdyn.control.computed_torque import ComputedTorqueController
 from gpdyn.control.dynamics import LearnedModel
+from gpdyn.control.feedback import DiagonalFeedback, Feedback, InertiaFeedback
 from gpdyn.control.gain_schedule import PayloadGains
 from gpdyn.errors import InputError
 from gpdyn.gp import make_learner
@@ -180,14 +181,24 @@ def run_store(run_dir: str | Path) -> str:
     return store
 
 
+def _feedback(name: str, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.ndarray, np.ndarray]) -> Feedback:
+    """The controller's feedback (``cfg.reference.feedback``): the gains, or the inertia of what it knows of the arm."""
+    if cfg.reference.feedback == "diagonal":
+        return DiagonalFeedback(*gains)
+    if name == "true":
+        return InertiaFeedback.of_plant(cfg.reference.omega, arm.n)
+    return InertiaFeedback(arm.torque_model(), cfg.reference.omega, arm.n)
+
+
 def _controller(name: str, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.ndarray, np.ndarray], poses: np.ndarray,
                 frozen: LearnedModel | None, x_train: torch.Tensor | None) -> ComputedTorqueController:
     n = arm.n
+    feedback = _feedback(name, cfg, arm, gains)
     if name in ("pd", "true"):
-        return ComputedTorqueController(name, FEEDFORWARD[name], gains, cfg.dt)
+        return ComputedTorqueController(name, FEEDFORWARD[name], feedback, cfg.dt)
     assert frozen is not None and x_train is not None
     if name == "frozen":
-        return ComputedTorqueController(name, "learned", gains, cfg.dt, model=frozen)
+        return ComputedTorqueController(name, "learned", feedback, cfg.dt, model=frozen)
     learner = copy.deepcopy(frozen.learner)  # the frozen controller keeps the pretrained one
     if cfg.adaptation.adapt == "rigid-body" and cfg.adaptation.gp_online:
         for_control(learner)  # it predicts after every transition: WISKI by rank-one updates, not full solves
@@ -206,8 +217,9 @@ def _controller(name: str, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.nda
     schedule = None
     bodies = cfg.resolved_change_bodies(arm)
     if isinstance(learner, RigidBodyGP) and cfg.adaptation.payload_gains and len(bodies) == 1:  # a load at one body
-        schedule = PayloadGains(learner, arm.torque_model(), bodies[0], poses, cfg.reference.omega, cfg.dt)
-    return ComputedTorqueController(name, "learned", gains, cfg.dt, model=LearnedModel(learner, frozen.normalizer),
+        schedule = PayloadGains(learner, arm.torque_model(), bodies[0], poses, cfg.reference.omega, cfg.dt,
+                                inertia=cfg.reference.feedback == "inertia")
+    return ComputedTorqueController(name, "learned", feedback, cfg.dt, model=LearnedModel(learner, frozen.normalizer),
                                     updater=updater, gain_schedule=schedule)
 
 

@@ -375,15 +375,22 @@ def compute_section(episodes: list[dict[str, Any]], period_s: float) -> list[str
     return lines
 
 
-def _rebuilt_gains_text(c: dict[str, Any], records: list[dict[str, Any]]) -> str:
-    """The arm report's words on the gain schedule (``payload_gains``): how often the online controller rebuilt its
-    gains on the load its filter identified; nothing where the run has no schedule (or predates it)."""
+def _feedback_text(c: dict[str, Any], records: list[dict[str, Any]]) -> str:
+    """The arm report's words on the feedback law (``feedback``) and the gain schedule (``payload_gains``): how often
+    the online controller rebuilt its feedback on the load its filter identified (nothing where the run has no
+    schedule, or predates it)."""
+    if c["feedback"] == "inertia":
+        text = (f"Feedback: M(q) ({c['omega']:g}^2 e + 2 {c['omega']:g} e') through each controller's inertia model "
+                "(`true`: the plant's; the others: the nominal arm's")
+        built = "; the online controller's is rebuilt with the load its filter identifies after a detected change"
+    else:
+        text = f"Feedback: PD gains critically damped at {c['omega']:g} rad/s on the effective joint inertia (of the unloaded arm"
+        built = "; the online controller rebuilds them on the load its filter identifies after a detected change"
     if c["adapt"] != "rigid-body" or not c["payload_gains"]:
-        return ""
+        return text + ")."
     rebuilt = [r["gains_rebuilt"] for r in records if r.get("kind") == "episode" and "gains_rebuilt" in r]
     times = f": {int(sum(rebuilt))} time(s) in this run" if rebuilt else ""
-    return (" of the unloaded arm; the online controller rebuilds them on the load its filter identifies after a "
-            f"detected change (--payload-gains{times})")
+    return f"{text}{built} (--payload-gains{times}))."
 
 
 def write_arm_report(run: RunDir, cfg: Any, arm: Any = None, joint_rmse: dict[str, dict[str, list[float]]] | None = None,
@@ -413,10 +420,9 @@ def write_arm_report(run: RunDir, cfg: Any, arm: Any = None, joint_rmse: dict[st
         f"Learner `{c['learner']}` ({source}), "
         f"{c['steps']} control steps at {c['rate_hz']:.0f} Hz, "
         f"trajectory family `{c['family']}` at speed {c['speed']}; {arm_change_text(c)}.",
-        "Control law: tau = f(q_ref, qd_ref, qdd_ref) + Kp (q_ref - q) + Kd (qd_ref - qd); "
+        "Control law: tau = f(q_ref, qd_ref, qdd_ref) + feedback(q_ref - q, qd_ref - qd); "
         "`pd` has no feed-forward, `true` uses MuJoCo's inverse dynamics of the actual plant (over the actuators' gear, which a motor-gain change scales); f is evaluated "
-        "at the reference of the middle of the step. PD gains: critically damped at "
-        f"{c['omega']:g} rad/s on the effective joint inertia{_rebuilt_gains_text(c, records)}.",
+        f"at the reference of the middle of the step. {_feedback_text(c, records)}",
         f"Online model: `{c['adapt']}` " + {
             "rigid-body": "(RigidBodyGP: the arm's rigid-body regressor and the frozen model as features, one Kalman "
                           "update per control step, covariance reset on a detected change: one sample's innovation "
@@ -591,6 +597,7 @@ ARM_SETTINGS: dict[str, tuple[tuple[Any, str], Any]] = {
     "speed": (_NUMBER, REQUIRED), "rate_hz": (_POSITIVE, 100.0), "omega": (_NUMBER, REQUIRED),
     "adapt": (_NAME, "?"), "window": (_COUNT, 400), "updates": (_COUNT, 1), "online_batch": (_COUNT, 64),
     "payload_gains": (_SWITCH, False),  # a folder from before the gain schedule kept its gains
+    "feedback": (_NAME, "diagonal"),  # nor chose its feedback law
     "change_window": (_COUNT, 0),  # nor had a windowed change test
     "controllers": (_NAMES, REQUIRED),
 }
