@@ -26,8 +26,10 @@ takes a load off (a mass change below ``min_mass``) leaves the gains as they are
 
 With the feedback through the arm's inertia (``inertia=True``, :mod:`gpdyn.control.feedback`)
 the same load goes into the model whose ``M(q)`` the feedback multiplies: the loaded model is positive
-definite by construction and the loop critically damped on every mode where the load is right, so no
-gains and no stability check are needed.
+definite by construction and the loop critically damped on every mode where the load is right. A model
+heavier than the plant drives it harder than critically, unstably beyond a ratio of inertias
+(:func:`gpdyn.control.feedback.stable_inertia_ratio`), and the filter's first samples can show a "load" that is
+not there: the loaded model's inertia is bounded against the nominal arm's (``InertiaFeedback(bound=...)``).
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ class PayloadGains:
         loaded = copy.deepcopy(self.model)
         set_body_linear(loaded, self.body, body_linear(loaded, self.body) + compact_load(mass, position))
         if self.inertia:
-            feedback: Feedback = InertiaFeedback(loaded, self.omega, loaded.nv)
+            feedback: Feedback = InertiaFeedback(loaded, self.omega, loaded.nv, bound=(self.model, self.dt))
         else:
             kp, kd = pd_gains(loaded, self.poses, self.omega)
             if sampled_loop_radius(loaded, self.poses, kp, kd, self.dt) >= 1:
