@@ -42,7 +42,7 @@ def test_kuka_tracking_runs_and_reports_rmse(tmp_path: Path) -> None:
     assert "## CPU time per control step (the period is 10 ms)" in report
     assert f"| online " in report.split("## CPU time")[1]
     # the gain schedule (on by default) is in the episode record and said in the report
-    assert online["gains_rebuilt"] >= 0 and "rebuilds them on the load its filter identifies" in report
+    assert online["gains_rebuilt"] >= 0 and "rebuilt with the load its filter identifies" in report
 
 
 def test_kuka_pd_gains_keep_the_sampled_loop_stable() -> None:

@@ -88,11 +88,11 @@ class ReferenceSettings:
                              help="control rate: a whole number of the model's simulation steps per control step")
     omega: float = setting(20.0, low=0, open_low=True, metavar="RAD_S",
                            help="PD bandwidth, rad/s (critically damped on the effective inertia)")
-    feedback: str = setting("diagonal", choices=FEEDBACK, metavar="LAW",
-                            help="the feedback around the feed-forward: per-joint PD gains critically damped on the "
-                                 "smallest effective inertia (diagonal), or M(q) (w^2 e + 2 w e') through the "
-                                 "controller's inertia model: the plant's for true, the nominal arm's, and the nominal "
-                                 "arm's plus the identified load for online (inertia)")
+    feedback: str = setting("inertia", choices=FEEDBACK, metavar="LAW",
+                            help="the feedback around the feed-forward: M(q) (w^2 e + 2 w e') through the "
+                                 "controller's inertia model, the plant's for true, the nominal arm's, and the nominal "
+                                 "arm's plus the identified load for online (inertia); or per-joint PD gains critically "
+                                 "damped on the smallest effective inertia (diagonal)")
 
 
 @dataclass

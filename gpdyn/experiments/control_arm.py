@@ -17,12 +17,14 @@ was collected from (``model_sha256``, the identity of the MJCF file with its inc
 and ``joint_names``; simulated stores do) must record this arm: a store or a learner of
 another arm is refused (:func:`check_recorded_arm`), whatever its joint count.
 
-PD gains (:func:`gpdyn.robots.arm.pd_gains`): critically damped per joint on the
+The feedback (``feedback``, :mod:`gpdyn.control.feedback`): by default through each controller's
+inertia model, ``M(q) (w^2 e + 2 w e')``; or per-joint PD gains (``diagonal``,
+:func:`gpdyn.robots.arm.pd_gains`), critically damped per joint on the
 *effective* inertia, its minimum over the reference poses of the run. Gains built on the
 diagonal of M made the sampled 100 Hz loop of the iiwa unstable (spectral radius up to
 1.78, :func:`gpdyn.robots.arm.sampled_loop_radius`): it chattered at the Nyquist rate
 against the torque limits, which was a 0.04-0.05 rad "true model" error on joints 2 and 4.
-The online rigid-body model's controller rebuilds them on the load the filter identifies after a
+The online rigid-body model's controller rebuilds its feedback on the load the filter identifies after a
 detected change (``payload_gains``, :class:`gpdyn.control.gain_schedule.PayloadGains`).
 
 The plant changes at step ``change_at`` (:data:`CHANGES`, :func:`apply_change`): a payload at
