@@ -6,7 +6,8 @@ Nguyen-Tuong & Peters 2011)::
     tau = f(q_ref, qd_ref, qdd_ref) + Kp (q_ref - q) + Kd (qd_ref - qd)
 
 or, with the feedback through the arm's inertia (:mod:`gpdyn.control.feedback`),
-``f(...) + M(q) (w^2 e + 2 w e')``, clipped to the arm's torque limits, with ``f`` one of (:data:`FEEDFORWARD`): nothing
+``f(...) + M(q) (w^2 e + 2 w e')``; clipped to the arm's torque limits, with ``f`` one of
+(:data:`FEEDFORWARD`): nothing
 (``none``: PD alone), MuJoCo's inverse dynamics of the actual plant (``true``, payload
 included, divided by the actuators' gear so that a weakened motor is driven harder), or a
 learned model (``learned``: a :class:`~gpdyn.control.dynamics.LearnedModel` of the
@@ -45,10 +46,11 @@ FEEDFORWARD = ("none", "true", "learned")
 
 
 class ComputedTorqueController(Controller):
-    """Feed-forward plus PD on an :class:`~gpdyn.sim.arm_env.ArmEnv` (see the module notes).
+    """Feed-forward plus feedback on an :class:`~gpdyn.sim.arm_env.ArmEnv` (see the module notes).
 
     ``feedback``: a :class:`~gpdyn.control.feedback.DiagonalFeedback` or
-    :class:`~gpdyn.control.feedback.InertiaFeedback` (or ``(Kp, Kd)`` [n], diagonal gains); ``dt``: the control
+    :class:`~gpdyn.control.feedback.InertiaFeedback` (or ``(Kp, Kd)`` [n], diagonal gains); ``dt``: the
+    control
     step (s). With ``feedforward="learned"``, ``model`` is the learned inverse dynamics and
     every step logs ``ff_error``, its command minus the plant's own (:meth:`_plant_command`, N m per joint), and
     ``feedforward_seconds``, the CPU time of its prediction; ``updater`` (optional) learns
@@ -89,7 +91,7 @@ class ComputedTorqueController(Controller):
     def reset(self, env: Any) -> None:
         self.env = env.unwrapped
         if self.env.arm.n != self.n:
-            raise InputError(f"computed torque: gains for {self.n} joints, the arm has {self.env.arm.n}")
+            raise InputError(f"computed torque: feedback for {self.n} joints, the arm has {self.env.arm.n}")
         self.scratch = mujoco.MjData(self.env.model)
         self.feedback.reset(self.env)
         self.low, self.high = self.env.arm.limits.torque.T

@@ -32,6 +32,7 @@ from gpdyn.robots.arm import inertia_matrix
 # the share of the stable inertia ratio a bounded feedback keeps (sampled loop radius 0.90 at w dt = 0.2, against 1)
 BOUND_MARGIN = 0.85
 
+
 class DiagonalFeedback:
     """``Kp e + Kd e'`` with ``Kp, Kd`` [n] (e.g. :func:`gpdyn.robots.arm.pd_gains`)."""
 
@@ -64,7 +65,7 @@ class InertiaFeedback:
     reference model's inertia in every direction (its generalised eigenvalues against the reference's clipped).
     Each mode of a plant at least as heavy as the reference then stays stable, whatever ``model`` adds: a model
     with an identified load that is not there (the filter's first samples can show one: 1.6 kg 22 cm from an iiwa's
-    flange, twenty times its wrist's inertia) would otherwise drive the unloaded wrist into oscillation."""
+    flange, 6-7 times the unloaded arm's inertia on one mode) would otherwise drive the unloaded wrist unstable."""
 
     def __init__(self, model: mujoco.MjModel | None, omega: float, n: int,
                  bound: tuple[mujoco.MjModel, float] | None = None) -> None:

@@ -62,8 +62,8 @@ def compact_load(mass: float, position: np.ndarray) -> np.ndarray:
 class PayloadGains:
     """The feedback rebuilt on the load identified at ``body`` (module notes). ``model``: the nominal arm's torque
     model; ``poses [N, n]``, ``omega``, ``dt``: as for the initial gains; ``inertia``: the feedback through the
-    loaded arm's inertia instead of its gains. Call :meth:`update` after each filter update: the new feedback when due (and, diagonal, stable),
-    else None."""
+    loaded arm's inertia instead of its gains. Call :meth:`update` after each filter update: the new feedback when
+    due (and, for gains, stable), else None."""
 
     def __init__(self, learner: RigidBodyGP, model: mujoco.MjModel, body: str, poses: np.ndarray, omega: float,
                  dt: float, *, first: int = 10, horizon: int = 160, gap: int = 50, min_mass: float = 0.3,
@@ -83,7 +83,7 @@ class PayloadGains:
         self._resets, self._steps, self._last_reset = learner.resets, 0, None
         self._base: np.ndarray | None = None  # the body's estimate before the current change's first reset
         self._since = 0  # control steps since that reset
-        self.rebuilt = 0  # gains rebuilt and taken
+        self.rebuilt = 0  # feedbacks rebuilt and taken
         self.load: tuple[float, list[float]] | None = None  # the last load they were built on (kg, m)
 
     def update(self) -> Feedback | None:

@@ -87,7 +87,7 @@ class ReferenceSettings:
     rate_hz: float = setting(100.0, low=0, open_low=True, metavar="HZ",
                              help="control rate: a whole number of the model's simulation steps per control step")
     omega: float = setting(20.0, low=0, open_low=True, metavar="RAD_S",
-                           help="PD bandwidth, rad/s (critically damped on the effective inertia)")
+                           help="feedback bandwidth w, rad/s (the PD acceleration's, or the gains' on the effective inertia)")
     feedback: str = setting("inertia", choices=FEEDBACK, metavar="LAW",
                             help="the feedback around the feed-forward: M(q) (w^2 e + 2 w e') through the "
                                  "controller's inertia model, the plant's for true, the nominal arm's, and the nominal "
