@@ -126,7 +126,8 @@ class RecursiveBLR(Learner):
         a = gram + lam * torch.eye(gram.shape[0], device=gram.device, dtype=gram.dtype)
         factor = cholesky(a)
         inverse = torch.cholesky_inverse(factor)
-        return 0.5 * (inverse + inverse.T), 2.0 * factor.diagonal().log().sum()
+        # row-major like a restored checkpoint's: a matmul's rounding follows its operands' layout
+        return (0.5 * (inverse + inverse.T)).contiguous(), 2.0 * factor.diagonal().log().sum()
 
     def _absorb(self, phi: Tensor, y: Tensor, start: dict[str, Any]) -> dict[str, Any]:
         """The state after rows ``phi [k, M]``, ``y [k, P]`` (computed aside, nothing set)."""
