@@ -210,6 +210,7 @@ def _controller(name: str, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.nda
         terms = {} if cfg.adaptation.change_terms is None else {"change_terms": cfg.adaptation.change_terms}
         learner = RigidBodyGP(learner, InertialRegressor(without_contacts(arm.torque_model())), stats, x_train,
                               change_bodies=cfg.resolved_change_bodies(arm), change_window=cfg.adaptation.change_window,
+                              change_friction_std=cfg.adaptation.change_friction_std,
                               learn_prior=cfg.adaptation.gp_online,
                               prior_steps=cfg.adaptation.gp_steps, prior_batch=cfg.adaptation.online_batch, **terms)
     elif cfg.adaptation.adapt == "residual":

@@ -427,7 +427,9 @@ def write_arm_report(run: RunDir, cfg: Any, arm: Any = None, joint_rmse: dict[st
             "rigid-body": "(RigidBodyGP: the arm's rigid-body regressor and the frozen model as features, one Kalman "
                           "update per control step, covariance reset on a detected change: one sample's innovation "
                           "out of its distribution" + (f", or the summed innovations of the last {c['change_window']}"
-                                                        if c["change_window"] else "") + ").",
+                                                        if c["change_window"] else "")
+                          + (f"; a reset also re-opens each joint's dry friction (std {c['change_friction_std']:g} N m)"
+                             if c["change_friction_std"] else "") + ").",
             "residual": f"(ResidualGP: exact GP on the frozen model's residuals, window {c['window']}).",
         }.get(c["adapt"], f"({c['updates']} learner step(s) per control step on the latest {c['online_batch']} samples)."),
         *_unfinished(len(joint_rmse), len(c["controllers"]), "controller"),
@@ -599,6 +601,7 @@ ARM_SETTINGS: dict[str, tuple[tuple[Any, str], Any]] = {
     "payload_gains": (_SWITCH, False),  # a folder from before the gain schedule kept its gains
     "feedback": (_NAME, "diagonal"),  # nor chose its feedback law
     "change_window": (_COUNT, 0),  # nor had a windowed change test
+    "change_friction_std": (_NUMBER, 0.0),  # nor re-opened the joints' dry friction at a reset
     "controllers": (_NAMES, REQUIRED),
 }
 

@@ -45,7 +45,11 @@ of a tracking arm are nearly the same equations, so the fewer unknowns a reset o
 sooner they are pinned down, and the less the arm drifts meanwhile (docs/control.md, the
 arm tables). Re-opening all parameters as widely would leave 7 equations per
 sample against ~100 unknowns, and the estimate would follow the data of the last few
-samples instead.
+samples instead. The one other change a reset re-opens, moderately (``change_friction_std``),
+is each joint's dry friction: a friction change shows as a torque offset on every joint at
+once that flips sign with the joint's velocity, which the mount's few terms cannot hold (they
+absorb part of it and leave the rest to creep in at ``reset_std``); its column is one number
+per joint, seven more unknowns that the next samples pin down.
 
 With ``learn_prior`` the prior learner keeps learning too: after each Kalman update it
 observes the part of the torque the rigid-body term leaves, ``(tau - Y pi) / beta`` (WISKI:
@@ -98,7 +102,8 @@ class RigidBodyGP(Learner):
     regressor columns set each column's scale. ``noise_std``: the torque noise (N m) the
     updates assume; ``param_std``: prior std of ``pi`` per scaled column (N m);
     ``prior_gain_std``: prior std of ``beta`` around 1; ``change_threshold``, ``change_window``, ``reset_std``,
-    ``change_bodies``, ``change_terms``, ``change_std``: the change test and the covariance reset.
+    ``change_bodies``, ``change_terms``, ``change_std``, ``change_friction_std``: the change test and the
+    covariance reset.
     """
 
     name = "rigid-body"
@@ -128,6 +133,7 @@ class RigidBodyGP(Learner):
         change_bodies: Sequence[str] = (),
         change_terms: Sequence[str] = CHANGE_TERMS,
         change_std: float = 100.0,
+        change_friction_std: float = 0.0,
         reference_rows: int = 256,
         learn_prior: bool = False,
         prior_steps: int = 0,
@@ -146,6 +152,8 @@ class RigidBodyGP(Learner):
                             ("change_threshold", change_threshold), ("reset_std", reset_std), ("change_std", change_std)):
             if not (np.isfinite(value) and value > 0):
                 raise LearnerError(f"RigidBodyGP: {name} must be finite and > 0, got {value!r}")
+        if not (np.isfinite(change_friction_std) and change_friction_std >= 0):
+            raise LearnerError(f"RigidBodyGP: change_friction_std must be finite and >= 0, got {change_friction_std!r}")
         kw = {"device": prior.device, "dtype": prior.dtype}
         x_mean, x_std, y_mean, y_std = (torch.as_tensor(np.asarray(a, dtype=np.float64), **kw) for a in normalizer)
         if x_mean.shape != (3 * n,) or x_std.shape != (3 * n,) or y_mean.shape != (n,) or y_std.shape != (n,):
@@ -171,8 +179,9 @@ class RigidBodyGP(Learner):
         if odd or not change_terms:
             raise LearnerError(f"RigidBodyGP: change_terms must name some of {', '.join(terms)}, got {list(change_terms)}")
         # the covariance a detected change adds: reset_std^2 on every parameter, change_std^2 on the change_terms of
-        # change_bodies (names "body.term")
+        # change_bodies (names "body.term"), at least change_friction_std^2 on every joint's dry friction
         reset = [change_std**2 if name.split(".")[0] in change_bodies and name.split(".")[-1] in change_terms
+                 else max(reset_std, change_friction_std)**2 if name.endswith(".frictionloss")
                  else reset_std**2 for name in regressor.names]
         self.reset_covariance = torch.diag(torch.as_tensor(reset + [reset_std**2] * n, **kw))
         rows = reference_x[torch.randperm(reference_x.shape[0], generator=self.generator)[:reference_rows]]
@@ -198,7 +207,7 @@ class RigidBodyGP(Learner):
                            change_threshold=float(change_threshold), change_window=int(change_window),
                            reset_std=float(reset_std),
                            change_bodies=list(change_bodies), change_terms=list(change_terms),
-                           change_std=float(change_std),
+                           change_std=float(change_std), change_friction_std=float(change_friction_std),
                            learn_prior=bool(learn_prior), prior_steps=int(prior_steps), prior_batch=int(prior_batch))
 
     @property
