@@ -78,7 +78,8 @@ def test_usage_lines_name_every_option(columns, monkeypatch):
 def test_the_names_help_lists_are_the_registries():
     for names in (LEARNER_NAMES, PROBLEM_NAMES, PRESET_NAMES, PROTOCOL_NAMES, DTYPE_NAMES, FAMILY_NAMES, IMPORT_UNITS,
                   LEGGED_TASKS):
-        assert tuple(names) == names.registry, f"{names.module}.{names.attr}"
+        # the problems' registry fills in the order the tasks were first loaded, which earlier tests vary
+        assert sorted(names) == sorted(names.registry), f"{names.module}.{names.attr}"
 
 
 @pytest.fixture

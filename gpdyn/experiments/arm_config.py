@@ -140,8 +140,9 @@ class ArmAdaptationSettings:
                                  help="rigid-body: the change test also sums the innovations of the last N control steps "
                                       "(a persistent error too small for one sample's test; 0: each sample alone)")
     change_friction_std: float = setting(3.0, low=0, metavar="NM",
-                                         help="rigid-body: a detected change also re-opens each joint's dry friction "
-                                              "with this std (N m; 0: as every other parameter, 0.3)")
+                                         help="rigid-body: a detected change also re-opens the dry friction of each "
+                                              "joint whose torque rose along its motion, with this std (N m; 0: as "
+                                              "every other parameter, 0.3)")
     payload_gains: bool = setting(True, help="rigid-body with one change body: after a detected change, rebuild the "
                                              "PD gains on the load the filter identifies there (off: the gains stay "
                                              "those of the unloaded arm)")

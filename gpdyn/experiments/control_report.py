@@ -428,7 +428,8 @@ def write_arm_report(run: RunDir, cfg: Any, arm: Any = None, joint_rmse: dict[st
                           "update per control step, covariance reset on a detected change: one sample's innovation "
                           "out of its distribution" + (f", or the summed innovations of the last {c['change_window']}"
                                                         if c["change_window"] else "")
-                          + (f"; a reset also re-opens each joint's dry friction (std {c['change_friction_std']:g} N m)"
+                          + (f"; a reset also re-opens the dry friction of each joint whose torque rose along its "
+                             f"motion (std {c['change_friction_std']:g} N m)"
                              if c["change_friction_std"] else "") + ").",
             "residual": f"(ResidualGP: exact GP on the frozen model's residuals, window {c['window']}).",
         }.get(c["adapt"], f"({c['updates']} learner step(s) per control step on the latest {c['online_batch']} samples)."),

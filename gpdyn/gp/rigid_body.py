@@ -49,7 +49,10 @@ samples instead. The one other change a reset re-opens, moderately (``change_fri
 is each joint's dry friction: a friction change shows as a torque offset on every joint at
 once that flips sign with the joint's velocity, which the mount's few terms cannot hold (they
 absorb part of it and leave the rest to creep in at ``reset_std``); its column is one number
-per joint, seven more unknowns that the next samples pin down.
+per joint, a few more unknowns that the next samples pin down. It re-opens only the joints
+whose torque rose along their motion, as more friction asks: a change that is not friction
+would otherwise be taken up in part as friction on the other joints, to flip at their next
+reversal.
 
 With ``learn_prior`` the prior learner keeps learning too: after each Kalman update it
 observes the part of the torque the rigid-body term leaves, ``(tau - Y pi) / beta`` (WISKI:
@@ -179,11 +182,14 @@ class RigidBodyGP(Learner):
         if odd or not change_terms:
             raise LearnerError(f"RigidBodyGP: change_terms must name some of {', '.join(terms)}, got {list(change_terms)}")
         # the covariance a detected change adds: reset_std^2 on every parameter, change_std^2 on the change_terms of
-        # change_bodies (names "body.term"), at least change_friction_std^2 on every joint's dry friction
+        # change_bodies (names "body.term"); and, joint by joint where the change looks like more friction,
+        # friction_extra_var more on the dry friction (_friction_reset)
         reset = [change_std**2 if name.split(".")[0] in change_bodies and name.split(".")[-1] in change_terms
-                 else max(reset_std, change_friction_std)**2 if name.endswith(".frictionloss")
                  else reset_std**2 for name in regressor.names]
         self.reset_covariance = torch.diag(torch.as_tensor(reset + [reset_std**2] * n, **kw))
+        self.friction_columns = torch.tensor([k for k, name in enumerate(regressor.names) if name.endswith(".frictionloss")],
+                                             device=prior.device)
+        self.friction_extra_var = max(float(change_friction_std) ** 2 - float(reset_std) ** 2, 0.0)
         rows = reference_x[torch.randperm(reference_x.shape[0], generator=self.generator)[:reference_rows]]
         columns = self._regressor(rows.to(**kw))
         self.column_scale = columns.pow(2).mean((0, 1)).sqrt().clamp_min(1e-9)  # [p]: the RMS of each column
@@ -255,6 +261,8 @@ class RigidBodyGP(Learner):
                     changed = changed | (total @ torch.linalg.solve(window_spread.sum(0), total) > self.change_threshold)
             if bool(changed.any()):  # one host read per chunk: a CPU learner
                 covariance, resets = covariance + self.reset_covariance, resets + 1
+                if self.friction_extra_var:
+                    covariance = covariance + self._friction_reset(x[start : start + UPDATE_ROWS][-1], innovation[-1])
                 before_reset = theta if before_reset is None else before_reset
                 window_rows = -WINDOW_HOLD
             h = rows.reshape(-1, rows.shape[-1])  # the chunk's r n torques as one measurement
@@ -272,6 +280,19 @@ class RigidBodyGP(Learner):
         self.observed += x.shape[0]
         if self.learn_prior:
             self._observe_prior(x, design, torque)
+
+    def _friction_reset(self, x: Tensor, innovation: Tensor) -> Tensor:
+        """The covariance ``[p + n, p + n]`` a detected change adds on the dry friction of each joint whose torque, at
+        the sample ``x`` (normalised) that found it, rose along the joint's motion: ``innovation * sign(qd) > 0``,
+        as more friction would ask. A change that is not friction (a weaker motor on a gravity-loaded joint) moves
+        some joints' torques against their motion; their friction is not re-opened, so the change is not taken up
+        there as friction, which would flip at the joint's next reversal."""
+        n = self.output_dim
+        velocity = x[n : 2 * n] * self.x_std[n : 2 * n] + self.x_mean[n : 2 * n]
+        along = (innovation * torch.sign(velocity) > 0).to(self.dtype)
+        extra = torch.zeros(self.covariance.shape[0], device=self.device, dtype=self.dtype)
+        extra[self.friction_columns] = self.friction_extra_var * along
+        return torch.diag(extra)
 
     def _observe_prior(self, x: Tensor, design: Tensor, torque: Tensor) -> None:
         """The prior observes what the updated rigid-body term leaves of ``torque``, in its own units."""
