@@ -58,7 +58,7 @@ OPTIONS = {
 SYNC_FREE_OBSERVE = {"wiski"}
 #: one-pass learners (exact recursive Bayesian linear regression): observe conditions on each row
 #: once and step learns nothing, so only observe changes their predictions
-ONE_PASS = {"ssgp", "rls"}
+ONE_PASS = {"ssgp", "rls", "svdgp-stream"}
 
 CUDA = [pytest.param("cuda", marks=pytest.mark.gpu)]
 

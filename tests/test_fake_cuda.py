@@ -315,6 +315,8 @@ FIRST_OBSERVE_SYNCS: dict[str, dict[str, str]] = {
         "gpdyn.gp.ssgp.SSGP._spectrum": "the evidence's eigendecomposition (best_lambda: a host sync on a GPU)",
     },
 }
+FIRST_OBSERVE_SYNCS["svdgp-stream"] = FIRST_OBSERVE_SYNCS["ssgp"] | {  # the same selection (StreamSVDGP's module docs)
+    "gpdyn.gp.svdgp_stream.StreamSVDGP._start": "the first batch selects the hyperparameters as SSGP does"}
 #: a learner's own checks at every observe, beside the base class's
 EVERY_OBSERVE_SYNCS: dict[str, dict[str, str]] = {
     "residual": {"gpdyn.gp.base.Learner.check_finite":
@@ -329,7 +331,7 @@ def fake_batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 #: fewer iterations of the first batch's loops than the small preset's: each runs the same
 #: operations again, and a fake operation costs as much as a real one on a small problem
-FEWER_ITERATIONS = {"wiski": {"init_iters": 2}, "ssgp": {"select_iters": 2}}
+FEWER_ITERATIONS = {"wiski": {"init_iters": 2}, "ssgp": {"select_iters": 2}, "svdgp-stream": {"select_iters": 2}}
 
 
 def fake_learner(name: str):

@@ -28,6 +28,7 @@ LEARNERS: dict[str, str] = {
     "exact": "gpdyn.gp.exact:ExactOnlineGP",
     "residual": "gpdyn.gp.residual:ResidualGP",
     "ssgp": "gpdyn.gp.ssgp:SSGP",
+    "svdgp-stream": "gpdyn.gp.svdgp_stream:StreamSVDGP",
     "rls": "gpdyn.gp.rls:RLS",
 }
 

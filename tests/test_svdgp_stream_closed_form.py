@@ -1,0 +1,133 @@
+"""svdgp-stream (gpdyn/gp/svdgp_stream.py) against the closed forms it computes recursively:
+the maximiser of SVDGP's bound in ``a`` (the sparse GP mean on alpha) and in ``B`` (Titsias's
+covariance on beta), after several chunks as after one batch; the decoupled variance; the
+calibrated scale; a first batch smaller than the basis."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gpdyn.gp import LearnerError, make_learner
+
+D, P = 3, 2
+
+
+def data(n: int, seed: int = 0, noise: float = 0.05) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, D, generator=g, dtype=torch.float64)
+    f = torch.stack([torch.sin(x @ torch.tensor([1.0, 0.5, -0.3], dtype=torch.float64)),
+                     torch.cos(x[:, 0]) * x[:, 1]], dim=-1)
+    return x, f + noise * torch.randn(n, P, generator=g, dtype=torch.float64)
+
+
+def unit_kernel(a: torch.Tensor, b: torch.Tensor, ls: torch.Tensor) -> torch.Tensor:
+    d = ((a[:, None, :] - b[None, :, :]) / ls).pow(2).sum(-1)
+    return torch.exp(-0.5 * d)
+
+
+def learner(**options):
+    options = {"m_alpha": 60, "m_beta": 60, "features": 50, "select_iters": 3, "linear": 0.0, "calibrate_rows": 0,
+               "reselect_every": 0, **options}
+    return make_learner("svdgp-stream", D, P, dtype=torch.float64, seed=0, **options)
+
+
+def sparse_gp(model, z: torch.Tensor, x: torch.Tensor, y: torch.Tensor, xs: torch.Tensor):
+    """The sparse GP (SGPR, Titsias 2009) posterior mean and latent variance at ``xs`` with inducing
+    points ``z``, the model's length scales, ``lam = s / rho^2`` and noises, from all rows at once."""
+    ls, lam, jitter = model.lengthscale, model.lam, model.jitter
+    kzz = unit_kernel(z, z, ls) + jitter * torch.eye(z.shape[0], dtype=torch.float64)
+    kzx, ksz = unit_kernel(z, x, ls), unit_kernel(xs, z, ls)
+    a = lam * kzz + kzx @ kzx.T
+    mean = ksz @ torch.linalg.solve(a, kzx @ y)
+    q = (ksz * torch.linalg.solve(kzz, ksz.T).T).sum(-1)
+    quad = (ksz * torch.linalg.solve(a, ksz.T).T).sum(-1)
+    var = quad[:, None] * model.noise + (1.0 - q).clamp_min(0.0)[:, None] * (model.noise / lam)
+    return mean, var
+
+
+def test_chunks_give_the_maximiser_of_the_bound_over_all_rows():
+    x, y = data(400)
+    model = learner()
+    for a in range(0, 400, 100):  # the first batch selects and draws alpha; then three chunks
+        model.observe(x[a:a + 100], y[a:a + 100])
+    xs, _ = data(50, seed=1)
+    mean, var = model.predict(xs)
+    ref_mean, ref_var = sparse_gp(model, model.basis, x, y, xs)
+    assert torch.allclose(mean, ref_mean, atol=1e-5)  # K_alpha of 60 points is ill-conditioned: rounding
+    assert torch.allclose(var, ref_var, atol=1e-7)
+    # the bound's maximiser is a fit: far better than the prior mean
+    assert float(((mean - data(50, seed=1, noise=0.0)[1]) ** 2).mean()) < 0.05
+
+
+def test_decoupled_variance_is_the_sparse_gp_on_beta_and_the_mean_stays_on_alpha():
+    x, y = data(300)
+    full, decoupled = learner(), learner(m_beta=15)
+    for model in (full, decoupled):
+        model.observe(x[:100], y[:100])
+        model.observe(x[100:], y[100:])
+    xs, _ = data(40, seed=2)
+    mean, var = decoupled.predict(xs)
+    assert torch.equal(decoupled.basis, full.basis)
+    assert torch.allclose(mean, full.predict(xs)[0], atol=1e-10)
+    _, ref_var = sparse_gp(decoupled, decoupled.basis[:15], x, y, xs)
+    assert torch.allclose(var, ref_var, atol=1e-7)
+    assert bool((var >= full.predict(xs)[1] - 1e-9).all())  # fewer inducing points: never more certain
+
+
+def test_linear_features_fit_a_linear_function_far_outside_the_basis():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(300, D, generator=g, dtype=torch.float64)
+    w = torch.tensor([[1.0, -2.0], [0.5, 0.3], [-1.0, 1.5]], dtype=torch.float64)
+    y = x @ w + 0.3
+    far = 6.0 + torch.randn(20, D, generator=g, dtype=torch.float64)  # no basis point near
+    with_linear, without = learner(linear=1.0), learner(linear=0.0)
+    for model in (with_linear, without):
+        model.observe(x[:150], y[:150])
+        model.observe(x[150:], y[150:])
+    err = lambda model: float(((model.predict_mean(far) - (far @ w + 0.3)) ** 2).mean())  # noqa: E731
+    assert err(with_linear) < 1e-2 * err(without)
+
+
+def test_calibrated_scale_follows_the_errors_of_the_predictions_before_each_chunk():
+    x, y = data(600, noise=0.05)
+    model = learner(calibrate_rows=200)
+    model.observe(x[:200], y[:200])
+    xc = x[200:300]
+    yc = y[200:300] + 0.5 * torch.randn(100, P, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    mean, var = model.predict(xc)
+    noise = model.noise_variance()
+    ratio = ((yc - mean) ** 2 / (var + noise)).mean(0)
+    keep = math.exp(-100 / 200)
+    model.observe(xc, yc)
+    assert torch.allclose(model.variance_scale, keep + (1 - keep) * ratio)
+    assert bool((model.variance_scale > 5).all())  # the chunk's errors are ten times the noise
+    assert torch.allclose(model.noise_variance(), model.noise * model.variance_scale)
+    # the same update when the rows were not the ones just predicted (a copy: predicted again)
+    twin = learner(calibrate_rows=200)
+    twin.observe(x[:200], y[:200])
+    twin.observe(xc.clone(), yc)
+    assert torch.allclose(twin.variance_scale, model.variance_scale)
+
+
+def test_a_first_batch_smaller_than_the_basis_becomes_the_basis():
+    x, y = data(200)
+    model = learner(m_alpha=60, m_beta=40)
+    model.observe(x[:25], y[:25])
+    assert model.basis.shape == (25, D) and model.gram.shape == (25, 25) and model.beta_size == 25
+    model.observe(x[25:], y[25:])
+    mean, var = model.predict(x[:10])
+    assert mean.shape == (10, P) and bool(torch.isfinite(var).all())
+    twin = learner(m_alpha=60, m_beta=40)
+    twin.load_state_dict(model.state_dict())
+    assert torch.equal(twin.predict(x[:10])[0], mean)
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"m_beta": 80}, "m_beta"), ({"m_alpha": 0}, "m_alpha"), ({"linear": -1.0}, "linear"),
+    ({"calibrate_rows": -1}, "calibrate_rows"), ({"jitter": 0.0}, "jitter")])
+def test_bad_options_are_refused_by_name(options, match):
+    with pytest.raises(LearnerError, match=match):
+        learner(**options)
