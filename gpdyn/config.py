@@ -64,7 +64,7 @@ class RegistryNames(Sequence[str]):
 
 # the registries' names, listed here so that help and checks of names need no torch (the test suite checks the copies)
 LEARNER_NAMES = RegistryNames("gpdyn.gp", "LEARNERS", ("svdgp", "orth", "orthnat", "svi", "ivsgpr", "vsgpr", "gpr",
-                                                        "wiski", "exact", "residual", "ssgp", "rls"))
+                                                        "wiski", "exact", "residual", "ssgp", "svdgp-stream", "rls"))
 PROBLEM_NAMES = RegistryNames("gpdyn.robots.tasks", "PROBLEMS", ("kuka", "arm", "walker-1", "walker-2", "hopper-1",
                                                                 "hopper-2"))
 #: the legged tasks (``collect``/``control`` subcommands): gpdyn.robots.task.BUILTIN_TASKS

@@ -316,7 +316,7 @@ FIRST_OBSERVE_SYNCS: dict[str, dict[str, str]] = {
     },
 }
 FIRST_OBSERVE_SYNCS["svdgp-stream"] = FIRST_OBSERVE_SYNCS["ssgp"] | {  # the same selection (StreamSVDGP's module docs)
-    "gpdyn.gp.svdgp_stream.StreamSVDGP._start": "the first batch selects the hyperparameters as SSGP does"}
+    "gpdyn.gp.svdgp_stream.StreamSVDGP.observe": "the first batch draws alpha with the learner's (host) generator"}
 #: a learner's own checks at every observe, beside the base class's
 EVERY_OBSERVE_SYNCS: dict[str, dict[str, str]] = {
     "residual": {"gpdyn.gp.base.Learner.check_finite":

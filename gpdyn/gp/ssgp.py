@@ -275,6 +275,12 @@ class SSGP(RecursiveBLR):
         ev = -0.5 * n * (LOG_2PI + noise.log()) - 0.5 * logdet - 0.5 * resid / noise
         return -ev.sum() / n
 
+    def select(self, x: Tensor, y: Tensor) -> dict[str, Any]:
+        """The hyperparameters the first batch ``x, y`` selects (module docs), nothing set:
+        ``lengthscale``, ``lam``, ``noise`` and the ``selection`` record. Another learner of the
+        same SE-ARD kernel may use it (:class:`~gpdyn.gp.svdgp_stream.StreamSVDGP`)."""
+        return self._start(x, y)
+
     def _start(self, x: Tensor, y: Tensor) -> dict[str, Any]:
         """Select ``ell``, ``lam`` and the noises on the first batch (module docs), in float64."""
         x64, y64, z = x.double(), y.double(), self.frequencies.double()

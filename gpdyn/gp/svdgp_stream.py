@@ -23,25 +23,27 @@ per row that does not grow with the stream.
 
 The computation. With ``K_alpha = rho^2 L L^T`` (Cholesky of the unit-amplitude kernel on alpha),
 the Nystrom features ``phi(x) = L^{-1} k_1(alpha, x)`` turn the mean into Bayesian linear
-regression on ``phi`` with ``lam = s / rho^2`` (``phi^T phi = k_1(x, alpha) K_1^{-1} k_1(alpha, x)``):
-:class:`~gpdyn.gp.rls.RecursiveBLR` keeps ``G = Phi^T Phi``, ``Phi^T Y`` and ``A^{-1}`` and
-updates them per chunk, and ``a* = rho^{-2} L^{-T} E[w]``. When beta is the first ``M_beta``
-points of alpha, the first ``M_beta`` Nystrom features of alpha are beta's own (a Cholesky
-factor's leading block is the leading block's factor), so beta's statistics are a block of
-``G`` and the variance costs ``O(M_beta^2)`` per point where the mean costs ``O(M_alpha D)``:
-the decoupling of SVDGP, a large basis for the mean and a small one for the variance.
+regression on ``phi`` with ``lam = s / rho^2`` (``phi^T phi = k_1(x, alpha) K_1^{-1} k_1(alpha, x)``),
+the model of :mod:`gpdyn.gp.rls`: the learner keeps its sums ``G = Phi^T Phi``, ``Phi^T Y``,
+``y^T y`` and ``n`` exactly, factorises ``A = G + lam I`` once per chunk (``O(M^3)``, cheaper than
+keeping ``A^{-1}`` by Woodbury steps), and holds the mean in SVDGP's own form, eq. (8)'s
+``m(x) = k_{x,alpha} a`` with ``a = L^{-T} E[w]``: ``O(M_alpha D)`` per predicted point. When beta
+is the first ``M_beta`` points of alpha, the first ``M_beta`` Nystrom features of alpha are beta's
+own (a Cholesky factor's leading block is the leading block's factor), so beta's sums are a
+block of ``G`` and the variance costs ``O(M_beta^2)`` per point: the decoupling of SVDGP, a large
+basis for the mean and a small one for the variance.
 
 The kernel is SE-ARD plus an optional linear term, ``rho_p^2 (k_1(x, x') + c^2 [x, 1]^T [x', 1])``
 (``linear = c``): the linear features ``c [x, 1]`` join the Nystrom ones in the regression,
 exactly (they are finite), in the mean and in the variance.
 
-Hyperparameters. Chosen once on the first batch by the evidence, as :class:`~gpdyn.gp.ssgp.SSGP`
-does: the length scales shared by the outputs, one ratio ``lam = s_p / rho_p^2`` and a noise per
+Hyperparameters. Chosen once on the first batch by the evidence, by :class:`~gpdyn.gp.ssgp.SSGP`'s
+selection: the length scales shared by the outputs, one ratio ``lam = s_p / rho_p^2`` and a noise per
 output (the evidence is that of random Fourier features of the same SE-ARD kernel; the exact
 evidence of the first 1,024 rows of a walker stream picks shorter length scales that predict
 the rest worse: docs/results/stream-svdgp-closed-form). Then ``lam`` and the noises are
-re-maximised exactly from the statistics every ``reselect_every`` rows (the evidence of this
-model, from ``G``). The bases are the first batch's rows (``M_alpha`` of them drawn by the
+re-maximised exactly from the sums every ``reselect_every`` rows (the evidence of this model,
+from ``G``: :meth:`~gpdyn.gp.ssgp.SSGP.best_lambda`). The bases are the first batch's rows (``M_alpha`` of them drawn by the
 learner's seeded generator): a stream's first rows are where the robot is, and a basis fixed at
 the start keeps the sums exact.
 
@@ -58,55 +60,68 @@ scale), and the scale follows it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
-
-import math
 
 import torch
 from torch import Tensor
 
-from gpdyn.gp.base import LearnerError, cholesky
+from gpdyn.gp.base import LOG_2PI, Learner, LearnerError, cholesky
 from gpdyn.gp.kernels import se_ard
 from gpdyn.gp.ssgp import SSGP
 from gpdyn.gp.variational import tri_solve
 
 
-class StreamSVDGP(SSGP):
+def unit_kernel(x1: Tensor, x2: Tensor, lengthscale: Tensor) -> Tensor:
+    """The unit-amplitude SE-ARD kernel ``k_1(x1, x2)``, ``[N1, N2]``."""
+    return se_ard(x1, x2, lengthscale[None], lengthscale.new_ones(1))[0]
+
+
+class StreamSVDGP(Learner):
     """SVDGP with ``a`` and ``B`` at the closed-form maximiser of its bound, updated per chunk (module docs).
 
     Options:
-        m_alpha: the mean basis alpha, drawn from the first observed batch (which must hold at
-            least this many rows).
+        m_alpha: the mean basis alpha, drawn from the first observed batch (all its rows when
+            it has fewer).
         m_beta: the variance basis beta, the first ``m_beta`` points of alpha (``<= m_alpha``).
         linear: ``c``, the scale of the linear features ``c [x, 1]`` (0: the SE-ARD kernel alone).
         calibrate_rows: the rows over which the variance scale follows the stream's errors
             (module docs; 0: no scale).
         jitter: added to the diagonal of the unit-amplitude ``K_alpha`` before its factorisation.
-        features, select_iters, select_lr, reselect_every, noise_floor: the hyperparameter
-            selection of :class:`~gpdyn.gp.ssgp.SSGP` (``features`` random frequencies score the
-            evidence of the first batch; they are not the model's features).
+        features, select_iters, select_lr, reselect_every, noise_floor: :class:`~gpdyn.gp.ssgp.SSGP`'s
+            selection and reselection (``features`` random frequencies score the evidence of the
+            first batch; they are not the model's features).
+
+    One-pass: :meth:`observe` conditions on its rows once, :meth:`step` learns nothing (it
+    returns minus the log evidence per row, as :class:`~gpdyn.gp.rls.RecursiveBLR`).
     """
 
     name = "svdgp-stream"
     presets = {
         "small": {"m_alpha": 256, "m_beta": 64, "features": 100, "reselect_every": 1024},
-        "cpu": {"m_alpha": 1000, "m_beta": 1000},
-        "paper": {"m_alpha": 2000, "m_beta": 1000},
+        "cpu": {"m_alpha": 850, "m_beta": 256},
+        "paper": {"m_alpha": 2000, "m_beta": 500},
     }
     basis_options = ("m_alpha", "m_beta")
-    state_fields = SSGP.state_fields + ("basis", "variance_scale")
+    state_fields = ("initialized", "rows", "n", "lam", "noise", "lengthscale", "basis", "gram", "cross", "yy",
+                    "since_select", "selection", "variance_scale", "generator")
 
     def __init__(
         self,
         input_dim: int,
         output_dim: int,
         *,
-        m_alpha: int = 1000,
-        m_beta: int = 1000,
+        m_alpha: int = 850,
+        m_beta: int = 256,
         linear: float = 1.0,
         calibrate_rows: int = 1024,
         jitter: float = 1e-6,
+        features: int = 500,
+        select_iters: int = 30,
+        select_lr: float = 0.1,
+        reselect_every: int | None = 4096,
+        noise_floor: float = 1e-6,
         **kwargs: Any,
     ) -> None:
         for key, value in (("m_alpha", m_alpha), ("m_beta", m_beta)):
@@ -115,138 +130,215 @@ class StreamSVDGP(SSGP):
         if m_beta > m_alpha:
             raise LearnerError(f"StreamSVDGP: m_beta ({m_beta}) must be <= m_alpha ({m_alpha}): beta is the first "
                                "m_beta points of alpha")
-        if isinstance(linear, bool) or not isinstance(linear, (int, float)) or not 0 <= linear < float("inf"):
+        if isinstance(linear, bool) or not isinstance(linear, (int, float)) or not 0 <= linear < math.inf:
             raise LearnerError(f"StreamSVDGP: linear must be a finite number >= 0, got {linear!r}")
         if isinstance(calibrate_rows, bool) or not isinstance(calibrate_rows, int) or calibrate_rows < 0:
             raise LearnerError(f"StreamSVDGP: calibrate_rows must be an integer >= 0 (0: no scale), got {calibrate_rows!r}")
-        if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not 0 < jitter < float("inf"):
+        if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not 0 < jitter < math.inf:
             raise LearnerError(f"StreamSVDGP: jitter must be a finite number > 0, got {jitter!r}")
+        super().__init__(input_dim, output_dim, **kwargs)  # device, dtype, seed
+        # the hyperparameter selection and reselection (its own options checked there)
+        self.selector = SSGP(input_dim, output_dim, features=features, select_iters=select_iters, select_lr=select_lr,
+                             reselect_every=reselect_every, noise_floor=noise_floor, device=self.device,
+                             dtype=self.dtype, seed=self.seed)
         self.m_alpha, self.m_beta = int(m_alpha), int(m_beta)
         self.linear, self.jitter, self.calibrate_rows = float(linear), float(jitter), int(calibrate_rows)
-        super().__init__(input_dim, output_dim, **kwargs)
+        self.reselect_every = self.selector.reselect_every
         self.config.update(m_alpha=self.m_alpha, m_beta=self.m_beta, linear=self.linear,
-                           calibrate_rows=self.calibrate_rows, jitter=self.jitter)
-        self.basis = torch.zeros(self.m_alpha, input_dim, device=self.device, dtype=self.dtype)
-        self.variance_scale = torch.ones(output_dim, device=self.device, dtype=self.dtype)  # c_p
-        self._factor: Tensor | None = None  # the Cholesky factor of the unit-amplitude K_alpha
-        self._beta_cache: Tensor | None = None  # A_beta^{-1}, until the next observe
-        # the rows last predicted (the tensor itself, kept), what identifies them, the mean and
-        # the unscaled variance
-        self._last_predict: tuple[Tensor, tuple[Any, ...], Tensor, Tensor] | None = None
+                           calibrate_rows=self.calibrate_rows, jitter=self.jitter,
+                           **{k: self.selector.config[k] for k in ("features", "select_iters", "select_lr",
+                                                                     "reselect_every", "noise_floor")})
+        kw = {"device": self.device, "dtype": self.dtype}
+        m = self.m_alpha + self.linear_dim
+        self.initialized = False
+        self.rows, self.n, self.lam, self.since_select = 0, 0.0, 1.0, 0
+        self.noise = torch.ones(output_dim, **kw)
+        self.lengthscale = torch.ones(input_dim, **kw)
+        self.basis = torch.zeros(self.m_alpha, input_dim, **kw)
+        self.gram = torch.zeros(m, m, **kw)
+        self.cross = torch.zeros(m, output_dim, **kw)
+        self.yy = torch.zeros(output_dim, **kw)
+        self.selection: dict[str, Any] = dict(self.selector.selection)
+        self.variance_scale = torch.ones(output_dim, **kw)  # c_p
+        self._after_load()
 
-    # -- the feature map ---------------------------------------------------------------------
+    # -- the features -----------------------------------------------------------------------
     @property
-    def feature_dim(self) -> int:
-        return self.basis_size + (self.input_dim + 1 if self.linear else 0)
+    def linear_dim(self) -> int:
+        return self.input_dim + 1 if self.linear else 0
 
     @property
     def basis_size(self) -> int:
         """Points in alpha: ``m_alpha``, or all the rows of a smaller first batch."""
-        basis = getattr(self, "basis", None)
-        return self.m_alpha if basis is None else basis.shape[0]
+        return self.basis.shape[0]
 
     @property
     def beta_size(self) -> int:
         return min(self.m_beta, self.basis_size)
 
-    @staticmethod
-    def _unit_kernel(x1: Tensor, x2: Tensor, lengthscale: Tensor) -> Tensor:
-        """The unit-amplitude SE-ARD kernel ``k_1(x1, x2)``, ``[N1, N2]``."""
-        return se_ard(x1, x2, lengthscale[None], lengthscale.new_ones(1))[0]
-
     def _kernel_factor(self, basis: Tensor, lengthscale: Tensor) -> Tensor:
-        k = self._unit_kernel(basis, basis, lengthscale)
+        k = unit_kernel(basis, basis, lengthscale)
         return cholesky(k + self.jitter * torch.eye(k.shape[0], device=k.device, dtype=k.dtype))
 
-    def _features_from(self, x: Tensor, basis: Tensor, lengthscale: Tensor, factor: Tensor) -> Tensor:
+    def _linear_features(self, x: Tensor) -> Tensor:
+        return torch.cat([self.linear * x, x.new_full((x.shape[0], 1), self.linear)], dim=-1)
+
+    def _features(self, x: Tensor, basis: Tensor, lengthscale: Tensor, factor: Tensor) -> Tensor:
         """``[L^{-1} k_1(alpha, x); c x; c]^T``, ``[N, M]``."""
-        nystrom = tri_solve(factor, self._unit_kernel(basis, x, lengthscale)).T
-        if not self.linear:
-            return nystrom
-        return torch.cat([nystrom, self.linear * x, x.new_full((x.shape[0], 1), self.linear)], dim=-1)
+        nystrom = tri_solve(factor, unit_kernel(basis, x, lengthscale)).T
+        return torch.cat([nystrom, self._linear_features(x)], dim=-1) if self.linear else nystrom
 
-    def factor(self) -> Tensor:
-        if self._factor is None:
-            self._factor = self._kernel_factor(self.basis, self.lengthscale)
-        return self._factor
+    def _basis_factor(self) -> Tensor:
+        """The Cholesky factor of the unit-amplitude ``K_alpha`` (fixed once alpha is drawn)."""
+        if self._kfactor is None:
+            self._kfactor = self._kernel_factor(self.basis, self.lengthscale)
+        return self._kfactor
 
-    def features(self, x: Tensor) -> Tensor:
-        return self._features_from(x, self.basis, self.lengthscale, self.factor())
+    def _posterior(self) -> dict[str, Tensor]:
+        """The factorisations and coefficients of the current sums, made once per observe."""
+        if self._cache is None:
+            eye = torch.eye(self.gram.shape[0], device=self.device, dtype=self.dtype)
+            factor = cholesky(self.gram + self.lam * eye)  # A = G + lam I
+            weights = torch.cholesky_solve(self.cross, factor)  # E[w] = A^{-1} B, [M, P]
+            kfactor = self._basis_factor()
+            m, mb = self.basis_size, self.beta_size
+            beta = torch.cat([torch.arange(mb, device=self.device),
+                              torch.arange(m, self.gram.shape[0], device=self.device)])
+            self._cache = {
+                "factor": factor, "weights": weights, "kfactor": kfactor,
+                # eq. (8)'s a = L^{-T} E[w] on alpha, and the linear weights
+                "a": tri_solve(kfactor, weights[:m], transpose=True), "linear": weights[m:],
+                "beta_factor": factor if mb == m else cholesky(self.gram[beta][:, beta] + self.lam * eye[: beta.numel(), : beta.numel()]),
+                "beta_kfactor": kfactor[:mb, :mb],
+                "logdet": 2.0 * factor.diagonal().log().sum(),
+            }
+        return self._cache
 
-    def _start(self, x: Tensor, y: Tensor) -> dict[str, Any]:
-        start = super()._start(x, y)
-        pick = torch.randperm(x.shape[0], generator=self.generator)[: self.m_alpha].to(x.device)
-        start["basis"] = x[pick].to(self.dtype).clone()
-        start["_factor"] = self._kernel_factor(start["basis"], start["lengthscale"])
-        return start
+    # -- the contract ------------------------------------------------------------------------
+    @torch.no_grad()
+    def observe(self, x: Tensor, y: Tensor) -> None:
+        """Add ``x [k, D]``, ``y [k, P]`` to the sums exactly: ``O(k M^2 + M^3)``. The first call
+        selects the hyperparameters and draws alpha from its rows. Bad input raises before any change."""
+        if not self.initialized:
+            start = self.selector.select(x, y)
+            pick = torch.randperm(x.shape[0], generator=self.generator)[: self.m_alpha].to(x.device)
+            basis = x[pick].to(self.dtype).clone()
+            lengthscale = start["lengthscale"].to(self.dtype)
+            kfactor = self._kernel_factor(basis, lengthscale)
+            phi = self._features(x, basis, lengthscale, kfactor)
+            self.gram = phi.T @ phi
+            self.cross = phi.T @ y
+            self.basis, self.lengthscale = basis, lengthscale
+            self.lam, self.noise, self.selection = start["lam"], start["noise"], start["selection"]
+            self.yy, self.n, self.rows, self.since_select = (y * y).sum(0), float(x.shape[0]), x.shape[0], 0
+            self.initialized = True
+            self._cache, self._kfactor = None, kfactor
+            return
+        if self.calibrate_rows:
+            self._calibrate(x, y)
+        phi = self._features(x, self.basis, self.lengthscale, self._basis_factor())
+        self.gram = torch.addmm(self.gram, phi.T, phi)
+        self.cross = torch.addmm(self.cross, phi.T, y)
+        self.yy = self.yy + (y * y).sum(0)
+        self.n += x.shape[0]
+        self.rows += x.shape[0]
+        self.since_select += x.shape[0]
+        self._cache = None
+        if self.reselect_every and self.since_select >= self.reselect_every:
+            self.reselect()
 
-    def _absorb(self, phi: Tensor, y: Tensor, start: dict[str, Any]) -> dict[str, Any]:
-        if phi.shape[1] == self.gram.shape[0]:
-            return super()._absorb(phi, y, start)
-        # a first batch of fewer than m_alpha rows: all of them are alpha, and the (zero)
-        # statistics take that size
-        m, kw = phi.shape[1], {"device": self.device, "dtype": self.dtype}
-        kept = self.gram, self.cross, self.inverse
-        self.gram, self.cross = torch.zeros(m, m, **kw), torch.zeros(m, self.output_dim, **kw)
-        self.inverse = torch.eye(m, **kw)
-        try:
-            return super()._absorb(phi, y, start)
-        finally:
-            self.gram, self.cross, self.inverse = kept
+    def reselect(self) -> None:
+        """Re-maximise ``lam`` and the noises exactly from the sums now (as ``reselect_every`` does)."""
+        self._need_data("reselect")
+        self.lam, self.noise, ev = self.selector.best_lambda(self.gram, self.cross, self.yy, self.n, current=self.lam)
+        self.selection = {**self.selection, "evidence": ev, "reselections": self.selection["reselections"] + 1}
+        self.since_select = 0
+        self._cache = None
 
-    def _features_with(self, x: Tensor, start: dict[str, Any]) -> Tensor:
-        if "basis" not in start:
-            return self.features(x)
-        return self._features_from(x, start["basis"], start["lengthscale"], start["_factor"])
+    def _need_data(self, where: str) -> None:
+        if not self.initialized:
+            raise LearnerError(f"StreamSVDGP.{where}: no data observed yet (call observe first)")
 
-    # -- prediction: the mean on alpha, the variance on beta --------------------------------
-    def _variance_block(self) -> Tensor:
-        """Indices of beta's features among all: the first ``m_beta`` Nystrom ones and the linear ones."""
-        idx = torch.arange(self.beta_size, device=self.device)
-        if self.linear:
-            idx = torch.cat([idx, torch.arange(self.m_alpha, self.feature_dim, device=self.device)])
-        return idx
+    def step(self, x: Tensor, y: Tensor) -> dict[str, Tensor]:
+        """Nothing to optimise between observations: returns ``loss``, minus the log evidence of
+        everything observed per row (mean over outputs, a 0-d tensor, no host sync)."""
+        if not self.initialized:
+            return {"loss": self.noise.new_full((), math.nan)}
+        return {"loss": -(self.log_evidence() / max(self.n, 1e-300)).mean()}
+
+    @torch.no_grad()
+    def log_evidence(self) -> Tensor:
+        """``log p(y_p)`` of everything observed under the model's features, per output ``[P]``
+        (the evidence of :mod:`gpdyn.gp.rls`)."""
+        self._need_data("log_evidence")
+        post = self._posterior()
+        q = (self.yy - (self.cross * post["weights"]).sum(0)).clamp_min(0.0)
+        m = self.gram.shape[0]
+        return (-0.5 * self.n * (LOG_2PI + self.noise.log()) - 0.5 * (post["logdet"] - m * math.log(self.lam))
+                - 0.5 * q / self.noise)
 
     @torch.no_grad()
     def predict(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Latent mean (eq. (8) on alpha) and variance: ``rho_p^2 (1 - |phi_beta|^2) + s_p psi^T A_beta^{-1} psi``
-        with ``psi`` beta's and the linear features, ``A_beta`` their block of ``G`` plus ``lam I``."""
+        """Latent mean (eq. (8) on alpha) and variance ``rho_p^2 (1 - |phi_beta|^2) + s_p psi^T A_beta^{-1} psi``
+        with ``psi`` beta's Nystrom and the linear features, ``A_beta`` their block of ``G`` plus ``lam I``."""
         self._need_data("predict")
         lead = x.shape[:-1]
-        phi = self.features(x.reshape(-1, self.input_dim))
-        mean = phi @ self._posterior_weights()
-        if self.beta_size == self.basis_size:
-            psi, inverse = phi, self.inverse
-        else:
-            idx = self._variance_block()
-            psi = phi[:, idx]
-            inverse = self._beta_inverse(idx)
-        quad = ((psi @ inverse) * psi).sum(-1).clamp_min(0.0)
-        nystrom = psi[:, : self.beta_size]
-        residual = (1.0 - (nystrom * nystrom).sum(-1)).clamp_min(0.0)  # k(x,x) - q_beta(x), unit amplitude
+        xf = x.reshape(-1, self.input_dim)
+        post = self._posterior()
+        k = unit_kernel(xf, self.basis, self.lengthscale)  # [N, M_alpha]
+        mean = k @ post["a"]
+        mb = self.beta_size
+        nystrom = tri_solve(post["beta_kfactor"], k[:, :mb].T).T  # beta's Nystrom features
+        psi = nystrom
+        if self.linear:
+            lin = self._linear_features(xf)
+            mean = mean + lin @ post["linear"]
+            psi = torch.cat([nystrom, lin], dim=-1)
+        quad = tri_solve(post["beta_factor"], psi.T).square().sum(0)  # psi^T A_beta^{-1} psi
+        residual = (1.0 - nystrom.square().sum(-1)).clamp_min(0.0)  # k_1(x, x) - q_beta(x)
         var = quad[:, None] * self.noise + residual[:, None] * (self.noise / self.lam)
         if self.calibrate_rows:
             self._last_predict = (x, self._memo_key(x), mean.clone(), var)
         var = var * self.variance_scale
         return mean.reshape(*lead, self.output_dim), var.reshape(*lead, self.output_dim)
 
+    @torch.no_grad()
+    def predict_mean(self, x: Tensor) -> Tensor:
+        """Latent mean only, eq. (8): ``O(N M_alpha D)``."""
+        self._need_data("predict_mean")
+        lead = x.shape[:-1]
+        xf = x.reshape(-1, self.input_dim)
+        post = self._posterior()
+        mean = unit_kernel(xf, self.basis, self.lengthscale) @ post["a"]
+        if self.linear:
+            mean = mean + self._linear_features(xf) @ post["linear"]
+        return mean.reshape(*lead, self.output_dim)
+
     def noise_variance(self) -> Tensor:
         return self.noise * self.variance_scale
 
-    def _beta_inverse(self, idx: Tensor) -> Tensor:
-        if self._beta_cache is None:
-            block = self.gram[idx][:, idx]
-            self._beta_cache = self._refresh(block, self.lam)[0]
-        return self._beta_cache
+    @torch.no_grad()
+    def vlb(self, x: Tensor, y: Tensor) -> Tensor:
+        """Held-out log evidence per point, ``log p(y | x, data) / N``, ``[P]`` (as
+        :meth:`gpdyn.gp.rls.RecursiveBLR.vlb`, on the model's features and its uncalibrated noise)."""
+        self._need_data("vlb")
+        n = x.shape[0]
+        post = self._posterior()
+        phi = self._features(x, self.basis, self.lengthscale, post["kfactor"])
+        r = y - phi @ post["weights"]
+        eye = torch.eye(self.gram.shape[0], device=self.device, dtype=self.dtype)
+        f_new = cholesky(self.gram + self.lam * eye + phi.T @ phi)
+        logdet = 2.0 * f_new.diagonal().log().sum() - post["logdet"]
+        s = torch.linalg.solve_triangular(f_new, phi.T @ r, upper=False)
+        quad = (r * r).sum(0) - (s * s).sum(0)
+        return (-0.5 * n * (LOG_2PI + self.noise.log()) - 0.5 * logdet - 0.5 * quad / self.noise) / n
 
-    def observe(self, x: Tensor, y: Tensor) -> None:
-        if self.calibrate_rows and self.initialized:
-            self._calibrate(x, y)
-        super().observe(x, y)
-        self._beta_cache = None
+    def diagnostics(self) -> dict[str, float]:
+        return {"lambda": self.lam, "reselections": float(self.selection["reselections"])}
 
+    # -- the calibrated variance ---------------------------------------------------------------
     def _memo_key(self, x: Tensor) -> tuple[Any, ...]:
-        """The same tensor, unchanged since (its version counter), and the same statistics: the
+        """The same tensor, unchanged since (its version counter), and the same sums: the
         prequential rule observes the very rows it just predicted. Compared without reading the
         values, so without a host sync on a GPU."""
         return (x._version, self.rows, self.lam)
@@ -263,27 +355,35 @@ class StreamSVDGP(SSGP):
         keep = math.exp(-x.shape[0] / self.calibrate_rows)  # the weight of the rows before this batch
         self.variance_scale = self.variance_scale * (keep + (1.0 - keep) * ratio)
 
-    def reselect(self) -> None:
-        super().reselect()
-        self._beta_cache = None
-
     # -- checkpoints -------------------------------------------------------------------------
     def _state_shapes(self, state: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
-        shapes = super()._state_shapes(state)
+        where = "StreamSVDGP.load_state_dict"
+        for key in ("rows", "since_select"):
+            if type(state[key]) is not int or state[key] < 0:
+                raise LearnerError(f"{where}: {key} must be an integer >= 0, got {state[key]!r}")
+        for key in ("n", "lam"):
+            value = state[key]
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+                raise LearnerError(f"{where}: {key} must be a finite number >= 0, got {value!r}")
+        if not state["lam"] > 0:
+            raise LearnerError(f"{where}: lam must be > 0, got {state['lam']!r}")
+        if not isinstance(state["initialized"], bool):
+            raise LearnerError(f"{where}: initialized must be True or False, got {state['initialized']!r}")
         basis = state["basis"]
         k = basis.shape[0] if isinstance(basis, Tensor) and basis.dim() == 2 else -1
         if not 1 <= k <= self.m_alpha:
-            raise LearnerError(f"StreamSVDGP.load_state_dict: basis must be [k, {self.input_dim}] with 1 <= k <= m_alpha "
-                               f"= {self.m_alpha}, got {tuple(basis.shape) if isinstance(basis, Tensor) else basis!r}")
-        f = k + (self.input_dim + 1 if self.linear else 0)
-        shapes.update(basis=(k, self.input_dim), gram=(f, f), cross=(f, self.output_dim), inverse=(f, f))
-        return shapes
+            raise LearnerError(f"{where}: basis must be [k, {self.input_dim}] with 1 <= k <= m_alpha = {self.m_alpha}, "
+                               f"got {tuple(basis.shape) if isinstance(basis, Tensor) else basis!r}")
+        f = k + self.linear_dim
+        return {"basis": (k, self.input_dim), "gram": (f, f), "cross": (f, self.output_dim)}
 
     def _after_load(self) -> None:
-        super()._after_load()
-        self._factor = None
-        self._beta_cache = None
-        self._last_predict = None
+        self.n, self.lam = float(self.n), float(self.lam)
+        self._cache: dict[str, Tensor] | None = None
+        self._kfactor: Tensor | None = None
+        # the rows last predicted (the tensor itself, kept), what identifies them, the mean and
+        # the unscaled variance
+        self._last_predict: tuple[Tensor, tuple[Any, ...], Tensor, Tensor] | None = None
 
 
-__all__ = ["StreamSVDGP"]
+__all__ = ["StreamSVDGP", "unit_kernel"]
