@@ -65,7 +65,9 @@ per step) and because the bound's N is the whole stream while a few rows were se
 
 Adam's first steps on a freshly fitted coefficient have size about gamma_t whatever the gradient,
 so the regime wants a smaller gamma_0 than the i.i.d. presets (the values tried are in the study).
-The regime is experimental: it helps on some streams and not on others (the study).
+The regime is experimental: it helps on some streams and not on others (the study). For a
+stream, :class:`~gpdyn.gp.svdgp_stream.StreamSVDGP` (``svdgp-stream``) maximises the same bound
+in closed form after every chunk instead of stepping towards it.
 """
 
 
