@@ -131,3 +131,39 @@ def test_a_first_batch_smaller_than_the_basis_becomes_the_basis():
 def test_bad_options_are_refused_by_name(options, match):
     with pytest.raises(LearnerError, match=match):
         learner(**options)
+
+
+def test_alpha_grows_by_the_rows_far_from_it_and_stays_the_sparse_gp_of_all_rows():
+    """A stream that moves to a region far from its first rows: the novel rows of the chunk join
+    alpha before the chunk enters the sums, and with the old rows 40 length scales away (their
+    kernel with the new points is exp(-800) = 0) the learner is exactly the sparse GP with the
+    grown alpha over every row. (A point that joins alpha near rows already summed is where the
+    projection of the past is an approximation: not tested here.)"""
+    x_a, y_a = data(150, seed=5)
+    x_b, y_b = data(150, seed=6)
+    x_b = x_b + 40.0
+    model = learner(m_alpha=60, m_beta=60, grow_to=150, novelty=0.5)
+    model.observe(x_a[:100], y_a[:100])
+    model.observe(x_a[100:], y_a[100:])
+    assert model.basis_size == 60  # rows near alpha add nothing
+    model.observe(x_b, y_b)
+    assert 60 < model.basis_size <= 150 and bool(((model.basis[60:] - 40.0).abs() < 10).all())
+    x, y = torch.cat([x_a, x_b]), torch.cat([y_a, y_b])
+    xs = torch.cat([data(20, seed=7)[0], data(20, seed=8)[0] + 40.0])
+    mean, var = model.predict(xs)
+    assert torch.allclose(mean, sparse_gp(model, model.basis, x, y, xs)[0], atol=1e-5)
+    # beta stays alpha's first points: in the far region the variance is near the prior's
+    assert torch.allclose(var, sparse_gp(model, model.basis[:60], x, y, xs)[1], atol=1e-7)
+    # the far region is learnt, not left at the prior mean
+    truth = torch.cat([data(20, seed=7, noise=0.0)[1], data(20, seed=8, noise=0.0)[1]])
+    assert float(((mean[20:] - truth[20:]) ** 2).mean()) < 0.05
+    twin = learner(m_alpha=60, m_beta=60, grow_to=150, novelty=0.5)
+    twin.load_state_dict(model.state_dict())
+    assert torch.equal(twin.predict(xs)[0], mean)
+
+
+def test_growth_options_are_checked():
+    with pytest.raises(LearnerError, match="grow_to"):
+        learner(m_alpha=60, grow_to=50)
+    with pytest.raises(LearnerError, match="novelty"):
+        learner(novelty=0.0)

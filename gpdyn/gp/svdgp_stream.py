@@ -43,9 +43,18 @@ output (the evidence is that of random Fourier features of the same SE-ARD kerne
 evidence of the first 1,024 rows of a walker stream picks shorter length scales that predict
 the rest worse: docs/results/stream-svdgp-closed-form). Then ``lam`` and the noises are
 re-maximised exactly from the sums every ``reselect_every`` rows (the evidence of this model,
-from ``G``: :meth:`~gpdyn.gp.ssgp.SSGP.best_lambda`). The bases are the first batch's rows (``M_alpha`` of them drawn by the
-learner's seeded generator): a stream's first rows are where the robot is, and a basis fixed at
-the start keeps the sums exact.
+from ``G``: :meth:`~gpdyn.gp.ssgp.SSGP.best_lambda`).
+
+The bases. alpha starts as ``M_alpha`` rows of the first batch (drawn by the learner's seeded
+generator): a stream's first rows are where the robot is, and a walker returns to them at every
+stride. A stream that leaves them (an arm moving on to new trajectories) needs alpha to follow:
+with ``grow_to > M_alpha``, a row whose kernel lies farther than ``novelty`` from alpha's span
+(``k_1(x, x) - q_alpha(x)``) joins alpha before its chunk enters the sums, until alpha has
+``grow_to`` points. The rows already summed keep no record of their own, so their value of a
+new point's feature is taken as its projection on the old alpha (zero): the projection of the
+past onto the basis of Csato & Opper's sparse online GP (2002). It is exact where the new point
+is far from every summed row, and an approximation where it is not. beta stays alpha's first
+``M_beta`` points.
 
 Calibrated variance (``calibrate_rows``), as :class:`~gpdyn.gp.wiski.WISKI`'s: every ``observe``
 first scores its batch with the prediction made before the batch enters the sums (the
@@ -85,6 +94,11 @@ class StreamSVDGP(Learner):
         m_alpha: the mean basis alpha, drawn from the first observed batch (all its rows when
             it has fewer).
         m_beta: the variance basis beta, the first ``m_beta`` points of alpha (``<= m_alpha``).
+        grow_to: alpha's largest size: after the first batch, a row whose kernel is farther
+            than ``novelty`` from alpha's span joins alpha, until it has this many points
+            (module docs; ``m_alpha``, the default: alpha stays as drawn).
+        novelty: the least residual variance ``k_1(x, x) - q_alpha(x)`` (unit amplitude, so in
+            ``[0, 1]``) of a row that joins alpha.
         linear: ``c``, the scale of the linear features ``c [x, 1]`` (0: the SE-ARD kernel alone).
         calibrate_rows: the rows over which the variance scale follows the stream's errors
             (module docs; 0: no scale).
@@ -114,6 +128,8 @@ class StreamSVDGP(Learner):
         *,
         m_alpha: int = 850,
         m_beta: int = 256,
+        grow_to: int | None = None,
+        novelty: float = 0.5,
         linear: float = 1.0,
         calibrate_rows: int = 1024,
         jitter: float = 1e-6,
@@ -130,6 +146,11 @@ class StreamSVDGP(Learner):
         if m_beta > m_alpha:
             raise LearnerError(f"StreamSVDGP: m_beta ({m_beta}) must be <= m_alpha ({m_alpha}): beta is the first "
                                "m_beta points of alpha")
+        grow_to = m_alpha if grow_to is None else grow_to
+        if isinstance(grow_to, bool) or not isinstance(grow_to, int) or grow_to < m_alpha:
+            raise LearnerError(f"StreamSVDGP: grow_to must be an integer >= m_alpha ({m_alpha}), got {grow_to!r}")
+        if isinstance(novelty, bool) or not isinstance(novelty, (int, float)) or not 0 < novelty <= 1:
+            raise LearnerError(f"StreamSVDGP: novelty must be in (0, 1], got {novelty!r}")
         if isinstance(linear, bool) or not isinstance(linear, (int, float)) or not 0 <= linear < math.inf:
             raise LearnerError(f"StreamSVDGP: linear must be a finite number >= 0, got {linear!r}")
         if isinstance(calibrate_rows, bool) or not isinstance(calibrate_rows, int) or calibrate_rows < 0:
@@ -141,10 +162,11 @@ class StreamSVDGP(Learner):
         self.selector = SSGP(input_dim, output_dim, features=features, select_iters=select_iters, select_lr=select_lr,
                              reselect_every=reselect_every, noise_floor=noise_floor, device=self.device,
                              dtype=self.dtype, seed=self.seed)
-        self.m_alpha, self.m_beta = int(m_alpha), int(m_beta)
+        self.m_alpha, self.m_beta, self.grow_to, self.novelty = int(m_alpha), int(m_beta), int(grow_to), float(novelty)
         self.linear, self.jitter, self.calibrate_rows = float(linear), float(jitter), int(calibrate_rows)
         self.reselect_every = self.selector.reselect_every
-        self.config.update(m_alpha=self.m_alpha, m_beta=self.m_beta, linear=self.linear,
+        self.config.update(m_alpha=self.m_alpha, m_beta=self.m_beta, grow_to=self.grow_to, novelty=self.novelty,
+                           linear=self.linear,
                            calibrate_rows=self.calibrate_rows, jitter=self.jitter,
                            **{k: self.selector.config[k] for k in ("features", "select_iters", "select_lr",
                                                                      "reselect_every", "noise_floor")})
@@ -169,7 +191,7 @@ class StreamSVDGP(Learner):
 
     @property
     def basis_size(self) -> int:
-        """Points in alpha: ``m_alpha``, or all the rows of a smaller first batch."""
+        """Points in alpha: ``m_alpha`` (or all the rows of a smaller first batch) and those it grew by."""
         return self.basis.shape[0]
 
     @property
@@ -236,6 +258,8 @@ class StreamSVDGP(Learner):
             return
         if self.calibrate_rows:
             self._calibrate(x, y)
+        if self.basis_size < self.grow_to:
+            self._grow(x)
         phi = self._features(x, self.basis, self.lengthscale, self._basis_factor())
         self.gram = torch.addmm(self.gram, phi.T, phi)
         self.cross = torch.addmm(self.cross, phi.T, y)
@@ -246,6 +270,55 @@ class StreamSVDGP(Learner):
         self._cache = None
         if self.reselect_every and self.since_select >= self.reselect_every:
             self.reselect()
+
+    def _grow(self, x: Tensor) -> None:
+        """Add the rows of ``x`` farther than ``novelty`` from alpha's span to alpha, the farthest
+        first (each one added lowers the others' distance), until alpha has ``grow_to`` points.
+
+        A point added to alpha adds one Nystrom feature, ``(k_1(z, x) - l^T phi(x)) / d`` with
+        ``l = L^{-1} k_1(alpha, z)`` and ``d^2 = k_1(z, z) - |l|^2`` (the new last row of the
+        Cholesky factor; the old features are unchanged): the novelty of the other rows falls by
+        its square. The rows already in the sums are
+        kept only through them: their value of the new feature is taken as zero, i.e. their
+        ``k_1(z, x_i)`` as its projection on the old alpha, ``l^T phi(x_i)`` (the projection of
+        the past onto the basis that Csato & Opper's sparse online GP makes). A row that is far
+        from alpha is far from the rows alpha covers, where that projection is close to exact.
+        The new feature's rows and columns of the sums therefore start at zero."""
+        m = self.basis_size
+        phi = tri_solve(self._basis_factor(), unit_kernel(self.basis, x, self.lengthscale))  # [m, k]
+        residual = (1.0 + self.jitter - phi.square().sum(0)).clamp_min(0.0)  # k_1(x, x) - q_alpha(x)
+        rows: list[Tensor] = []
+        new_phi: list[Tensor] = []  # the new features at the rows of x
+        while m + len(rows) < self.grow_to:
+            j = int(residual.argmax())  # the basis grows on the host's decision (a sync on a GPU)
+            d2 = float(residual[j])
+            if d2 < self.novelty:
+                break
+            d = math.sqrt(d2)
+            k_zx = unit_kernel(x[j: j + 1], x, self.lengthscale)[0]  # [k]
+            feature = k_zx - phi[:, j] @ phi  # minus l^T phi(x), over the old features and the new ones
+            if new_phi:
+                added = torch.stack(new_phi)
+                feature = feature - added[:, j] @ added
+            feature = feature / d
+            rows.append(x[j])
+            new_phi.append(feature)
+            residual = (residual - feature.square()).clamp_min(0.0)
+            residual[j] = 0.0
+        if not rows:
+            return
+        r = len(rows)
+        f_old = self.gram.shape[0]
+        f_new = f_old + r
+        keep = torch.cat([torch.arange(m, device=self.device), torch.arange(m + r, f_new, device=self.device)])
+        gram = self.gram.new_zeros(f_new, f_new)
+        gram[keep[:, None], keep[None, :]] = self.gram
+        cross = self.cross.new_zeros(f_new, self.output_dim)
+        cross[keep] = self.cross
+        self.basis = torch.cat([self.basis, torch.stack(rows)])
+        # the factor of the grown K_alpha afresh (its leading block is the old factor, to rounding),
+        # as a checkpoint's load makes it
+        self.gram, self.cross, self._kfactor, self._cache = gram, cross, None, None
 
     def reselect(self) -> None:
         """Re-maximise ``lam`` and the noises exactly from the sums now (as ``reselect_every`` does)."""
@@ -334,7 +407,8 @@ class StreamSVDGP(Learner):
         return (-0.5 * n * (LOG_2PI + self.noise.log()) - 0.5 * logdet - 0.5 * quad / self.noise) / n
 
     def diagnostics(self) -> dict[str, float]:
-        return {"lambda": self.lam, "reselections": float(self.selection["reselections"])}
+        return {"lambda": self.lam, "reselections": float(self.selection["reselections"]),
+                "alpha_points": float(self.basis_size)}
 
     # -- the calibrated variance ---------------------------------------------------------------
     def _memo_key(self, x: Tensor) -> tuple[Any, ...]:
@@ -371,8 +445,8 @@ class StreamSVDGP(Learner):
             raise LearnerError(f"{where}: initialized must be True or False, got {state['initialized']!r}")
         basis = state["basis"]
         k = basis.shape[0] if isinstance(basis, Tensor) and basis.dim() == 2 else -1
-        if not 1 <= k <= self.m_alpha:
-            raise LearnerError(f"{where}: basis must be [k, {self.input_dim}] with 1 <= k <= m_alpha = {self.m_alpha}, "
+        if not 1 <= k <= self.grow_to:
+            raise LearnerError(f"{where}: basis must be [k, {self.input_dim}] with 1 <= k <= grow_to = {self.grow_to}, "
                                f"got {tuple(basis.shape) if isinstance(basis, Tensor) else basis!r}")
         f = k + self.linear_dim
         return {"basis": (k, self.input_dim), "gram": (f, f), "cross": (f, self.output_dim)}
