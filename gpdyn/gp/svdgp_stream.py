@@ -113,9 +113,9 @@ class StreamSVDGP(Learner):
 
     name = "svdgp-stream"
     presets = {
-        "small": {"m_alpha": 256, "m_beta": 64, "features": 100, "reselect_every": 1024},
-        "cpu": {"m_alpha": 850, "m_beta": 256},
-        "paper": {"m_alpha": 2000, "m_beta": 500},
+        "small": {"m_alpha": 256, "m_beta": 64, "grow_to": 512, "features": 100, "reselect_every": 1024},
+        "cpu": {"m_alpha": 850, "m_beta": 256, "grow_to": 1300},
+        "paper": {"m_alpha": 2000, "m_beta": 500, "grow_to": 3000},
     }
     basis_options = ("m_alpha", "m_beta")
     state_fields = ("initialized", "rows", "n", "lam", "noise", "lengthscale", "basis", "gram", "cross", "yy",
