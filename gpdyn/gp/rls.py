@@ -57,6 +57,23 @@ from torch import Tensor
 from gpdyn.gp.base import LOG_2PI, Learner, LearnerError, cholesky
 
 
+def check_sums_state(state: Mapping[str, Any], where: str, counters: tuple[str, ...]) -> None:
+    """LearnerError naming the field unless a checkpoint of a learner kept by sums (this module's
+    model) has its ``counters`` integers >= 0, ``n`` and ``lam`` finite (``lam > 0``) and
+    ``initialized`` a bool."""
+    for key in counters:
+        if type(state[key]) is not int or state[key] < 0:
+            raise LearnerError(f"{where}: {key} must be an integer >= 0, got {state[key]!r}")
+    for key in ("n", "lam"):
+        value = state[key]
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+            raise LearnerError(f"{where}: {key} must be a finite number >= 0, got {value!r}")
+    if not state["lam"] > 0:
+        raise LearnerError(f"{where}: lam must be > 0, got {state['lam']!r}")
+    if not isinstance(state["initialized"], bool):
+        raise LearnerError(f"{where}: initialized must be True or False, got {state['initialized']!r}")
+
+
 class RecursiveBLR(Learner):
     """Exact BLR on a fixed feature map, updated recursively (see the module docs).
 
@@ -262,18 +279,7 @@ class RecursiveBLR(Learner):
 
     # -- checkpoints -------------------------------------------------------------------
     def _state_shapes(self, state: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
-        where = f"{type(self).__name__}.load_state_dict"
-        for key in ("rows", "fresh"):
-            if type(state[key]) is not int or state[key] < 0:
-                raise LearnerError(f"{where}: {key} must be an integer >= 0, got {state[key]!r}")
-        for key in ("n", "lam"):
-            value = state[key]
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
-                raise LearnerError(f"{where}: {key} must be a finite number >= 0, got {value!r}")
-        if not state["lam"] > 0:
-            raise LearnerError(f"{where}: lam must be > 0, got {state['lam']!r}")
-        if not isinstance(state["initialized"], bool):
-            raise LearnerError(f"{where}: initialized must be True or False, got {state['initialized']!r}")
+        check_sums_state(state, f"{type(self).__name__}.load_state_dict", counters=("rows", "fresh"))
         return {}
 
     def _after_load(self) -> None:
@@ -343,4 +349,4 @@ class RLS(RecursiveBLR):
         new["noise"] = self.profile_noise(new["yy"], new["cross"], weights, new["n"], self.noise_floor)
 
 
-__all__ = ["RLS", "RecursiveBLR"]
+__all__ = ["RLS", "RecursiveBLR", "check_sums_state"]

@@ -78,6 +78,7 @@ from torch import Tensor
 
 from gpdyn.gp.base import LOG_2PI, Learner, LearnerError, cholesky
 from gpdyn.gp.kernels import se_ard
+from gpdyn.gp.rls import check_sums_state
 from gpdyn.gp.ssgp import SSGP
 from gpdyn.gp.variational import tri_solve
 
@@ -432,17 +433,7 @@ class StreamSVDGP(Learner):
     # -- checkpoints -------------------------------------------------------------------------
     def _state_shapes(self, state: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         where = "StreamSVDGP.load_state_dict"
-        for key in ("rows", "since_select"):
-            if type(state[key]) is not int or state[key] < 0:
-                raise LearnerError(f"{where}: {key} must be an integer >= 0, got {state[key]!r}")
-        for key in ("n", "lam"):
-            value = state[key]
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
-                raise LearnerError(f"{where}: {key} must be a finite number >= 0, got {value!r}")
-        if not state["lam"] > 0:
-            raise LearnerError(f"{where}: lam must be > 0, got {state['lam']!r}")
-        if not isinstance(state["initialized"], bool):
-            raise LearnerError(f"{where}: initialized must be True or False, got {state['initialized']!r}")
+        check_sums_state(state, where, counters=("rows", "since_select"))
         basis = state["basis"]
         k = basis.shape[0] if isinstance(basis, Tensor) and basis.dim() == 2 else -1
         if not 1 <= k <= self.grow_to:
