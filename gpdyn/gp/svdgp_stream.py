@@ -225,14 +225,17 @@ class StreamSVDGP(Learner):
             weights = torch.cholesky_solve(self.cross, factor)  # E[w] = A^{-1} B, [M, P]
             kfactor = self._basis_factor()
             m, mb = self.basis_size, self.beta_size
-            beta = torch.cat([torch.arange(mb, device=self.device),
-                              torch.arange(m, self.gram.shape[0], device=self.device)])
+            if mb == m:
+                beta_factor = factor
+            else:  # A_beta: beta's Nystrom and the linear features' block of G, plus lam I
+                beta = torch.cat([torch.arange(mb, device=self.device),
+                                  torch.arange(m, self.gram.shape[0], device=self.device)])
+                beta_factor = cholesky(self.gram[beta][:, beta] + self.lam * eye[: beta.numel(), : beta.numel()])
             self._cache = {
                 "factor": factor, "weights": weights, "kfactor": kfactor,
                 # eq. (8)'s a = L^{-T} E[w] on alpha, and the linear weights
                 "a": tri_solve(kfactor, weights[:m], transpose=True), "linear": weights[m:],
-                "beta_factor": factor if mb == m else cholesky(self.gram[beta][:, beta] + self.lam * eye[: beta.numel(), : beta.numel()]),
-                "beta_kfactor": kfactor[:mb, :mb],
+                "beta_factor": beta_factor, "beta_kfactor": kfactor[:mb, :mb],
                 "logdet": 2.0 * factor.diagonal().log().sum(),
             }
         return self._cache
@@ -259,9 +262,9 @@ class StreamSVDGP(Learner):
             return
         if self.calibrate_rows:
             self._calibrate(x, y)
-        if self.basis_size < self.grow_to:
-            self._grow(x)
-        phi = self._features(x, self.basis, self.lengthscale, self._basis_factor())
+        phi = self._grow(x) if self.basis_size < self.grow_to else None
+        if phi is None:  # alpha grew (or could not): the features on the alpha of now
+            phi = self._features(x, self.basis, self.lengthscale, self._basis_factor())
         self.gram = torch.addmm(self.gram, phi.T, phi)
         self.cross = torch.addmm(self.cross, phi.T, y)
         self.yy = self.yy + (y * y).sum(0)
@@ -272,9 +275,10 @@ class StreamSVDGP(Learner):
         if self.reselect_every and self.since_select >= self.reselect_every:
             self.reselect()
 
-    def _grow(self, x: Tensor) -> None:
+    def _grow(self, x: Tensor) -> Tensor | None:
         """Add the rows of ``x`` farther than ``novelty`` from alpha's span to alpha, the farthest
-        first (each one added lowers the others' distance), until alpha has ``grow_to`` points.
+        first (each one added lowers the others' distance), until alpha has ``grow_to`` points;
+        return the features of ``x`` when none was added (they were computed to find the novel rows).
 
         A point added to alpha adds one Nystrom feature, ``(k_1(z, x) - l^T phi(x)) / d`` with
         ``l = L^{-1} k_1(alpha, z)`` and ``d^2 = k_1(z, z) - |l|^2`` (the new last row of the
@@ -307,7 +311,7 @@ class StreamSVDGP(Learner):
             residual = (residual - feature.square()).clamp_min(0.0)
             residual[j] = 0.0
         if not rows:
-            return
+            return torch.cat([phi.T, self._linear_features(x)], dim=-1) if self.linear else phi.T
         r = len(rows)
         f_old = self.gram.shape[0]
         f_new = f_old + r
@@ -320,6 +324,7 @@ class StreamSVDGP(Learner):
         # the factor of the grown K_alpha afresh (its leading block is the old factor, to rounding),
         # as a checkpoint's load makes it
         self.gram, self.cross, self._kfactor, self._cache = gram, cross, None, None
+        return None
 
     def reselect(self) -> None:
         """Re-maximise ``lam`` and the noises exactly from the sums now (as ``reselect_every`` does)."""
