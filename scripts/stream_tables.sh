@@ -7,6 +7,9 @@
 #
 #   bash scripts/stream_tables.sh [LEARNERS]     (default svdgp,wiski,svi,ssgp,rls)
 #
+# svdgp-stream's tables (five seeds beside ssgp and WISKI): docs/results/stream-svdgp-closed-form/run.sh,
+# on the stores this script makes.
+#
 # Each run folder keeps its report (with every learner's options), CSV files and plots; the records,
 # the config and the checkpoints are dropped (the same command makes them again).
 set -euo pipefail
