@@ -74,6 +74,32 @@ def check_sums_state(state: Mapping[str, Any], where: str, counters: tuple[str, 
         raise LearnerError(f"{where}: initialized must be True or False, got {state['initialized']!r}")
 
 
+def sums_log_evidence(yy: Tensor, cross: Tensor, weights: Tensor, n: float, noise: Tensor, logdet: Tensor,
+                      lam: float) -> Tensor:
+    """``log p(y_p)`` per output ``[P]`` of the model of the module docs from its sums: ``y^T y``,
+    ``B``, the posterior means ``A^{-1} B`` and ``log|A|`` (``A`` of ``M = B.shape[0]`` features)."""
+    q = (yy - (cross * weights).sum(0)).clamp_min(0.0)
+    return (-0.5 * n * (LOG_2PI + noise.log()) - 0.5 * (logdet - cross.shape[0] * math.log(lam))
+            - 0.5 * q / noise)
+
+
+def held_out_evidence(gram: Tensor, lam: float, logdet: Tensor, weights: Tensor, noise: Tensor, phi: Tensor,
+                      y: Tensor) -> Tensor:
+    """``log p(y | data) / N`` per output ``[P]`` of the rows ``phi [N, M]``, ``y [N, P]`` given the
+    sums (``G``, ``log|A|``, ``A^{-1} B``): ``log N(r_p; 0, s_p (I + Phi_* A^{-1} Phi_*^T))`` with
+    ``r = y - Phi_* A^{-1} B``, through the determinant lemma and Woodbury in feature space:
+    ``A_* = A + Phi_*^T Phi_*``, ``log|I + Phi_* A^{-1} Phi_*^T| = log|A_*| - log|A|``,
+    ``r^T (...)^{-1} r = r^T r - (Phi_*^T r)^T A_*^{-1} (Phi_*^T r)``; ``O(N M^2 + M^3)``."""
+    n = phi.shape[0]
+    r = y - phi @ weights
+    eye = torch.eye(gram.shape[0], device=gram.device, dtype=gram.dtype)
+    f_new = cholesky(gram + lam * eye + phi.T @ phi)
+    s = torch.linalg.solve_triangular(f_new, phi.T @ r, upper=False)  # [M, P]
+    quad = (r * r).sum(0) - (s * s).sum(0)
+    logp = -0.5 * n * (LOG_2PI + noise.log()) - 0.5 * (2.0 * f_new.diagonal().log().sum() - logdet) - 0.5 * quad / noise
+    return logp / n
+
+
 class RecursiveBLR(Learner):
     """Exact BLR on a fixed feature map, updated recursively (see the module docs).
 
@@ -240,10 +266,8 @@ class RecursiveBLR(Learner):
         """``log p(y_p)`` of everything observed, per output ``[P]``, from the sufficient statistics
         (module docs; with forgetting, of the discounted likelihood). No host sync."""
         self._need_data("log_evidence")
-        q = (self.yy - (self.cross * self._posterior_weights()).sum(0)).clamp_min(0.0)
-        m = self.feature_dim
-        return (-0.5 * self.n * (LOG_2PI + self.noise.log()) - 0.5 * (self.logdet - m * math.log(self.lam))
-                - 0.5 * q / self.noise)
+        return sums_log_evidence(self.yy, self.cross, self._posterior_weights(), self.n, self.noise, self.logdet,
+                                 self.lam)
 
     def step(self, x: Tensor, y: Tensor) -> dict[str, Tensor]:
         """Nothing to optimise between observations (a one-pass learner): returns ``loss``, minus the
@@ -257,25 +281,13 @@ class RecursiveBLR(Learner):
     def vlb(self, x: Tensor, y: Tensor) -> Tensor:
         """Held-out log evidence per point, ``log p(y | x, data) / N``, ``[P]``: the joint predictive
         density of the batch (noise included), i.e. how much the log evidence would grow if the
-        batch were observed (``log p(data, batch) - log p(data)``). The learner is not changed.
-
-        ``log N(r_p; 0, s_p (I + Phi_* A^{-1} Phi_*^T))`` with ``r = y - Phi_* A^{-1} B``, through the
-        determinant lemma and Woodbury in feature space: ``A_* = A + Phi_*^T Phi_*``,
-        ``log|I + Phi_* A^{-1} Phi_*^T| = log|A_*| - log|A|``, ``r^T (...)^{-1} r = r^T r -
-        (Phi_*^T r)^T A_*^{-1} (Phi_*^T r)``; ``O(N M^2 + M^3)``.
-        """
+        batch were observed (``log p(data, batch) - log p(data)``; :func:`held_out_evidence`, with
+        ``log|A|`` factorised afresh). The learner is not changed."""
         self._need_data("vlb")
-        n = x.shape[0]
-        phi = self.features(x)
-        r = y - phi @ self._posterior_weights()
         eye = torch.eye(self.feature_dim, device=self.device, dtype=self.dtype)
-        f_old = cholesky(self.gram + self.lam * eye)
-        f_new = cholesky(self.gram + self.lam * eye + phi.T @ phi)
-        logdet = 2.0 * (f_new.diagonal().log().sum() - f_old.diagonal().log().sum())
-        s = torch.linalg.solve_triangular(f_new, phi.T @ r, upper=False)  # [M, P]
-        quad = (r * r).sum(0) - (s * s).sum(0)
-        logp = -0.5 * n * (LOG_2PI + self.noise.log()) - 0.5 * logdet - 0.5 * quad / self.noise
-        return logp / n
+        logdet = 2.0 * cholesky(self.gram + self.lam * eye).diagonal().log().sum()
+        return held_out_evidence(self.gram, self.lam, logdet, self._posterior_weights(), self.noise,
+                                 self.features(x), y)
 
     # -- checkpoints -------------------------------------------------------------------
     def _state_shapes(self, state: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -349,4 +361,4 @@ class RLS(RecursiveBLR):
         new["noise"] = self.profile_noise(new["yy"], new["cross"], weights, new["n"], self.noise_floor)
 
 
-__all__ = ["RLS", "RecursiveBLR", "check_sums_state"]
+__all__ = ["RLS", "RecursiveBLR", "check_sums_state", "held_out_evidence", "sums_log_evidence"]

@@ -76,9 +76,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gpdyn.gp.base import LOG_2PI, Learner, LearnerError, cholesky
+from gpdyn.gp.base import Learner, LearnerError, cholesky
 from gpdyn.gp.kernels import se_ard
-from gpdyn.gp.rls import check_sums_state
+from gpdyn.gp.rls import check_sums_state, held_out_evidence, sums_log_evidence
 from gpdyn.gp.ssgp import SSGP
 from gpdyn.gp.variational import tri_solve
 
@@ -206,10 +206,13 @@ class StreamSVDGP(Learner):
     def _linear_features(self, x: Tensor) -> Tensor:
         return torch.cat([self.linear * x, x.new_full((x.shape[0], 1), self.linear)], dim=-1)
 
+    def _with_linear(self, nystrom: Tensor, x: Tensor) -> Tensor:
+        """The features ``[N, M]``: the Nystrom ones ``[N, M_alpha]`` and the linear ones of ``x``."""
+        return torch.cat([nystrom, self._linear_features(x)], dim=-1) if self.linear else nystrom
+
     def _features(self, x: Tensor, basis: Tensor, lengthscale: Tensor, factor: Tensor) -> Tensor:
         """``[L^{-1} k_1(alpha, x); c x; c]^T``, ``[N, M]``."""
-        nystrom = tri_solve(factor, unit_kernel(basis, x, lengthscale)).T
-        return torch.cat([nystrom, self._linear_features(x)], dim=-1) if self.linear else nystrom
+        return self._with_linear(tri_solve(factor, unit_kernel(basis, x, lengthscale)).T, x)
 
     def _basis_factor(self) -> Tensor:
         """The Cholesky factor of the unit-amplitude ``K_alpha`` (fixed once alpha is drawn)."""
@@ -232,7 +235,7 @@ class StreamSVDGP(Learner):
                                   torch.arange(m, self.gram.shape[0], device=self.device)])
                 beta_factor = cholesky(self.gram[beta][:, beta] + self.lam * eye[: beta.numel(), : beta.numel()])
             self._cache = {
-                "factor": factor, "weights": weights, "kfactor": kfactor,
+                "weights": weights,
                 # eq. (8)'s a = L^{-T} E[w] on alpha, and the linear weights
                 "a": tri_solve(kfactor, weights[:m], transpose=True), "linear": weights[m:],
                 "beta_factor": beta_factor, "beta_kfactor": kfactor[:mb, :mb],
@@ -245,32 +248,31 @@ class StreamSVDGP(Learner):
     def observe(self, x: Tensor, y: Tensor) -> None:
         """Add ``x [k, D]``, ``y [k, P]`` to the sums exactly: ``O(k M^2 + M^3)``. The first call
         selects the hyperparameters and draws alpha from its rows. Bad input raises before any change."""
-        if not self.initialized:
+        first = not self.initialized
+        if first:
             start = self.selector.select(x, y)
             pick = torch.randperm(x.shape[0], generator=self.generator)[: self.m_alpha].to(x.device)
             basis = x[pick].to(self.dtype).clone()
             lengthscale = start["lengthscale"].to(self.dtype)
             kfactor = self._kernel_factor(basis, lengthscale)
             phi = self._features(x, basis, lengthscale, kfactor)
-            self.gram = phi.T @ phi
-            self.cross = phi.T @ y
-            self.basis, self.lengthscale = basis, lengthscale
+            f = phi.shape[1]  # alpha may be smaller than m_alpha: the sums start at its size
+            self.gram, self.cross = phi.new_zeros(f, f), phi.new_zeros(f, self.output_dim)
+            self.basis, self.lengthscale, self._kfactor = basis, lengthscale, kfactor
             self.lam, self.noise, self.selection = start["lam"], start["noise"], start["selection"]
-            self.yy, self.n, self.rows, self.since_select = (y * y).sum(0), float(x.shape[0]), x.shape[0], 0
             self.initialized = True
-            self._cache, self._kfactor = None, kfactor
-            return
-        if self.calibrate_rows:
-            self._calibrate(x, y)
-        phi = self._grow(x) if self.basis_size < self.grow_to else None
-        if phi is None:  # alpha grew (or could not): the features on the alpha of now
-            phi = self._features(x, self.basis, self.lengthscale, self._basis_factor())
+        else:
+            if self.calibrate_rows:
+                self._calibrate(x, y)
+            phi = self._grow(x) if self.basis_size < self.grow_to else None
+            if phi is None:  # alpha grew (or could not): the features on the alpha of now
+                phi = self._features(x, self.basis, self.lengthscale, self._basis_factor())
         self.gram = torch.addmm(self.gram, phi.T, phi)
         self.cross = torch.addmm(self.cross, phi.T, y)
         self.yy = self.yy + (y * y).sum(0)
         self.n += x.shape[0]
         self.rows += x.shape[0]
-        self.since_select += x.shape[0]
+        self.since_select = 0 if first else self.since_select + x.shape[0]  # the first batch was just selected on
         self._cache = None
         if self.reselect_every and self.since_select >= self.reselect_every:
             self.reselect()
@@ -311,7 +313,7 @@ class StreamSVDGP(Learner):
             residual = (residual - feature.square()).clamp_min(0.0)
             residual[j] = 0.0
         if not rows:
-            return torch.cat([phi.T, self._linear_features(x)], dim=-1) if self.linear else phi.T
+            return self._with_linear(phi.T, x)
         r = len(rows)
         f_old = self.gram.shape[0]
         f_new = f_old + r
@@ -351,10 +353,7 @@ class StreamSVDGP(Learner):
         (the evidence of :mod:`gpdyn.gp.rls`)."""
         self._need_data("log_evidence")
         post = self._posterior()
-        q = (self.yy - (self.cross * post["weights"]).sum(0)).clamp_min(0.0)
-        m = self.gram.shape[0]
-        return (-0.5 * self.n * (LOG_2PI + self.noise.log()) - 0.5 * (post["logdet"] - m * math.log(self.lam))
-                - 0.5 * q / self.noise)
+        return sums_log_evidence(self.yy, self.cross, post["weights"], self.n, self.noise, post["logdet"], self.lam)
 
     @torch.no_grad()
     def predict(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -365,14 +364,9 @@ class StreamSVDGP(Learner):
         xf = x.reshape(-1, self.input_dim)
         post = self._posterior()
         k = unit_kernel(xf, self.basis, self.lengthscale)  # [N, M_alpha]
-        mean = k @ post["a"]
-        mb = self.beta_size
-        nystrom = tri_solve(post["beta_kfactor"], k[:, :mb].T).T  # beta's Nystrom features
-        psi = nystrom
-        if self.linear:
-            lin = self._linear_features(xf)
-            mean = mean + lin @ post["linear"]
-            psi = torch.cat([nystrom, lin], dim=-1)
+        mean = self._mean(xf, k, post)
+        nystrom = tri_solve(post["beta_kfactor"], k[:, : self.beta_size].T).T  # beta's Nystrom features
+        psi = self._with_linear(nystrom, xf)
         quad = tri_solve(post["beta_factor"], psi.T).square().sum(0)  # psi^T A_beta^{-1} psi
         residual = (1.0 - nystrom.square().sum(-1)).clamp_min(0.0)  # k_1(x, x) - q_beta(x)
         var = quad[:, None] * self.noise + residual[:, None] * (self.noise / self.lam)
@@ -387,30 +381,25 @@ class StreamSVDGP(Learner):
         self._need_data("predict_mean")
         lead = x.shape[:-1]
         xf = x.reshape(-1, self.input_dim)
-        post = self._posterior()
-        mean = unit_kernel(xf, self.basis, self.lengthscale) @ post["a"]
-        if self.linear:
-            mean = mean + self._linear_features(xf) @ post["linear"]
+        mean = self._mean(xf, unit_kernel(xf, self.basis, self.lengthscale), self._posterior())
         return mean.reshape(*lead, self.output_dim)
+
+    def _mean(self, x: Tensor, k: Tensor, post: Mapping[str, Tensor]) -> Tensor:
+        """Eq. (8)'s ``k_{x,alpha} a`` from ``k = k_1(x, alpha)``, plus the linear term."""
+        mean = k @ post["a"]
+        return mean + self._linear_features(x) @ post["linear"] if self.linear else mean
 
     def noise_variance(self) -> Tensor:
         return self.noise * self.variance_scale
 
     @torch.no_grad()
     def vlb(self, x: Tensor, y: Tensor) -> Tensor:
-        """Held-out log evidence per point, ``log p(y | x, data) / N``, ``[P]`` (as
-        :meth:`gpdyn.gp.rls.RecursiveBLR.vlb`, on the model's features and its uncalibrated noise)."""
+        """Held-out log evidence per point, ``log p(y | x, data) / N``, ``[P]``
+        (:func:`~gpdyn.gp.rls.held_out_evidence` on the model's features, its uncalibrated noise)."""
         self._need_data("vlb")
-        n = x.shape[0]
         post = self._posterior()
-        phi = self._features(x, self.basis, self.lengthscale, post["kfactor"])
-        r = y - phi @ post["weights"]
-        eye = torch.eye(self.gram.shape[0], device=self.device, dtype=self.dtype)
-        f_new = cholesky(self.gram + self.lam * eye + phi.T @ phi)
-        logdet = 2.0 * f_new.diagonal().log().sum() - post["logdet"]
-        s = torch.linalg.solve_triangular(f_new, phi.T @ r, upper=False)
-        quad = (r * r).sum(0) - (s * s).sum(0)
-        return (-0.5 * n * (LOG_2PI + self.noise.log()) - 0.5 * logdet - 0.5 * quad / self.noise) / n
+        phi = self._features(x, self.basis, self.lengthscale, self._basis_factor())
+        return held_out_evidence(self.gram, self.lam, post["logdet"], post["weights"], self.noise, phi, y)
 
     def diagnostics(self) -> dict[str, float]:
         return {"lambda": self.lam, "reselections": float(self.selection["reselections"]),
