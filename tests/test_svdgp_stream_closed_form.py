@@ -50,9 +50,14 @@ def sparse_gp(model, z: torch.Tensor, x: torch.Tensor, y: torch.Tensor, xs: torc
 
 def test_chunks_give_the_maximiser_of_the_bound_over_all_rows():
     x, y = data(400)
-    model = learner()
+    model, unpredicted = learner(), learner()
     for a in range(0, 400, 100):  # the first batch selects and draws alpha; then three chunks
-        model.observe(x[a:a + 100], y[a:a + 100])
+        chunk = x[a:a + 100]
+        if a:  # the prequential rule: each chunk predicted first (observe reuses its k_1(x, alpha))
+            model.predict(chunk)
+        model.observe(chunk, y[a:a + 100])
+        unpredicted.observe(chunk.clone(), y[a:a + 100])
+    assert torch.allclose(model.gram, unpredicted.gram, rtol=0, atol=1e-12)
     xs, _ = data(50, seed=1)
     mean, var = model.predict(xs)
     ref_mean, ref_var = sparse_gp(model, model.basis, x, y, xs)
@@ -125,9 +130,25 @@ def test_a_first_batch_smaller_than_the_basis_becomes_the_basis():
     assert torch.equal(twin.predict(x[:10])[0], mean)
 
 
+@pytest.mark.parametrize("reselect_growth, rows", [(0.0, [200, 300, 400, 500, 600, 700, 800]), (0.5, [200, 400, 800])])
+def test_reselection_follows_the_rows_since_the_last_one_against_all_rows(reselect_growth, rows):
+    """After ``reselect_every`` rows, then whenever the rows since the last selection reach
+    ``reselect_growth`` of all rows seen: at rows that double for 0.5, every 100 rows for 0."""
+    x, y = data(800)
+    model = learner(reselect_every=100, reselect_growth=reselect_growth)
+    model.observe(x[:100], y[:100])
+    seen = []
+    for a in range(100, 800, 50):
+        before = model.selection["reselections"]
+        model.observe(x[a:a + 50], y[a:a + 50])
+        if model.selection["reselections"] > before:
+            seen.append(model.rows)
+    assert seen == rows
+
+
 @pytest.mark.parametrize("options, match", [
     ({"m_beta": 80}, "m_beta"), ({"m_alpha": 0}, "m_alpha"), ({"linear": -1.0}, "linear"),
-    ({"calibrate_rows": -1}, "calibrate_rows"), ({"jitter": 0.0}, "jitter")])
+    ({"calibrate_rows": -1}, "calibrate_rows"), ({"jitter": 0.0}, "jitter"), ({"reselect_growth": -0.1}, "reselect_growth")])
 def test_bad_options_are_refused_by_name(options, match):
     with pytest.raises(LearnerError, match=match):
         learner(**options)

@@ -42,8 +42,11 @@ selection: the length scales shared by the outputs, one ratio ``lam = s_p / rho_
 output (the evidence is that of random Fourier features of the same SE-ARD kernel; the exact
 evidence of the first 1,024 rows of a walker stream picks shorter length scales that predict
 the rest worse: docs/results/stream-svdgp-closed-form). Then ``lam`` and the noises are
-re-maximised exactly from the sums every ``reselect_every`` rows (the evidence of this model,
-from ``G``: :meth:`~gpdyn.gp.ssgp.SSGP.best_lambda`).
+re-maximised exactly from the sums (the evidence of this model, from ``G``:
+:meth:`~gpdyn.gp.ssgp.SSGP.best_lambda`) after ``reselect_every`` rows, and then whenever the rows
+since the last selection reach ``reselect_growth`` of all the rows seen: ``k`` more rows move the
+evidence of ``n`` by about ``k / n``, so a fixed fraction keeps the selection as fresh at every
+length of the stream, while the eigendecomposition it costs (``O(M^3)``) grows rarer.
 
 The bases. alpha starts as ``M_alpha`` rows of the first batch (drawn by the learner's seeded
 generator): a stream's first rows are where the robot is, and a walker returns to them at every
@@ -104,6 +107,8 @@ class StreamSVDGP(Learner):
         calibrate_rows: the rows over which the variance scale follows the stream's errors
             (module docs; 0: no scale).
         jitter: added to the diagonal of the unit-amplitude ``K_alpha`` before its factorisation.
+        reselect_growth: after the first ``reselect_every`` rows, reselect when the rows since the
+            last selection reach this fraction of all rows seen (0: every ``reselect_every`` rows).
         features, select_iters, select_lr, reselect_every, noise_floor: :class:`~gpdyn.gp.ssgp.SSGP`'s
             selection and reselection (``features`` random frequencies score the evidence of the
             first batch; they are not the model's features).
@@ -138,6 +143,7 @@ class StreamSVDGP(Learner):
         select_iters: int = 30,
         select_lr: float = 0.1,
         reselect_every: int | None = 4096,
+        reselect_growth: float = 0.125,
         noise_floor: float = 1e-6,
         **kwargs: Any,
     ) -> None:
@@ -158,6 +164,8 @@ class StreamSVDGP(Learner):
             raise LearnerError(f"StreamSVDGP: calibrate_rows must be an integer >= 0 (0: no scale), got {calibrate_rows!r}")
         if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not 0 < jitter < math.inf:
             raise LearnerError(f"StreamSVDGP: jitter must be a finite number > 0, got {jitter!r}")
+        if isinstance(reselect_growth, bool) or not isinstance(reselect_growth, (int, float)) or not 0 <= reselect_growth < math.inf:
+            raise LearnerError(f"StreamSVDGP: reselect_growth must be a finite number >= 0, got {reselect_growth!r}")
         super().__init__(input_dim, output_dim, **kwargs)  # device, dtype, seed
         # the hyperparameter selection and reselection (its own options checked there)
         self.selector = SSGP(input_dim, output_dim, features=features, select_iters=select_iters, select_lr=select_lr,
@@ -165,10 +173,10 @@ class StreamSVDGP(Learner):
                              dtype=self.dtype, seed=self.seed)
         self.m_alpha, self.m_beta, self.grow_to, self.novelty = int(m_alpha), int(m_beta), int(grow_to), float(novelty)
         self.linear, self.jitter, self.calibrate_rows = float(linear), float(jitter), int(calibrate_rows)
-        self.reselect_every = self.selector.reselect_every
+        self.reselect_every, self.reselect_growth = self.selector.reselect_every, float(reselect_growth)
         self.config.update(m_alpha=self.m_alpha, m_beta=self.m_beta, grow_to=self.grow_to, novelty=self.novelty,
-                           linear=self.linear,
-                           calibrate_rows=self.calibrate_rows, jitter=self.jitter,
+                           linear=self.linear, calibrate_rows=self.calibrate_rows, jitter=self.jitter,
+                           reselect_growth=self.reselect_growth,
                            **{k: self.selector.config[k] for k in ("features", "select_iters", "select_lr",
                                                                      "reselect_every", "noise_floor")})
         kw = {"device": self.device, "dtype": self.dtype}
@@ -264,8 +272,12 @@ class StreamSVDGP(Learner):
         else:
             if self.calibrate_rows:
                 self._calibrate(x, y)
-            phi = self._grow(x) if self.basis_size < self.grow_to else None
-            if phi is None:  # alpha grew (or could not): the features on the alpha of now
+            k = self._basis_kernel(x)
+            if self.basis_size < self.grow_to:
+                phi = self._grow(x, k)
+            else:
+                phi = self._with_linear(tri_solve(self._basis_factor(), k.T).T, x)
+            if phi is None:  # alpha grew: the features on the alpha of now
                 phi = self._features(x, self.basis, self.lengthscale, self._basis_factor())
         self.gram = torch.addmm(self.gram, phi.T, phi)
         self.cross = torch.addmm(self.cross, phi.T, y)
@@ -274,13 +286,14 @@ class StreamSVDGP(Learner):
         self.rows += x.shape[0]
         self.since_select = 0 if first else self.since_select + x.shape[0]  # the first batch was just selected on
         self._cache = None
-        if self.reselect_every and self.since_select >= self.reselect_every:
+        if self.reselect_every and self.since_select >= max(self.reselect_every, self.reselect_growth * self.rows):
             self.reselect()
 
-    def _grow(self, x: Tensor) -> Tensor | None:
+    def _grow(self, x: Tensor, k: Tensor) -> Tensor | None:
         """Add the rows of ``x`` farther than ``novelty`` from alpha's span to alpha, the farthest
         first (each one added lowers the others' distance), until alpha has ``grow_to`` points;
         return the features of ``x`` when none was added (they were computed to find the novel rows).
+        ``k = k_1(x, alpha)``, ``[k, M_alpha]``.
 
         A point added to alpha adds one Nystrom feature, ``(k_1(z, x) - l^T phi(x)) / d`` with
         ``l = L^{-1} k_1(alpha, z)`` and ``d^2 = k_1(z, z) - |l|^2`` (the new last row of the
@@ -292,7 +305,7 @@ class StreamSVDGP(Learner):
         from alpha is far from the rows alpha covers, where that projection is close to exact.
         The new feature's rows and columns of the sums therefore start at zero."""
         m = self.basis_size
-        phi = tri_solve(self._basis_factor(), unit_kernel(self.basis, x, self.lengthscale))  # [m, k]
+        phi = tri_solve(self._basis_factor(), k.T)  # [m, k]
         residual = (1.0 + self.jitter - phi.square().sum(0)).clamp_min(0.0)  # k_1(x, x) - q_alpha(x)
         rows: list[Tensor] = []
         new_phi: list[Tensor] = []  # the new features at the rows of x
@@ -370,8 +383,7 @@ class StreamSVDGP(Learner):
         quad = tri_solve(post["beta_factor"], psi.T).square().sum(0)  # psi^T A_beta^{-1} psi
         residual = (1.0 - nystrom.square().sum(-1)).clamp_min(0.0)  # k_1(x, x) - q_beta(x)
         var = quad[:, None] * self.noise + residual[:, None] * (self.noise / self.lam)
-        if self.calibrate_rows:
-            self._last_predict = (x, self._memo_key(x), mean.clone(), var)
+        self._last_predict = (x, self._memo_key(x), mean.clone(), var, k)
         var = var * self.variance_scale
         return mean.reshape(*lead, self.output_dim), var.reshape(*lead, self.output_dim)
 
@@ -412,11 +424,22 @@ class StreamSVDGP(Learner):
         values, so without a host sync on a GPU."""
         return (x._version, self.rows, self.lam)
 
+    def _memo_of(self, x: Tensor) -> tuple[Tensor, tuple[Any, ...], Tensor, Tensor, Tensor] | None:
+        """The last prediction when it was of ``x`` itself (unchanged) on the sums of now, else None."""
+        memo = self._last_predict
+        return memo if memo is not None and memo[0] is x and memo[1] == self._memo_key(x) else None
+
+    def _basis_kernel(self, x: Tensor) -> Tensor:
+        """``k_1(x, alpha)``, ``[N, M_alpha]``: the last prediction's when it was of these very rows
+        (the prequential rule observes the rows it just predicted), else computed."""
+        memo = self._memo_of(x)
+        return memo[4] if memo is not None else unit_kernel(x, self.basis, self.lengthscale)
+
     @torch.no_grad()
     def _calibrate(self, x: Tensor, y: Tensor) -> None:
         """Update ``variance_scale`` from the prediction of ``x, y`` made before they enter the sums."""
-        memo = self._last_predict
-        if memo is not None and memo[0] is x and memo[1] == self._memo_key(x):
+        memo = self._memo_of(x)
+        if memo is not None:
             mean, var = memo[2], memo[3] * self.variance_scale
         else:
             mean, var = self.predict(x)
@@ -440,9 +463,9 @@ class StreamSVDGP(Learner):
         self.n, self.lam = float(self.n), float(self.lam)
         self._cache: dict[str, Tensor] | None = None
         self._kfactor: Tensor | None = None
-        # the rows last predicted (the tensor itself, kept), what identifies them, the mean and
-        # the unscaled variance
-        self._last_predict: tuple[Tensor, tuple[Any, ...], Tensor, Tensor] | None = None
+        # the rows last predicted (the tensor itself, kept), what identifies them, the mean, the
+        # unscaled variance and k_1(x, alpha)
+        self._last_predict: tuple[Tensor, tuple[Any, ...], Tensor, Tensor, Tensor] | None = None
 
 
 __all__ = ["StreamSVDGP", "unit_kernel"]
