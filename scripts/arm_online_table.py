@@ -32,6 +32,7 @@ MODELS = {
     "filter": {"learner": "wiski", "gp_online": False},  # the rigid-body filter alone learns (the GP is frozen)
     "filter+wiski": {"learner": "wiski", "gp_online": True},
     "filter+svdgp": {"learner": "svdgp", "gp_online": True},
+    "filter+svdgp-stream": {"learner": "svdgp-stream", "gp_online": True},
 }
 CHANGES = {"payload": {"change": "payload"}, "joint-friction": {"change": "joint-friction"},
            "motor-gain": {"change": "motor-gain"}, "joint-spring": {"change": "joint-spring"}}
