@@ -293,7 +293,7 @@ class StreamSVDGP(Learner):
         """Add the rows of ``x`` farther than ``novelty`` from alpha's span to alpha, the farthest
         first (each one added lowers the others' distance), until alpha has ``grow_to`` points;
         return the features of ``x`` when none was added (they were computed to find the novel rows).
-        ``k = k_1(x, alpha)``, ``[k, M_alpha]``.
+        ``k = k_1(x, alpha)``, ``[N, M_alpha]``.
 
         A point added to alpha adds one Nystrom feature, ``(k_1(z, x) - l^T phi(x)) / d`` with
         ``l = L^{-1} k_1(alpha, z)`` and ``d^2 = k_1(z, z) - |l|^2`` (the new last row of the
