@@ -188,3 +188,33 @@ def test_growth_options_are_checked():
         learner(m_alpha=60, grow_to=50)
     with pytest.raises(LearnerError, match="novelty"):
         learner(novelty=0.0)
+
+
+def test_a_full_alpha_drops_the_points_the_stream_has_left_exactly():
+    """Three regions 40 length scales apart, one after the other: A fills alpha's first points,
+    B (one chunk) grows it to its cap, and C finds it full. A's points beyond beta have not been visited for
+    longer than ``replace_after`` rows, so C's novel rows replace them; dropping a point is exact
+    and every new point is far from the summed rows, so the learner is the sparse GP of its
+    alpha of now over every row seen (A's rows included)."""
+    x_a, y_a = data(100, seed=9)
+    x_b, y_b = data(150, seed=10)
+    x_c, y_c = data(100, seed=11)
+    x_b, x_c = x_b + 40.0, x_c - 40.0
+    model = learner(m_alpha=60, m_beta=20, grow_to=65, novelty=0.5, replace_after=100, replace_every=50)
+    model.observe(x_a, y_a)
+    model.observe(x_b, y_b)  # one chunk: B's points join before any of B's rows is summed
+    assert model.basis_size == 65  # full: 60 of A, 5 of B
+    beta = model.basis[:20].clone()
+    model.observe(x_c[:5], y_c[:5])  # five novel rows: room for five, so most of A's points stay (after dropped ones)
+    near = lambda points, shift: ((points - shift).abs() < 10).all(-1)  # noqa: E731
+    assert model.basis_size <= 65 and int(near(model.basis, -40.0).sum()) > 0  # C's points joined
+    assert torch.equal(model.basis[:20], beta)  # beta is never dropped
+    assert 55 <= int(near(model.basis, 0.0).sum()) < 60 and int(near(model.basis, 40.0).sum()) == 5  # A's points went
+    x, y = torch.cat([x_a, x_b, x_c[:5]]), torch.cat([y_a, y_b, y_c[:5]])
+    xs = torch.cat([data(20, seed=12)[0], data(20, seed=13)[0] + 40.0, data(20, seed=14)[0] - 40.0])
+    mean, var = model.predict(xs)
+    assert torch.allclose(mean, sparse_gp(model, model.basis, x, y, xs)[0], atol=1e-5)
+    assert torch.allclose(var, sparse_gp(model, model.basis[:20], x, y, xs)[1], atol=1e-7)
+    twin = learner(m_alpha=60, m_beta=20, grow_to=65, novelty=0.5, replace_after=100, replace_every=50)
+    twin.load_state_dict(model.state_dict())
+    assert torch.equal(twin.predict(xs)[0], mean) and torch.equal(twin.visited, model.visited)

@@ -59,6 +59,15 @@ past onto the basis of Csato & Opper's sparse online GP (2002). It is exact wher
 is far from every summed row, and an approximation where it is not. beta stays alpha's first
 ``M_beta`` points.
 
+An arm keeps moving on after alpha is full. With ``replace_after``, a full alpha makes room
+for a chunk's novel rows by dropping the points of alpha (beyond beta) that no row has come
+near (``k_1 >= exp(-1/2)``: within one length scale) for ``replace_after`` rows, at most once
+per ``replace_every`` rows. Dropping is exact: with the dropped points moved to the end of
+alpha's order, the features of the reordered basis are ``T phi(x)`` with ``T = L'^{-1} P L``
+(``P`` the permutation, ``L'`` the reordered factor), so the sums become ``T G T^T`` and ``T B``;
+the kept points' features, the leading ones, are the Nystrom features of the kept basis, and
+their sums are those of every row seen on the smaller alpha (``O(M^3)`` per drop).
+
 Calibrated variance (``calibrate_rows``), as :class:`~gpdyn.gp.wiski.WISKI`'s: every ``observe``
 first scores its batch with the prediction made before the batch enters the sums (the
 prequential rule's own prediction, kept, so it costs nothing more there), and updates a scale
@@ -86,6 +95,9 @@ from gpdyn.gp.ssgp import SSGP
 from gpdyn.gp.variational import tri_solve
 
 
+VISIT_KERNEL = math.exp(-0.5)  # a row this close to a point of alpha (one length scale) visits it
+
+
 def unit_kernel(x1: Tensor, x2: Tensor, lengthscale: Tensor) -> Tensor:
     """The unit-amplitude SE-ARD kernel ``k_1(x1, x2)``, ``[N1, N2]``."""
     return se_ard(x1, x2, lengthscale[None], lengthscale.new_ones(1))[0]
@@ -103,6 +115,9 @@ class StreamSVDGP(Learner):
             (module docs; ``m_alpha``, the default: alpha stays as drawn).
         novelty: the least residual variance ``k_1(x, x) - q_alpha(x)`` (unit amplitude, so in
             ``[0, 1]``) of a row that joins alpha.
+        replace_after: once alpha is full, its points beyond beta that no row has come near for
+            this many rows make room for novel rows (module docs; 0: alpha stays as it filled).
+        replace_every: the fewest rows between two such replacements (each costs ``O(M^3)``).
         linear: ``c``, the scale of the linear features ``c [x, 1]`` (0: the SE-ARD kernel alone).
         calibrate_rows: the rows over which the variance scale follows the stream's errors
             (module docs; 0: no scale).
@@ -125,7 +140,7 @@ class StreamSVDGP(Learner):
     }
     basis_options = ("m_alpha", "m_beta")
     state_fields = ("initialized", "rows", "n", "lam", "noise", "lengthscale", "basis", "gram", "cross", "yy",
-                    "since_select", "selection", "variance_scale", "generator")
+                    "since_select", "selection", "variance_scale", "generator", "visited", "replaced_at")
 
     def __init__(
         self,
@@ -136,6 +151,8 @@ class StreamSVDGP(Learner):
         m_beta: int = 256,
         grow_to: int | None = None,
         novelty: float = 0.5,
+        replace_after: int = 4096,
+        replace_every: int = 1024,
         linear: float = 1.0,
         calibrate_rows: int = 1024,
         jitter: float = 1e-6,
@@ -158,6 +175,9 @@ class StreamSVDGP(Learner):
             raise LearnerError(f"StreamSVDGP: grow_to must be an integer >= m_alpha ({m_alpha}), got {grow_to!r}")
         if isinstance(novelty, bool) or not isinstance(novelty, (int, float)) or not 0 < novelty <= 1:
             raise LearnerError(f"StreamSVDGP: novelty must be in (0, 1], got {novelty!r}")
+        for key, value in (("replace_after", replace_after), ("replace_every", replace_every)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise LearnerError(f"StreamSVDGP: {key} must be an integer >= 0, got {value!r}")
         if isinstance(linear, bool) or not isinstance(linear, (int, float)) or not 0 <= linear < math.inf:
             raise LearnerError(f"StreamSVDGP: linear must be a finite number >= 0, got {linear!r}")
         if isinstance(calibrate_rows, bool) or not isinstance(calibrate_rows, int) or calibrate_rows < 0:
@@ -172,9 +192,11 @@ class StreamSVDGP(Learner):
                              reselect_every=reselect_every, noise_floor=noise_floor, device=self.device,
                              dtype=self.dtype, seed=self.seed)
         self.m_alpha, self.m_beta, self.grow_to, self.novelty = int(m_alpha), int(m_beta), int(grow_to), float(novelty)
+        self.replace_after, self.replace_every = int(replace_after), int(replace_every)
         self.linear, self.jitter, self.calibrate_rows = float(linear), float(jitter), int(calibrate_rows)
         self.reselect_every, self.reselect_growth = self.selector.reselect_every, float(reselect_growth)
         self.config.update(m_alpha=self.m_alpha, m_beta=self.m_beta, grow_to=self.grow_to, novelty=self.novelty,
+                           replace_after=self.replace_after, replace_every=self.replace_every,
                            linear=self.linear, calibrate_rows=self.calibrate_rows, jitter=self.jitter,
                            reselect_growth=self.reselect_growth,
                            **{k: self.selector.config[k] for k in ("features", "select_iters", "select_lr",
@@ -186,6 +208,9 @@ class StreamSVDGP(Learner):
         self.noise = torch.ones(output_dim, **kw)
         self.lengthscale = torch.ones(input_dim, **kw)
         self.basis = torch.zeros(self.m_alpha, input_dim, **kw)
+        # the rows seen when a row last came near each point of alpha; the rows at the last replacement
+        self.visited = torch.zeros(self.m_alpha, dtype=torch.long, device=self.device)
+        self.replaced_at = 0
         self.gram = torch.zeros(m, m, **kw)
         self.cross = torch.zeros(m, output_dim, **kw)
         self.yy = torch.zeros(output_dim, **kw)
@@ -267,13 +292,15 @@ class StreamSVDGP(Learner):
             f = phi.shape[1]  # alpha may be smaller than m_alpha: the sums start at its size
             self.gram, self.cross = phi.new_zeros(f, f), phi.new_zeros(f, self.output_dim)
             self.basis, self.lengthscale, self._kfactor = basis, lengthscale, kfactor
+            self.visited = torch.zeros(basis.shape[0], dtype=torch.long, device=self.device)
             self.lam, self.noise, self.selection = start["lam"], start["noise"], start["selection"]
             self.initialized = True
         else:
             if self.calibrate_rows:
                 self._calibrate(x, y)
             k = self._basis_kernel(x)
-            if self.basis_size < self.grow_to:
+            self.visited = torch.where((k >= VISIT_KERNEL).any(0), self.rows + x.shape[0], self.visited)
+            if self.basis_size < self.grow_to or self._may_replace():
                 phi = self._grow(x, k)
             else:
                 phi = self._with_linear(tri_solve(self._basis_factor(), k.T).T, x)
@@ -304,9 +331,15 @@ class StreamSVDGP(Learner):
         the past onto the basis that Csato & Opper's sparse online GP makes). A row that is far
         from alpha is far from the rows alpha covers, where that projection is close to exact.
         The new feature's rows and columns of the sums therefore start at zero."""
-        m = self.basis_size
         phi = tri_solve(self._basis_factor(), k.T)  # [m, k]
         residual = (1.0 + self.jitter - phi.square().sum(0)).clamp_min(0.0)  # k_1(x, x) - q_alpha(x)
+        if self.basis_size == self.grow_to:  # full: room for the novel rows, from the points the stream has left
+            keep = self._drop_stale(int((residual >= self.novelty).sum()))  # a host decision
+            if keep is None:
+                return self._with_linear(phi.T, x)
+            phi = tri_solve(self._basis_factor(), k[:, keep].T)
+            residual = (1.0 + self.jitter - phi.square().sum(0)).clamp_min(0.0)
+        m = self.basis_size
         rows: list[Tensor] = []
         new_phi: list[Tensor] = []  # the new features at the rows of x
         while m + len(rows) < self.grow_to:
@@ -336,10 +369,43 @@ class StreamSVDGP(Learner):
         cross = self.cross.new_zeros(f_new, self.output_dim)
         cross[keep] = self.cross
         self.basis = torch.cat([self.basis, torch.stack(rows)])
+        self.visited = torch.cat([self.visited, self.visited.new_full((r,), self.rows + x.shape[0])])
         # the factor of the grown K_alpha afresh (its leading block is the old factor, to rounding),
         # as a checkpoint's load makes it
         self.gram, self.cross, self._kfactor, self._cache = gram, cross, None, None
         return None
+
+    def _may_replace(self) -> bool:
+        return bool(self.replace_after) and self.rows - self.replaced_at >= self.replace_every
+
+    def _drop_stale(self, wanted: int) -> Tensor | None:
+        """Drop up to ``wanted`` points of alpha beyond beta that no row has come near for
+        ``replace_after`` rows, the longest unvisited first (module docs: exact); return the kept
+        points' indices in the old alpha, or None when none was dropped."""
+        age = self.rows - self.visited
+        age[: self.beta_size] = -1  # beta is never dropped
+        stale = (age >= self.replace_after).nonzero().squeeze(1)
+        if wanted == 0 or stale.numel() == 0:
+            return None
+        stale = stale[age[stale].argsort(descending=True)[:wanted]].sort().values
+        m = self.basis_size
+        dropped = torch.zeros(m, dtype=torch.bool, device=self.device)
+        dropped[stale] = True
+        keep = (~dropped).nonzero().squeeze(1)
+        order = torch.cat([keep, stale])
+        old = self._basis_factor()
+        new = self._kernel_factor(self.basis[order], self.lengthscale)
+        t = tri_solve(new, old[order])[: keep.numel()]  # the kept features from the old ones, [m_keep, m]
+        g, c = self.gram, self.cross
+        nystrom = t @ g[:m, :m] @ t.T
+        mixed = t @ g[:m, m:]
+        self.gram = torch.cat([torch.cat([0.5 * (nystrom + nystrom.T), mixed], 1),
+                               torch.cat([mixed.T, g[m:, m:]], 1)])
+        self.cross = torch.cat([t @ c[:m], c[m:]])
+        self.basis, self.visited = self.basis[keep], self.visited[keep]
+        self._kfactor, self._cache = new[: keep.numel(), : keep.numel()], None
+        self.replaced_at = self.rows
+        return keep
 
     def reselect(self) -> None:
         """Re-maximise ``lam`` and the noises exactly from the sums now (as ``reselect_every`` does)."""
@@ -457,7 +523,7 @@ class StreamSVDGP(Learner):
             raise LearnerError(f"{where}: basis must be [k, {self.input_dim}] with 1 <= k <= grow_to = {self.grow_to}, "
                                f"got {tuple(basis.shape) if isinstance(basis, Tensor) else basis!r}")
         f = k + self.linear_dim
-        return {"basis": (k, self.input_dim), "gram": (f, f), "cross": (f, self.output_dim)}
+        return {"basis": (k, self.input_dim), "gram": (f, f), "cross": (f, self.output_dim), "visited": (k,)}
 
     def _after_load(self) -> None:
         self.n, self.lam = float(self.n), float(self.lam)
