@@ -148,7 +148,8 @@ def test_reselection_follows_the_rows_since_the_last_one_against_all_rows(resele
 
 @pytest.mark.parametrize("options, match", [
     ({"m_beta": 80}, "m_beta"), ({"m_alpha": 0}, "m_alpha"), ({"linear": -1.0}, "linear"),
-    ({"calibrate_rows": -1}, "calibrate_rows"), ({"jitter": 0.0}, "jitter"), ({"reselect_growth": -0.1}, "reselect_growth")])
+    ({"calibrate_rows": -1}, "calibrate_rows"), ({"jitter": 0.0}, "jitter"), ({"reselect_growth": -0.1}, "reselect_growth"),
+    ({"replace_after": -1}, "replace_after"), ({"replace_every": 1.5}, "replace_every")])
 def test_bad_options_are_refused_by_name(options, match):
     with pytest.raises(LearnerError, match=match):
         learner(**options)
