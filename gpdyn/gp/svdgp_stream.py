@@ -62,11 +62,10 @@ is far from every summed row, and an approximation where it is not. beta stays a
 An arm keeps moving on after alpha is full. With ``replace_after``, a full alpha makes room
 for a chunk's novel rows by dropping the points of alpha (beyond beta) that no row has come
 near (``k_1 >= exp(-1/2)``: within one length scale) for ``replace_after`` rows, at most once
-per ``replace_every`` rows. Dropping is exact: with the dropped points moved to the end of
-alpha's order, the features of the reordered basis are ``T phi(x)`` with ``T = L'^{-1} P L``
-(``P`` the permutation, ``L'`` the reordered factor), so the sums become ``T G T^T`` and ``T B``;
-the kept points' features, the leading ones, are the Nystrom features of the kept basis, and
-their sums are those of every row seen on the smaller alpha (``O(M^3)`` per drop).
+per ``replace_every`` rows. Dropping is exact: ``k_1(alpha, x) = L phi(x)``, so the kept points'
+Nystrom features are ``T phi(x)`` with ``T = L_keep^{-1} L[keep]`` (``L_keep`` the kept basis's
+factor), and their sums, ``T G T^T`` and ``T B``, are those of every row seen on the smaller
+alpha (``O(M^3)`` per drop).
 
 Calibrated variance (``calibrate_rows``), as :class:`~gpdyn.gp.wiski.WISKI`'s: every ``observe``
 first scores its batch with the prediction made before the batch enters the sums (the
@@ -299,7 +298,8 @@ class StreamSVDGP(Learner):
             if self.calibrate_rows:
                 self._calibrate(x, y)
             k = self._basis_kernel(x)
-            self.visited = torch.where((k >= VISIT_KERNEL).any(0), self.rows + x.shape[0], self.visited)
+            if self.replace_after:
+                self.visited = torch.where((k >= VISIT_KERNEL).any(0), self.rows + x.shape[0], self.visited)
             if self.basis_size < self.grow_to or self._may_replace():
                 phi = self._grow(x, k)
             else:
@@ -334,10 +334,10 @@ class StreamSVDGP(Learner):
         phi = tri_solve(self._basis_factor(), k.T)  # [m, k]
         residual = (1.0 + self.jitter - phi.square().sum(0)).clamp_min(0.0)  # k_1(x, x) - q_alpha(x)
         if self.basis_size == self.grow_to:  # full: room for the novel rows, from the points the stream has left
-            keep = self._drop_stale(int((residual >= self.novelty).sum()))  # a host decision
-            if keep is None:
+            transform = self._drop_stale(int((residual >= self.novelty).sum()))  # a host decision
+            if transform is None:
                 return self._with_linear(phi.T, x)
-            phi = tri_solve(self._basis_factor(), k[:, keep].T)
+            phi = transform @ phi  # the features on the kept alpha
             residual = (1.0 + self.jitter - phi.square().sum(0)).clamp_min(0.0)
         m = self.basis_size
         rows: list[Tensor] = []
@@ -380,8 +380,8 @@ class StreamSVDGP(Learner):
 
     def _drop_stale(self, wanted: int) -> Tensor | None:
         """Drop up to ``wanted`` points of alpha beyond beta that no row has come near for
-        ``replace_after`` rows, the longest unvisited first (module docs: exact); return the kept
-        points' indices in the old alpha, or None when none was dropped."""
+        ``replace_after`` rows, the longest unvisited first (module docs: exact); return ``T``, the
+        kept features from the old ones ``[M_keep, M]``, or None when none was dropped."""
         age = self.rows - self.visited
         age[: self.beta_size] = -1  # beta is never dropped
         stale = (age >= self.replace_after).nonzero().squeeze(1)
@@ -392,10 +392,8 @@ class StreamSVDGP(Learner):
         dropped = torch.zeros(m, dtype=torch.bool, device=self.device)
         dropped[stale] = True
         keep = (~dropped).nonzero().squeeze(1)
-        order = torch.cat([keep, stale])
-        old = self._basis_factor()
-        new = self._kernel_factor(self.basis[order], self.lengthscale)
-        t = tri_solve(new, old[order])[: keep.numel()]  # the kept features from the old ones, [m_keep, m]
+        new = self._kernel_factor(self.basis[keep], self.lengthscale)
+        t = tri_solve(new, self._basis_factor()[keep])  # T = L_keep^{-1} L[keep]
         g, c = self.gram, self.cross
         nystrom = t @ g[:m, :m] @ t.T
         mixed = t @ g[:m, m:]
@@ -403,9 +401,9 @@ class StreamSVDGP(Learner):
                                torch.cat([mixed.T, g[m:, m:]], 1)])
         self.cross = torch.cat([t @ c[:m], c[m:]])
         self.basis, self.visited = self.basis[keep], self.visited[keep]
-        self._kfactor, self._cache = new[: keep.numel(), : keep.numel()], None
+        self._kfactor, self._cache = new, None
         self.replaced_at = self.rows
-        return keep
+        return t
 
     def reselect(self) -> None:
         """Re-maximise ``lam`` and the noises exactly from the sums now (as ``reselect_every`` does)."""
