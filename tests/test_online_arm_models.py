@@ -207,14 +207,21 @@ def test_bad_change_settings_are_refused_by_name(field: str, value) -> None:
 @pytest.mark.slow
 def test_the_online_gp_is_the_recorded_online_learner_and_counts_its_updates(tmp_path: Path) -> None:
     store = make_kuka_store(tmp_path / "kuka.zarr", offline=[60], online=[40, 40]).path
-    cfg = ArmRunConfig.of(learner="wiski", steps=8, change_at=4, change="motor-gain", controllers=("frozen", "online"), gp_online=True,
-                       pretrain_iterations=2, pretrain_batch=32, progress=False)
+    values = dict(learner="wiski", steps=8, change_at=4, change="motor-gain", controllers=("frozen", "online"), gp_online=True,
+                  pretrain_iterations=2, pretrain_batch=32, progress=False)
+    cfg = ArmRunConfig.of(**values)
     run = RunDir.create("t", {}, out=tmp_path / "run")
     run_arm(run, cfg, store)
     episodes = [r for r in run.metrics() if r.get("kind") == "episode"]
     online = next(e for e in episodes if e["controller"] == "online")
-    assert online["online_learner"] == "wiski" and online["gp_updates"] == 2 * 8  # an observe and a step per step
+    # an observe per step: with gp_steps 0 (the default) the filter's steps learn nothing and are not taken
+    assert online["online_learner"] == "wiski" and online["gp_updates"] == 8
     assert online["prior_updates"] == 8 and online["change"] == "motor gain x0.7"
     assert "motor gain x0.7 from step 4" in (run.path / "report.md").read_text()
+    # with steps on the GP (gp_steps 1) each control step is an observe and a step
+    stepped = RunDir.create("t", {}, out=tmp_path / "stepped")
+    run_arm(stepped, ArmRunConfig.of(**values, gp_steps=1), store)
+    online = next(e for e in stepped.metrics() if e.get("kind") == "episode" and e["controller"] == "online")
+    assert online["gp_updates"] == 2 * 8
     # the default: the GP keeps learning under the filter (the recommended online model), a WISKI
     assert ArmRunConfig().adaptation.gp_online is True and ArmRunConfig().model.learner == "wiski"

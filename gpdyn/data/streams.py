@@ -91,6 +91,17 @@ class IIDStream(_Stream):
         idx = self.next_indices()
         return self.x[idx], self.y[idx]
 
+    def first_pass_rows(self) -> tuple[Tensor, Tensor] | None:
+        """What a one-pass learner (each row observed once, :data:`gpdyn.gp.base.CAPABILITIES`) takes of
+        the batch last drawn: in the first epoch the batch, and with that epoch's last batch also the
+        ``n % batch_size`` rows the epoch leaves over; None from the second epoch on (every row is in)."""
+        per_epoch = self.n // self.batch_size
+        if self.batches_drawn == 0 or self.batches_drawn > per_epoch:
+            return None
+        end = self.n if self.batches_drawn == per_epoch else self._pos
+        idx = self._perm[self._pos - self.batch_size : end]
+        return self.x[idx], self.y[idx]
+
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         while True:
             yield self.next_batch()

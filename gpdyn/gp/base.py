@@ -314,6 +314,9 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     "point_limit": ("point_limit", "room"),
     # step() must be given the batch just observed (WISKI eq. (18)), not any recent minibatch
     "step_on_observed": (),
+    # observe() conditions on its rows once and for good (a row observed twice counts twice) and
+    # step() learns nothing: pretraining observes each row once, online updates take no steps
+    "one_pass": (),
 }
 #: the named scales of every learner's size table (``presets``): "small", sized for the control
 #: runs (minutes on 2 cores); "cpu", sized so that a 2000-iteration replay at N_m = 1024 takes

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from gpdyn.data.streams import IIDStream
 from gpdyn.device import dtype_name, resolve_dtype, sync
 from gpdyn.errors import InputError
 from gpdyn.gp import make_learner
@@ -119,7 +120,9 @@ def run_online(
 
     Args:
         learner: any :class:`~gpdyn.gp.base.Learner` (untrained, or resumed from a checkpoint).
-        stream: yields ``(x [N_m, D], y [N_m, P])`` on the learner's device and dtype.
+        stream: yields ``(x [N_m, D], y [N_m, P])`` on the learner's device and dtype. A one-pass
+            learner (ssgp, rls, svdgp-stream) observes an :class:`~gpdyn.data.streams.IIDStream`'s
+            rows once, over its first epoch (:meth:`~gpdyn.data.streams.IIDStream.first_pass_rows`).
         x_test, y_test: the held-out split, normalised like the stream.
         n_delta: basis functions added per iteration (SVDGP N_Delta), for learners with the
             ``"n_delta"`` capability.
@@ -150,6 +153,7 @@ def run_online(
     if n_data is not None and learner.can("n_data"):
         learner.set_n_data(n_data)
     records: list[dict[str, Any]] = []
+    one_pass_iid = learner.can("one_pass") and isinstance(stream, IIDStream)
     batches = iter(stream)
     start = time.perf_counter()
     last_time, last_it = start, 0
@@ -164,7 +168,12 @@ def run_online(
                 xb, yb = next(batches)
             except StopIteration:
                 raise InputError(f"run_online: the stream ended after {it - 1} of {iterations} iterations") from None
-            unobserved += observe_what_fits(learner, xb, yb)
+            if one_pass_iid:  # each row once: a row observed twice would count twice
+                rows = stream.first_pass_rows()
+                if rows is not None:
+                    learner.observe(*rows)
+            else:
+                unobserved += observe_what_fits(learner, xb, yb)
             metrics = learner.step(xb, yb)
             loss = metrics.get("loss", loss)
             bar.update()

@@ -33,9 +33,10 @@ class WithPriorMean(Learner):
         self._last = BatchMemo()  # the last batch's prior: observe then step on it
 
     def can(self, capability: str) -> bool:  # type: ignore[override]
-        """The base learner's ``step_on_observed`` passes through (an online updater must then step on the batch
-        just observed, WISKI eq. (18)); the wrapper has no other capability of its own."""
-        return super().can(capability) or (capability == "step_on_observed" and self.base.can(capability))
+        """The base learner's ``step_on_observed`` (an online updater must then step on the batch just observed,
+        WISKI eq. (18)) and ``one_pass`` (observing is all its learning) pass through; the wrapper has no other
+        capability of its own."""
+        return super().can(capability) or (capability in ("step_on_observed", "one_pass") and self.base.can(capability))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> WithPriorMean:
         # the prior is a fixed function (it may hold MuJoCo's model and scratch data): shared, not copied

@@ -216,6 +216,13 @@ class RigidBodyGP(Learner):
                            change_std=float(change_std), change_friction_std=float(change_friction_std),
                            learn_prior=bool(learn_prior), prior_steps=int(prior_steps), prior_batch=int(prior_batch))
 
+    def can(self, capability: str) -> bool:  # type: ignore[override]
+        """``one_pass`` when no step learns anything: the filter is exact per observation, and a prior that
+        learns does so in its steps unless it is one-pass itself (an online updater then counts observes only)."""
+        if capability == "one_pass":
+            return not self.prior_steps or self.prior.can("one_pass")
+        return super().can(capability)
+
     @property
     def online_name(self) -> str:
         """The learner updated online: the prior GP when it learns (``learn_prior``), else the rigid-body filter."""
@@ -317,7 +324,7 @@ class RigidBodyGP(Learner):
     def step(self, x: Tensor, y: Tensor) -> dict[str, float]:
         """The prior's ``prior_steps`` steps when it learns (see the module notes); the rigid-body posterior
         has nothing to optimise: every observation already updated it exactly."""
-        if not self.prior_steps or self.recent_rows == 0:
+        if self.can("one_pass") or self.recent_rows == 0:
             return {}
         size = self.recent_x.shape[0]
         # the rows just observed (WISKI's eq. (18) step), else the whole ring

@@ -115,6 +115,7 @@ class RecursiveBLR(Learner):
     by Woodbury steps since the inverse was last refreshed).
     """
 
+    capabilities = frozenset({"one_pass"})
     state_fields = ("initialized", "rows", "n", "lam", "noise", "gram", "cross", "yy", "inverse", "logdet", "fresh",
                     "generator")
     #: the exponential forgetting factor (1: none); RLS makes it an option

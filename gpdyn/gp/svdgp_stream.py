@@ -138,6 +138,7 @@ class StreamSVDGP(Learner):
         "paper": {"m_alpha": 2000, "m_beta": 500, "grow_to": 3000},
     }
     basis_options = ("m_alpha", "m_beta")
+    capabilities = frozenset({"one_pass"})
     state_fields = ("initialized", "rows", "n", "lam", "noise", "lengthscale", "basis", "gram", "cross", "yy",
                     "since_select", "selection", "variance_scale", "generator", "visited", "replaced_at")
 

@@ -6,7 +6,11 @@ Any :class:`~gpdyn.gp.base.Learner` works through the contract only
 - ``"pretrain"``: its batch phase (WISKI Sec. 5.1) is used instead of the minibatch loop;
 - ``"point_limit"`` (the exact GP): what is observed stays within the limit;
 - ``"basis"``: pretraining adds basis functions only up to ``fill`` of the capacity;
-- ``"step_on_observed"`` (WISKI eq. (18)): online steps take the transition just observed.
+- ``"step_on_observed"`` (WISKI eq. (18)): online steps take the transition just observed;
+- ``"one_pass"`` (ssgp, rls, svdgp-stream): observing is all the learning, so pretraining
+  observes every row once (the first ``ONE_PASS_FIRST_ROWS`` together: the batch its
+  hyperparameters are chosen on, as the stream protocol's init rows are) and the online
+  updates take no steps (they would learn nothing and count as updates).
 
 Pretraining (SVDGP Algorithm 1): every iteration draws a minibatch, adds it as basis
 functions while the bases are below ``fill`` of their capacity, and takes one ``step``.
@@ -30,7 +34,11 @@ from torch import Tensor
 from gpdyn.errors import InputError
 from gpdyn.gp import Learner
 from gpdyn.gp.base import NonFiniteError
+from gpdyn.gp.prequential import StreamProtocol
 from gpdyn.progress import progress_bar
+
+#: the rows a one-pass learner's pretraining observes first, as one batch: the stream protocol's init rows
+ONE_PASS_FIRST_ROWS = StreamProtocol.init_rows
 
 
 def _basis_below(learner: Learner, fill: float) -> bool:
@@ -51,7 +59,9 @@ def pretrain_learner(
     seed: int = 0,
     progress: bool = True,
 ) -> dict[str, float]:
-    """Fit ``learner`` on normalised ``x [N, D]``, ``y [N, P]`` (see the module docs)."""
+    """Fit ``learner`` on normalised ``x [N, D]``, ``y [N, P]`` (see the module docs): ``iterations``
+    minibatches of ``batch`` rows; a one-pass learner observes every row once instead, in a random
+    order, ``batch`` rows at a time after the first ``ONE_PASS_FIRST_ROWS``."""
     if x.shape[0] < 2:
         raise InputError(f"pretraining needs at least 2 samples, got {x.shape[0]}")
     if not 0 < fill <= 1:
@@ -63,6 +73,13 @@ def pretrain_learner(
         idx = torch.randperm(n, generator=gen)[: min(n, iterations * batch // 4 or n)].to(x.device)
         out = learner.pretrain(x[idx], y[idx], iterations=iterations, progress=progress)
         return {k: float(v) for k, v in out.items()}
+    if learner.can("one_pass"):
+        order = torch.randperm(n, generator=gen).to(x.device)
+        first = min(n, ONE_PASS_FIRST_ROWS)
+        chunks = [order[:first], *order[first:].split(batch)] if n > first else [order]
+        for idx in progress_bar(chunks, desc=f"pretrain {learner.name}", disable=not progress, leave=False):
+            learner.observe(x[idx], y[idx])
+        return {"loss": float(learner.step(x[idx], y[idx])["loss"])}  # minus the log evidence per row (nothing learnt)
     limit = learner.point_limit
     if limit is not None:
         idx = torch.randperm(n, generator=gen)[: int(min(n, fill * limit))].to(x.device)
@@ -121,7 +138,7 @@ class OnlineUpdater:
         self.recent_x = (x if self.recent_x is None else torch.cat([self.recent_x, x]))[-self.batch :]
         self.recent_y = (y if self.recent_y is None else torch.cat([self.recent_y, y]))[-self.batch :]
         metrics: dict[str, float] = {}
-        for _ in range(self.updates):
+        for _ in range(0 if self.learner.can("one_pass") else self.updates):  # observing was all its learning
             if self.learner.can("step_on_observed"):
                 out = self.learner.step(x, y)  # WISKI eq. (18): the batch just observed
             else:
