@@ -34,6 +34,17 @@ MODELS = {
     "filter+svdgp": {"learner": "svdgp", "gp_online": True},
     "filter+svdgp-stream": {"learner": "svdgp-stream", "gp_online": True},
 }
+PRIOR_START = "@prior-start"  # a model name's suffix: its filter starts from its prior, not the stored samples
+
+
+def model_fields(name: str) -> dict:
+    """The ArmRunConfig fields of a model name: one of MODELS, optionally with PRIOR_START."""
+    base = name.removesuffix(PRIOR_START)
+    if base not in MODELS:
+        raise SystemExit(f"--models: unknown model {name!r}; known: {', '.join(MODELS)} (each also with {PRIOR_START})")
+    return {**MODELS[base], **({"start_filter": False} if name.endswith(PRIOR_START) else {})}
+
+
 CHANGES = {"payload": {"change": "payload"}, "joint-friction": {"change": "joint-friction"},
            "motor-gain": {"change": "motor-gain"}, "joint-spring": {"change": "joint-spring"}}
 
@@ -57,12 +68,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="1000-1009", help="first-last seed (default 1000-1009, never tuned on)")
     ap.add_argument("--changes", default=",".join(CHANGES), help="comma list of %s" % ", ".join(CHANGES))
-    ap.add_argument("--models", default=",".join(MODELS), help="comma list of the model names (see MODELS)")
+    ap.add_argument("--models", default=",".join(MODELS),
+                    help=f"comma list of the model names (see MODELS; NAME{PRIOR_START}: the filter starts from its prior)")
     ap.add_argument("--model", default=None, help="MJCF file of the arm (default: the shipped iiwa, `control kuka`)")
     ap.add_argument("--payload", type=float, default=3.0, help="the payload change's mass in kg (default 3)")
     ap.add_argument("--out", type=Path, required=True, help="folder for table.md and runs.csv")
     ap.add_argument("--merge", type=Path, nargs="+", default=None, help="table the runs.csv of these folders instead")
     args = ap.parse_args(argv)
+    for model in args.models.split(","):  # refused before any run
+        model_fields(model)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.merge:
         rows = [r for folder in args.merge for r in csv.DictReader(open(folder / "runs.csv"))]
@@ -112,10 +126,10 @@ def run_all(args: argparse.Namespace) -> list[dict]:
                 for model in args.models.split(","):
                     cfg = ArmRunConfig.of(robot=robot, model=args.model, seed=seed, controllers=("online",),
                                           progress=False,
-                                       payload=args.payload, **CHANGES[change], **MODELS[model])
+                                       payload=args.payload, **CHANGES[change], **model_fields(model))
                     r = one(cfg, store, Path(work))
                     rows.append({"robot": robot, "change": change, "model": model, "seed": seed, **r})
-                    print(f"{change:15s} {model:14s} seed {seed}: after {r['after']:.5f} rad, "
+                    print(f"{change:15s} {model:32s} seed {seed}: after {r['after']:.5f} rad, "
                           f"{r['cpu_ms']:.2f} ms/step", file=sys.stderr, flush=True)
     return rows
 

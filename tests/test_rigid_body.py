@@ -281,3 +281,22 @@ def test_a_weaker_motor_is_not_taken_up_as_friction_that_flips_at_the_next_rever
         assert gp.resets >= 1
         errors[std] = float((torch.cat(predicted)[210:] - commands[210:]).pow(2).mean().sqrt())
     assert errors[3.0] < 1.1 * errors[0.0], errors
+
+
+def test_a_start_from_stored_samples_is_the_kalman_posterior_of_those_samples(arm, regressor):
+    """start_from conditions theta on every stored torque at once: the same posterior as the Kalman updates
+    of observe (whose change test is kept out of the way here), and it neither counts as observed nor resets."""
+    q, qd, qdd = states(arm, 40, seed=11)
+    x, y = tensor(q, qd, qdd), torch.as_tensor(torques(arm, 0.0, q, qd, qdd))
+    started, filtered = make_gp(regressor, x), make_gp(regressor, x, change_threshold=1e12)
+    started.start_from(x, y)
+    filtered.observe(x, y)
+    assert filtered.resets == 0 and started.resets == 0 and started.observed == 0
+    torch.testing.assert_close(started.theta, filtered.theta, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(started.covariance, filtered.covariance, rtol=1e-6, atol=1e-6)  # the prior variance is 100
+    held = tensor(*states(arm, 10, seed=12))
+    h = held.numpy()
+    truth = torch.as_tensor(torques(arm, 0.0, h[:, :N], h[:, N:2 * N], h[:, 2 * N:]))
+    assert (started.predict_mean(held) - truth).abs().max() < 0.05 * truth.abs().max()
+    with pytest.raises(LearnerError, match="start_from"):
+        make_gp(regressor, x).start_from(x, y * float("nan"))

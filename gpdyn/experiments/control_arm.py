@@ -138,8 +138,10 @@ def _problem(run: RunDir, cfg: ArmRunConfig, arm: ArmModel, store: str | Path | 
     return problem
 
 
-def _pretrained(run: RunDir, cfg: ArmRunConfig, arm: ArmModel, store: str | Path | None) -> tuple[LearnedModel, torch.Tensor]:
-    """The frozen model and the normalised inputs it was trained on (the residual GP's lengthscales come from them)."""
+def _pretrained(run: RunDir, cfg: ArmRunConfig, arm: ArmModel,
+                store: str | Path | None) -> tuple[LearnedModel, torch.Tensor, torch.Tensor]:
+    """The frozen model and the normalised samples it was trained on, inputs and torques (the residual GP's
+    lengthscales and the rigid-body filter's start come from them)."""
     from gpdyn.experiments.prior_mean import load_learned_model
 
     if cfg.model.from_run is not None:
@@ -152,9 +154,9 @@ def _pretrained(run: RunDir, cfg: ArmRunConfig, arm: ArmModel, store: str | Path
         if trained != cfg.model.learner:
             raise InputError(f"control {cfg.robot}: --learner {cfg.model.learner}, but {cfg.model.from_run} holds a "
                              f"{trained}")
-        x_raw = torch.as_tensor(np.concatenate([problem.x_init, problem.x_train]), device=learner.device,
-                                dtype=learner.dtype)
-        return LearnedModel(learner, normalizer), normalizer.normalize_x(x_raw)
+        x_raw, y_raw = (torch.as_tensor(np.concatenate(pair), device=learner.device, dtype=learner.dtype)
+                        for pair in ((problem.x_init, problem.x_train), (problem.y_init, problem.y_train)))
+        return LearnedModel(learner, normalizer), normalizer.normalize_x(x_raw), normalizer.normalize_y(y_raw)
     problem = _problem(run, cfg, arm, store)
     on = cfg.compute.kwargs()
     parts = [problem.tensors(s, **on) for s in ("init", "train") if len(problem.split(s)[0])]
@@ -166,7 +168,7 @@ def _pretrained(run: RunDir, cfg: ArmRunConfig, arm: ArmModel, store: str | Path
     seconds = time.perf_counter() - t0
     run.log(kind="pretrain", robot=cfg.robot, learner=cfg.model.learner, rows=int(x_train.shape[0]), seconds=seconds, **fit)
     log.info(f"   pretrained {cfg.model.learner} on {x_train.shape[0]} {cfg.robot} rows in {seconds:.1f} s")
-    return LearnedModel(learner, problem.normalizer), x_train
+    return LearnedModel(learner, problem.normalizer), x_train, y_train
 
 
 def run_store(run_dir: str | Path) -> str:
@@ -193,12 +195,14 @@ def _feedback(name: str, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.ndarr
 
 
 def _controller(name: str, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.ndarray, np.ndarray], poses: np.ndarray,
-                frozen: LearnedModel | None, x_train: torch.Tensor | None) -> ComputedTorqueController:
+                frozen: LearnedModel | None, stored: tuple[torch.Tensor, torch.Tensor] | None) -> ComputedTorqueController:
+    """``stored``: the normalised samples ``(x, y)`` the frozen model was pretrained on."""
     n = arm.n
     feedback = _feedback(name, cfg, arm, gains)
     if name in ("pd", "true"):
         return ComputedTorqueController(name, FEEDFORWARD[name], feedback, cfg.dt)
-    assert frozen is not None and x_train is not None
+    assert frozen is not None and stored is not None
+    x_train = stored[0]
     if name == "frozen":
         return ComputedTorqueController(name, "learned", feedback, cfg.dt, model=frozen)
     learner = copy.deepcopy(frozen.learner)  # the frozen controller keeps the pretrained one
@@ -213,6 +217,8 @@ def _controller(name: str, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.nda
                               change_friction_std=cfg.adaptation.change_friction_std,
                               learn_prior=cfg.adaptation.gp_online,
                               prior_steps=cfg.adaptation.gp_steps, prior_batch=cfg.adaptation.online_batch, **terms)
+        if cfg.adaptation.start_filter:
+            learner.start_from(*stored)
     elif cfg.adaptation.adapt == "residual":
         factors = [1.0] * (2 * n) + [cfg.adaptation.qdd_lengthscale] * n
         learner = ResidualGP(learner, x_train, window=cfg.adaptation.window, amplitude=1.0, lengthscale_factor=factors)
@@ -255,14 +261,14 @@ class ArmPlan:
     next_rows = ("q_error",)
 
     def __init__(self, run: RunDir, cfg: ArmRunConfig, arm: ArmModel, poses: np.ndarray,
-                 frozen: LearnedModel | None, x_train: torch.Tensor | None) -> None:
-        self.run, self.cfg, self.arm, self.poses, self.frozen, self.x_train = run, cfg, arm, poses, frozen, x_train
+                 frozen: LearnedModel | None, stored: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        self.run, self.cfg, self.arm, self.poses, self.frozen, self.stored = run, cfg, arm, poses, frozen, stored
         self.gains = pd_gains(arm.torque_model(), poses, cfg.reference.omega)  # on the poses of the run's reference
         self.robot, self.controllers, self.steps, self.progress = cfg.robot, cfg.controllers, cfg.steps, cfg.progress
         self.joint_rmse: dict[str, dict[str, list[float]]] = {}
 
     def controller(self, name: str, condition: str) -> ComputedTorqueController:
-        return _controller(name, self.cfg, self.arm, self.gains, self.poses, self.frozen, self.x_train)
+        return _controller(name, self.cfg, self.arm, self.gains, self.poses, self.frozen, self.stored)
 
     def make_env(self) -> Any:
         from gpdyn.sim.arm_env import ArmEnv
@@ -305,12 +311,13 @@ def run_arm(run: RunDir, cfg: ArmRunConfig, store: str | Path | None = None) -> 
     arm = cfg.arm()
     cfg.check_arm(arm)
     check_sources(cfg, arm, store)
-    frozen = x_train = None
+    frozen = stored = None
     if any(FEEDFORWARD[c] == "learned" for c in cfg.controllers):
-        frozen, x_train = _pretrained(run, cfg, arm, store)
+        frozen, x_stored, y_stored = _pretrained(run, cfg, arm, store)
+        stored = (x_stored, y_stored)
     pattern = get_family(cfg.reference.family).pattern(cfg.seed, arm.limits)
     poses = pattern.evaluate(np.arange(0.0, cfg.steps * cfg.dt, 0.05), cfg.reference.speed)[0]
-    return run_control(run, ArmPlan(run, cfg, arm, poses, frozen, x_train))
+    return run_control(run, ArmPlan(run, cfg, arm, poses, frozen, stored))
 
 
 __all__ = ["ARM_CONTROLLERS", "ArmRunConfig", "check_recorded_arm", "run_arm", "run_store"]

@@ -241,6 +241,31 @@ class RigidBodyGP(Learner):
             prior_torque = self.prior.predict_mean(x) * self.y_std + self.y_mean  # [N, n]
         return torch.cat([self._regressor(x) / self.column_scale, torch.diag_embed(prior_torque)], dim=-1)
 
+    @torch.no_grad()
+    def start_from(self, x: Tensor, y: Tensor) -> None:
+        """Condition ``theta`` on stored samples of the arm as it was (``x [N, 3n]``, ``y [N, n]``, normalised):
+        the posterior of the Gaussian prior given every torque at once, ``Sigma^-1 = Sigma_0^-1 + H^T H / s^2``,
+        the same as the Kalman updates of :meth:`observe` in any order, without their change test (the stored
+        samples are one plant) and without the prior learning (it was pretrained on them).
+
+        What it is for: from its prior the filter meets a controller's first samples with ~100 open
+        parameters and 7 torques per sample; the first few samples then move the parameters along directions
+        they do not determine, and the next feed-forward errs by tens of N m (the start transient). Started
+        from the samples the prior learner was pretrained on, it is a fitted model from the first step."""
+        check = self.check_finite
+        design = self._design(x)
+        check("start_from", design=design)
+        torque = y * self.y_std + self.y_mean
+        h = design.reshape(-1, design.shape[-1])  # [N n, p + n]
+        precision = torch.linalg.inv(self.covariance)
+        information = precision + h.T @ h / self.noise_var
+        factor = torch.linalg.cholesky(0.5 * (information + information.T))
+        rhs = precision @ self.theta + h.T @ torque.reshape(-1) / self.noise_var
+        theta = torch.cholesky_solve(rhs[:, None], factor)[:, 0]
+        covariance = torch.cholesky_inverse(factor)
+        check("start_from", theta=theta, covariance=covariance)
+        self.theta, self.covariance = theta, 0.5 * (covariance + covariance.T)
+
     def observe(self, x: Tensor, y: Tensor) -> None:
         """The posterior of ``theta`` given the batch: a Kalman measurement update per chunk of at most
         :data:`UPDATE_ROWS` rows (the chunk's torques as one measurement), each after a covariance reset
