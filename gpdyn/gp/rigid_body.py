@@ -246,7 +246,14 @@ class RigidBodyGP(Learner):
         """Condition ``theta`` on stored samples of the arm as it was (``x [N, 3n]``, ``y [N, n]``, normalised):
         the posterior of the Gaussian prior given every torque at once, ``Sigma^-1 = Sigma_0^-1 + H^T H / s^2``,
         the same as the Kalman updates of :meth:`observe` in any order, without their change test (the stored
-        samples are one plant) and without the prior learning (it was pretrained on them).
+        samples are one plant) and without the prior learning (it was pretrained on them); then
+        ``reset_std^2`` is added to every parameter's variance, as a detected change adds away from the change
+        bodies. The posterior of thousands of stored samples is tighter than what it knows of the controller's
+        own path (the prior learner predicts its training samples better than new ones): without that room
+        innovations of half a N m failed the change test, and a reset just before a payload left it to be
+        identified over 10 steps instead of 2. The windowed change test then waits :data:`WINDOW_HOLD`
+        samples, as after a reset: the estimate moving from the stored samples' fit to the path's gives
+        persistent innovations too.
 
         What it is for: from its prior the filter meets a controller's first samples with ~100 open
         parameters and 7 torques per sample; the first few samples then move the parameters along directions
@@ -264,7 +271,9 @@ class RigidBodyGP(Learner):
         theta = torch.cholesky_solve(rhs[:, None], factor)[:, 0]
         covariance = torch.cholesky_inverse(factor)
         check("start_from", theta=theta, covariance=covariance)
-        self.theta, self.covariance = theta, 0.5 * (covariance + covariance.T)
+        opened = self.config["reset_std"] ** 2 * torch.eye(covariance.shape[0], device=self.device, dtype=self.dtype)
+        self.theta, self.covariance = theta, 0.5 * (covariance + covariance.T) + opened
+        self.window_rows = -WINDOW_HOLD  # an estimate settling onto the controller's path, as after a reset
 
     def observe(self, x: Tensor, y: Tensor) -> None:
         """The posterior of ``theta`` given the batch: a Kalman measurement update per chunk of at most
