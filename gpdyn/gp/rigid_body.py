@@ -12,7 +12,8 @@ column's RMS and ``beta ~ N(1, s_beta^2)``, makes ``tau`` a GP with kernel
 ``Y Sigma Y^T`` plus the prior learner as a basis function: the semiparametric GP of
 Nguyen-Tuong & Peters (2010, "Using model knowledge for learning inverse dynamics"), with
 the learned model in place of an analytic one. It starts as the prior learner (``pi = 0``,
-``beta = 1``) and the data move it toward the rigid-body fit. The model is structurally
+``beta = 1``) and the data move it toward the rigid-body fit; an arm run first conditions it on the
+samples the prior was pretrained on (:meth:`RigidBodyGP.start_from`). The model is structurally
 linear in the accelerations, ``tau = M(q) qdd + h(q, qd)``: what it learns where the arm
 accelerated one way holds where it accelerates another, which is what a computed-torque
 controller queried at its reference needs (an SE kernel over the accelerations returns to
@@ -243,22 +244,20 @@ class RigidBodyGP(Learner):
 
     @torch.no_grad()
     def start_from(self, x: Tensor, y: Tensor) -> None:
-        """Condition ``theta`` on stored samples of the arm as it was (``x [N, 3n]``, ``y [N, n]``, normalised):
-        the posterior of the Gaussian prior given every torque at once, ``Sigma^-1 = Sigma_0^-1 + H^T H / s^2``,
-        the same as the Kalman updates of :meth:`observe` in any order, without their change test (the stored
-        samples are one plant) and without the prior learning (it was pretrained on them); then
-        ``reset_std^2`` is added to every parameter's variance, as a detected change adds away from the change
-        bodies. The posterior of thousands of stored samples is tighter than what it knows of the controller's
-        own path (the prior learner predicts its training samples better than new ones): without that room
-        innovations of half a N m failed the change test, and a reset just before a payload left it to be
-        identified over 10 steps instead of 2. The windowed change test then waits :data:`WINDOW_HOLD`
-        samples, as after a reset: the estimate moving from the stored samples' fit to the path's gives
-        persistent innovations too.
+        """Condition ``theta`` on stored samples of the arm as it was (``x [N, 3n]``, ``y [N, n]``, normalised),
+        before control. From its prior the filter meets a controller's first samples with ~100 open parameters
+        and 7 torques per sample: the first few samples move the parameters along directions they do not
+        determine, and the next feed-forward errs by tens of N m (the start transient, docs/control.md).
 
-        What it is for: from its prior the filter meets a controller's first samples with ~100 open
-        parameters and 7 torques per sample; the first few samples then move the parameters along directions
-        they do not determine, and the next feed-forward errs by tens of N m (the start transient). Started
-        from the samples the prior learner was pretrained on, it is a fitted model from the first step."""
+        The posterior of the Gaussian prior given every stored torque at once, ``Sigma^-1 = Sigma_0^-1 +
+        H^T H / s^2``: the Kalman updates of :meth:`observe` in any order, without their change test (the
+        stored samples are one plant) and without the prior learning them (it was pretrained on them). Then
+        what a detected change does away from the change bodies: ``reset_std^2`` on every parameter's
+        variance, and the windowed change test waits :data:`WINDOW_HOLD` samples. The posterior of thousands
+        of stored samples is tighter than what it knows of the controller's own path (the prior predicts its
+        training samples better than new ones), and the estimate settling onto the path gives persistent
+        innovations: without that room a 0.5 N m innovation failed the change test just before a payload,
+        which then took 10 steps to identify instead of 2."""
         check = self.check_finite
         design = self._design(x)
         check("start_from", design=design)
