@@ -34,15 +34,15 @@ MODELS = {
     "filter+svdgp": {"learner": "svdgp", "gp_online": True},
     "filter+svdgp-stream": {"learner": "svdgp-stream", "gp_online": True},
 }
-PRIOR_START = "@prior-start"  # a model name's suffix: its filter starts from its prior, not the stored samples
+STORED_START = "@stored-start"  # a model name's suffix: its filter starts from the stored samples (--start-filter)
 
 
 def model_fields(name: str) -> dict:
-    """The ArmRunConfig fields of a model name: one of MODELS, optionally with PRIOR_START."""
-    base = name.removesuffix(PRIOR_START)
+    """The ArmRunConfig fields of a model name: one of MODELS, optionally with STORED_START."""
+    base = name.removesuffix(STORED_START)
     if base not in MODELS:
-        raise SystemExit(f"--models: unknown model {name!r}; known: {', '.join(MODELS)} (each also with {PRIOR_START})")
-    return {**MODELS[base], **({"start_filter": False} if name.endswith(PRIOR_START) else {})}
+        raise SystemExit(f"--models: unknown model {name!r}; known: {', '.join(MODELS)} (each also with {STORED_START})")
+    return {**MODELS[base], **({"start_filter": True} if name.endswith(STORED_START) else {})}
 
 
 CHANGES = {"payload": {"change": "payload"}, "joint-friction": {"change": "joint-friction"},
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="1000-1009", help="first-last seed (default 1000-1009, never tuned on)")
     ap.add_argument("--changes", default=",".join(CHANGES), help="comma list of %s" % ", ".join(CHANGES))
     ap.add_argument("--models", default=",".join(MODELS),
-                    help=f"comma list of the model names (see MODELS; NAME{PRIOR_START}: the filter starts from its prior)")
+                    help=f"comma list of the model names (see MODELS; NAME{STORED_START}: the filter starts from the stored samples)")
     ap.add_argument("--model", default=None, help="MJCF file of the arm (default: the shipped iiwa, `control kuka`)")
     ap.add_argument("--payload", type=float, default=3.0, help="the payload change's mass in kg (default 3)")
     ap.add_argument("--out", type=Path, required=True, help="folder for table.md and runs.csv")

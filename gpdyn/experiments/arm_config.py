@@ -124,9 +124,10 @@ class ArmAdaptationSettings:
                               "an exact GP on the frozen model's residuals (residual); or the learner's own steps")
     gp_online: bool = setting(True, help="rigid-body: the learner keeps learning what the rigid-body term leaves, one "
                                          "observe per control step (off: it stays frozen and the filter alone learns)")
-    start_filter: bool = setting(True, help="rigid-body: the filter starts from its posterior on the stored samples "
-                                             "the learner was pretrained on (off: from its prior, learning ~100 "
-                                             "parameters from the first control samples)")
+    start_filter: bool = setting(False, help="rigid-body: the filter starts from its posterior on the stored samples "
+                                              "the learner was pretrained on: no start transient, but slower after a "
+                                              "payload (docs/results/arm-filter-start; off: from its prior, learning "
+                                              "~100 parameters from the first control samples)")
     gp_steps: int = setting(0, low=0, metavar="N",
                             help="rigid-body with --gp-online: the learner's optimiser steps per control step (0: "
                                  "observing only; an SVDGP step costs more CPU than the 10 ms period)")
