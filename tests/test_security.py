@@ -231,11 +231,12 @@ def test_the_online_arm_controller_keeps_tracking_while_its_model_predicts_nan(t
     cfg = ArmRunConfig.of(learner="svdgp", steps=5, change_at=2, pretrain_iterations=3, pretrain_batch=32, progress=False)
     run = RunDir.create("t", {}, out=tmp_path / "run")
     arm = cfg.arm()
-    frozen, x_train = _pretrained(run, cfg, arm, store)
+    frozen, x_stored, y_stored = _pretrained(run, cfg, arm, store)
     frozen = LearnedModel(_nan_prior(frozen.learner, "params.a"), frozen.normalizer)
     ref = cfg.reference
     poses = get_family(ref.family).pattern(cfg.seed, arm.limits).evaluate(np.arange(0.0, 0.3, 0.05), ref.speed)[0]
-    controller = _controller("online", cfg, arm, pd_gains(arm.torque_model(), poses, ref.omega), poses, frozen, x_train)
+    controller = _controller("online", cfg, arm, pd_gains(arm.torque_model(), poses, ref.omega), poses, frozen,
+                             (x_stored, y_stored))
     env = ArmEnv(arm, frame_skip=arm.steps_per_sample(ref.rate_hz), family=ref.family, pattern_seed=cfg.seed)
     episode = run_episode(env, controller, steps=cfg.steps, reset_seed=cfg.seed, log=run.log)
     env.close()

@@ -21,7 +21,6 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from gpdyn.data.streams import IIDStream
 from gpdyn.device import dtype_name, resolve_dtype, sync
 from gpdyn.errors import InputError
 from gpdyn.gp import make_learner
@@ -121,8 +120,8 @@ def run_online(
     Args:
         learner: any :class:`~gpdyn.gp.base.Learner` (untrained, or resumed from a checkpoint).
         stream: yields ``(x [N_m, D], y [N_m, P])`` on the learner's device and dtype. A one-pass
-            learner (ssgp, rls, svdgp-stream) observes an :class:`~gpdyn.data.streams.IIDStream`'s
-            rows once, over its first epoch (:meth:`~gpdyn.data.streams.IIDStream.first_pass_rows`).
+            learner (ssgp, rls, svdgp-stream) observes the rows of a stream that has ``first_pass_rows``
+            (:meth:`gpdyn.data.streams.IIDStream.first_pass_rows`: its first epoch) once.
         x_test, y_test: the held-out split, normalised like the stream.
         n_delta: basis functions added per iteration (SVDGP N_Delta), for learners with the
             ``"n_delta"`` capability.
@@ -153,7 +152,8 @@ def run_online(
     if n_data is not None and learner.can("n_data"):
         learner.set_n_data(n_data)
     records: list[dict[str, Any]] = []
-    one_pass_iid = learner.can("one_pass") and isinstance(stream, IIDStream)
+    # a one-pass learner takes each row once: of an iid stream (gpdyn.data.streams.IIDStream), its first epoch
+    first_pass_rows = getattr(stream, "first_pass_rows", None) if learner.can("one_pass") else None
     batches = iter(stream)
     start = time.perf_counter()
     last_time, last_it = start, 0
@@ -168,8 +168,8 @@ def run_online(
                 xb, yb = next(batches)
             except StopIteration:
                 raise InputError(f"run_online: the stream ended after {it - 1} of {iterations} iterations") from None
-            if one_pass_iid:  # each row once: a row observed twice would count twice
-                rows = stream.first_pass_rows()
+            if first_pass_rows is not None:  # a row observed twice would count twice
+                rows = first_pass_rows()
                 if rows is not None:
                     learner.observe(*rows)
             else:
