@@ -1,24 +1,48 @@
-"""The paired tables of README.md: python table.py RUNS.csv [RUNS.csv ...] (runs of scripts/arm_online_table.py
-with each model plain, the filter from its prior, and NAME@stored-start, the filter from the stored samples)."""
-import csv, sys, numpy as np
-rows = [r for f in sys.argv[1:] for r in csv.DictReader(open(f))]
-changes = list(dict.fromkeys(r['change'] for r in rows))
-models = [m for m in dict.fromkeys(r['model'] for r in rows) if not m.endswith('@stored-start')]
-print("| change | model | start | after: median / worst | before: median / worst | after: started − prior (better/worse) | before: started − prior (better/worse) | CPU ms mean / worst p95 |")
-print("|---|---|---|---|---|---|---|---|")
-for ch in changes:
-    for m in models:
-        for variant in (m, m + '@stored-start'):
-            rs = {int(r['seed']): r for r in rows if r['change'] == ch and r['model'] == variant}
-            if not rs: continue
-            s = sorted(rs)
-            a = np.array([float(rs[k]['after']) for k in s]) * 1e3; b = np.array([float(rs[k]['before']) for k in s]) * 1e3
-            cpu = np.mean([float(rs[k]['cpu_ms']) for k in s]); p95 = max(float(rs[k]['cpu_ms_p95']) for k in s)
-            pair = ['', '']
-            if variant != m:
-                ps = {int(r['seed']): r for r in rows if r['change'] == ch and r['model'] == m}
-                common = [k for k in s if k in ps]
-                for i, key in enumerate(('after', 'before')):
-                    d = np.array([float(rs[k][key]) - float(ps[k][key]) for k in common]) * 1e3
-                    pair[i] = f"{d.mean():+.2f} ± {d.std(ddof=1)/np.sqrt(len(d)):.2f} ({(d<0).sum()}/{(d>0).sum()})"
-            print(f"| {ch} | {m} | {'stored' if variant.endswith('@stored-start') else 'prior'} | {np.median(a):.2f} / {a.max():.2f} | {np.median(b):.2f} / {b.max():.2f} | {pair[0]} | {pair[1]} | {cpu:.1f} / {p95:.1f} |")
+"""The paired tables of README.md from runs of scripts/arm_online_table.py: each model plain (the filter
+from its prior) and as NAME@stored-start (the filter from the stored samples), on the same seeds.
+
+    python docs/results/arm-filter-start/table.py RUNS.csv [RUNS.csv ...]
+"""
+
+import csv
+import sys
+
+import numpy as np
+
+STORED = "@stored-start"
+
+
+def paired(started: dict[int, dict], prior: dict[int, dict], key: str) -> str:
+    """started - prior over the seeds both have [mrad]: mean ± standard error (seeds better/worse)."""
+    seeds = [s for s in started if s in prior]
+    d = np.array([float(started[s][key]) - float(prior[s][key]) for s in seeds]) * 1e3
+    return f"{d.mean():+.2f} ± {d.std(ddof=1) / np.sqrt(len(d)):.2f} ({(d < 0).sum()}/{(d > 0).sum()})"
+
+
+def main(paths: list[str]) -> None:
+    rows = [r for path in paths for r in csv.DictReader(open(path))]
+    changes = list(dict.fromkeys(r["change"] for r in rows))
+    models = [m for m in dict.fromkeys(r["model"] for r in rows) if not m.endswith(STORED)]
+    print("| change | model | start | after: median / worst | before: median / worst | after: started − prior "
+          "(better/worse) | before: started − prior (better/worse) | CPU ms mean / worst p95 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for change in changes:
+        for model in models:
+            runs = {name: {int(r["seed"]): r for r in rows if r["change"] == change and r["model"] == name}
+                    for name in (model, model + STORED)}
+            for name, by_seed in runs.items():
+                if not by_seed:
+                    continue
+                after = np.array([float(r["after"]) for r in by_seed.values()]) * 1e3
+                before = np.array([float(r["before"]) for r in by_seed.values()]) * 1e3
+                cpu = np.mean([float(r["cpu_ms"]) for r in by_seed.values()])
+                p95 = max(float(r["cpu_ms_p95"]) for r in by_seed.values())
+                started = name.endswith(STORED)
+                pairs = [paired(by_seed, runs[model], k) if started else "" for k in ("after", "before")]
+                print(f"| {change} | {model} | {'stored' if started else 'prior'} | {np.median(after):.2f} / "
+                      f"{after.max():.2f} | {np.median(before):.2f} / {before.max():.2f} | {pairs[0]} | {pairs[1]} | "
+                      f"{cpu:.1f} / {p95:.1f} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
