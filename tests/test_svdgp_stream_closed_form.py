@@ -219,3 +219,34 @@ def test_a_full_alpha_drops_the_points_the_stream_has_left_exactly():
     twin = learner(m_alpha=60, m_beta=20, grow_to=65, novelty=0.5, replace_after=100, replace_every=50)
     twin.load_state_dict(model.state_dict())
     assert torch.equal(twin.predict(xs)[0], mean) and torch.equal(twin.visited, model.visited)
+
+
+def test_rows_observed_one_at_a_time_give_the_posterior_of_a_fresh_factor():
+    """A control loop's one row per observe goes into the posterior by Woodbury's identity on the last
+    factor of A (up to WOODBURY_ROWS rows, then a fresh factor): the same mean, variance and evidence as
+    a factor made afresh after every row; a stream's chunk is factorised afresh."""
+    import copy
+
+    from gpdyn.gp.svdgp_stream import WOODBURY_ROWS, StreamSVDGP
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(1200, 4, generator=gen, dtype=torch.float64)
+    y = torch.stack([torch.sin(x[:, 0]) + x[:, 1] * x[:, 2], x[:, 3] ** 2], -1)
+    y = y + 0.05 * torch.randn(1200, 2, generator=gen, dtype=torch.float64)
+    held = torch.randn(40, 4, generator=gen, dtype=torch.float64)
+    woodbury = StreamSVDGP(4, 2, m_alpha=128, m_beta=32, features=100, dtype=torch.float64, seed=0)
+    woodbury.observe(x[:1024], y[:1024])
+    fresh = copy.deepcopy(woodbury)
+    used = 0
+    for row in range(1024, 1024 + 2 * WOODBURY_ROWS + 5):
+        woodbury.observe(x[row : row + 1], y[row : row + 1])
+        mean, var = woodbury.predict(held)
+        used = max(used, woodbury._base["new"].shape[1])
+        fresh.observe(x[row : row + 1], y[row : row + 1])
+        fresh._base = fresh._cache = None  # factorise A afresh
+        torch.testing.assert_close(mean, fresh.predict(held)[0], rtol=1e-7, atol=1e-8)
+        torch.testing.assert_close(var, fresh.predict(held)[1], rtol=1e-7, atol=1e-10)
+        torch.testing.assert_close(woodbury.log_evidence(), fresh.log_evidence(), rtol=1e-8, atol=1e-6)
+    assert used == WOODBURY_ROWS  # the rows did go in by Woodbury, up to the bound
+    woodbury.observe(x[1100:1100 + 256], y[1100:1100 + 256])
+    assert woodbury._base is None  # a chunk: a fresh factor at the next prediction

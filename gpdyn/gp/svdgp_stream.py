@@ -26,7 +26,9 @@ the Nystrom features ``phi(x) = L^{-1} k_1(alpha, x)`` turn the mean into Bayesi
 regression on ``phi`` with ``lam = s / rho^2`` (``phi^T phi = k_1(x, alpha) K_1^{-1} k_1(alpha, x)``),
 the model of :mod:`gpdyn.gp.rls`: the learner keeps its sums ``G = Phi^T Phi``, ``Phi^T Y``,
 ``y^T y`` and ``n`` exactly, factorises ``A = G + lam I`` once per chunk (``O(M^3)``, cheaper than
-keeping ``A^{-1}`` by Woodbury steps), and holds the mean in SVDGP's own form, eq. (8)'s
+keeping ``A^{-1}`` by Woodbury steps for a chunk of 256 rows; a control loop's one row per step goes in by
+Woodbury's identity on the last factor, ``O(M^2)``, up to :data:`WOODBURY_ROWS` rows), and holds the mean
+in SVDGP's own form, eq. (8)'s
 ``m(x) = k_{x,alpha} a`` with ``a = L^{-T} E[w]``: ``O(M_alpha D)`` per predicted point. When beta
 is the first ``M_beta`` points of alpha, the first ``M_beta`` Nystrom features of alpha are beta's
 own (a Cholesky factor's leading block is the leading block's factor), so beta's sums are a
@@ -95,6 +97,10 @@ from gpdyn.gp.variational import tri_solve
 
 
 VISIT_KERNEL = math.exp(-0.5)  # a row this close to a point of alpha (one length scale) visits it
+#: the most rows taken into the posterior by Woodbury's identity on the last factor of ``A`` before it is
+#: factorised afresh: a control loop observes one row per step, and ``O(M^2)`` per row there beats a new
+#: ``O(M^3)`` factor per step; a stream's chunk of 256 rows is factorised afresh
+WOODBURY_ROWS = 32
 
 
 def unit_kernel(x1: Tensor, x2: Tensor, lengthscale: Tensor) -> Tensor:
@@ -254,14 +260,33 @@ class StreamSVDGP(Learner):
         return self._kfactor
 
     def _posterior(self) -> dict[str, Tensor]:
-        """The factorisations and coefficients of the current sums, made once per observe."""
+        """The factorisations and coefficients of the current sums, made once per observe.
+
+        ``A = G + lam I`` is factorised afresh, or, while at most :data:`WOODBURY_ROWS` rows came in since
+        its last factor ``L_0`` (and nothing else changed), ``A = L_0 (I + C C^T) L_0^T`` with
+        ``C = L_0^{-1} Phi_new^T`` (kept by :meth:`observe`): ``E[w] = L_0^{-T} (v - C S^{-1} C^T v)`` with
+        ``v = L_0^{-1} B`` and ``S = I + C^T C``, and ``log|A| = log|A_0| + log|S|`` (Woodbury's identity and
+        the determinant lemma; exact, ``O(M^2 P)`` instead of ``O(M^3)``)."""
         if self._cache is None:
             eye = torch.eye(self.gram.shape[0], device=self.device, dtype=self.dtype)
-            factor = cholesky(self.gram + self.lam * eye)  # A = G + lam I
-            weights = torch.cholesky_solve(self.cross, factor)  # E[w] = A^{-1} B, [M, P]
+            base = self._base
+            if base is None:
+                factor = cholesky(self.gram + self.lam * eye)  # A = G + lam I
+                base = self._base = {"factor": factor, "logdet": 2.0 * factor.diagonal().log().sum(),
+                                     "new": factor.new_zeros(factor.shape[0], 0)}
+            factor, c = base["factor"], base["new"]
+            if c.shape[1] == 0:  # A's own factor
+                weights = torch.cholesky_solve(self.cross, factor)  # E[w] = A^{-1} B, [M, P]
+                logdet = base["logdet"]
+            else:
+                v = tri_solve(factor, self.cross)
+                s_factor = cholesky(torch.eye(c.shape[1], device=self.device, dtype=self.dtype) + c.T @ c)
+                weights = tri_solve(factor, v - c @ torch.cholesky_solve(c.T @ v, s_factor), transpose=True)
+                logdet = base["logdet"] + 2.0 * s_factor.diagonal().log().sum()
+                factor = None  # A's own factor is not at hand
             kfactor = self._basis_factor()
             m, mb = self.basis_size, self.beta_size
-            if mb == m:
+            if mb == m and factor is not None:
                 beta_factor = factor
             else:  # A_beta: beta's Nystrom and the linear features' block of G, plus lam I
                 beta = torch.cat([torch.arange(mb, device=self.device),
@@ -272,7 +297,7 @@ class StreamSVDGP(Learner):
                 # eq. (8)'s a = L^{-T} E[w] on alpha, and the linear weights
                 "a": tri_solve(kfactor, weights[:m], transpose=True), "linear": weights[m:],
                 "beta_factor": beta_factor, "beta_kfactor": kfactor[:mb, :mb],
-                "logdet": 2.0 * factor.diagonal().log().sum(),
+                "logdet": logdet,
             }
         return self._cache
 
@@ -310,6 +335,11 @@ class StreamSVDGP(Learner):
         self.gram = torch.addmm(self.gram, phi.T, phi)
         self.cross = torch.addmm(self.cross, phi.T, y)
         self.yy = self.yy + (y * y).sum(0)
+        base = None if first else self._base  # the first batch sets the sums' size; it has no factor yet
+        if base is not None and base["new"].shape[1] + x.shape[0] <= WOODBURY_ROWS:
+            base["new"] = torch.cat([base["new"], tri_solve(base["factor"], phi.T)], dim=1)  # C = L_0^{-1} Phi^T
+        else:
+            self._base = None
         self.n += x.shape[0]
         self.rows += x.shape[0]
         self.since_select = 0 if first else self.since_select + x.shape[0]  # the first batch was just selected on
@@ -373,7 +403,7 @@ class StreamSVDGP(Learner):
         self.visited = torch.cat([self.visited, self.visited.new_full((r,), self.rows + x.shape[0])])
         # the factor of the grown K_alpha afresh (its leading block is the old factor, to rounding),
         # as a checkpoint's load makes it
-        self.gram, self.cross, self._kfactor, self._cache = gram, cross, None, None
+        self.gram, self.cross, self._kfactor, self._cache, self._base = gram, cross, None, None, None
         return None
 
     def _may_replace(self) -> bool:
@@ -402,7 +432,7 @@ class StreamSVDGP(Learner):
                                torch.cat([mixed.T, g[m:, m:]], 1)])
         self.cross = torch.cat([t @ c[:m], c[m:]])
         self.basis, self.visited = self.basis[keep], self.visited[keep]
-        self._kfactor, self._cache = new, None
+        self._kfactor, self._cache, self._base = new, None, None
         self.replaced_at = self.rows
         return t
 
@@ -412,7 +442,7 @@ class StreamSVDGP(Learner):
         self.lam, self.noise, ev = self.selector.best_lambda(self.gram, self.cross, self.yy, self.n, current=self.lam)
         self.selection = {**self.selection, "evidence": ev, "reselections": self.selection["reselections"] + 1}
         self.since_select = 0
-        self._cache = None
+        self._cache = self._base = None
 
     def _need_data(self, where: str) -> None:
         if not self.initialized:
@@ -527,6 +557,8 @@ class StreamSVDGP(Learner):
     def _after_load(self) -> None:
         self.n, self.lam = float(self.n), float(self.lam)
         self._cache: dict[str, Tensor] | None = None
+        # the last factor of A made afresh, its log-determinant and C = L_0^{-1} Phi^T of the rows since (_posterior)
+        self._base: dict[str, Tensor] | None = None
         self._kfactor: Tensor | None = None
         # the rows last predicted (the tensor itself, kept), what identifies them, the mean, the
         # unscaled variance and k_1(x, alpha)
