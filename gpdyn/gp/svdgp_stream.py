@@ -268,10 +268,10 @@ class StreamSVDGP(Learner):
         ``v = L_0^{-1} B`` and ``S = I + C^T C``, and ``log|A| = log|A_0| + log|S|`` (Woodbury's identity and
         the determinant lemma; exact, ``O(M^2 P)`` instead of ``O(M^3)``)."""
         if self._cache is None:
-            eye = torch.eye(self.gram.shape[0], device=self.device, dtype=self.dtype)
+            kw = {"device": self.device, "dtype": self.dtype}
             base = self._base
             if base is None:
-                factor = cholesky(self.gram + self.lam * eye)  # A = G + lam I
+                factor = cholesky(self.gram + self.lam * torch.eye(self.gram.shape[0], **kw))  # A = G + lam I
                 base = self._base = {"factor": factor, "logdet": 2.0 * factor.diagonal().log().sum(),
                                      "new": factor.new_zeros(factor.shape[0], 0)}
             factor, c = base["factor"], base["new"]
@@ -280,7 +280,7 @@ class StreamSVDGP(Learner):
                 logdet = base["logdet"]
             else:
                 v = tri_solve(factor, self.cross)
-                s_factor = cholesky(torch.eye(c.shape[1], device=self.device, dtype=self.dtype) + c.T @ c)
+                s_factor = cholesky(torch.eye(c.shape[1], **kw) + c.T @ c)
                 weights = tri_solve(factor, v - c @ torch.cholesky_solve(c.T @ v, s_factor), transpose=True)
                 logdet = base["logdet"] + 2.0 * s_factor.diagonal().log().sum()
                 factor = None  # A's own factor is not at hand
@@ -291,7 +291,7 @@ class StreamSVDGP(Learner):
             else:  # A_beta: beta's Nystrom and the linear features' block of G, plus lam I
                 beta = torch.cat([torch.arange(mb, device=self.device),
                                   torch.arange(m, self.gram.shape[0], device=self.device)])
-                beta_factor = cholesky(self.gram[beta][:, beta] + self.lam * eye[: beta.numel(), : beta.numel()])
+                beta_factor = cholesky(self.gram[beta][:, beta] + self.lam * torch.eye(beta.numel(), **kw))
             self._cache = {
                 "weights": weights,
                 # eq. (8)'s a = L^{-T} E[w] on alpha, and the linear weights
@@ -335,7 +335,7 @@ class StreamSVDGP(Learner):
         self.gram = torch.addmm(self.gram, phi.T, phi)
         self.cross = torch.addmm(self.cross, phi.T, y)
         self.yy = self.yy + (y * y).sum(0)
-        base = None if first else self._base  # the first batch sets the sums' size; it has no factor yet
+        base = self._base  # None until a prediction has factorised A (the first batch has none)
         if base is not None and base["new"].shape[1] + x.shape[0] <= WOODBURY_ROWS:
             base["new"] = torch.cat([base["new"], tri_solve(base["factor"], phi.T)], dim=1)  # C = L_0^{-1} Phi^T
         else:
