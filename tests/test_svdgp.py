@@ -9,7 +9,7 @@ from learner_data import F64, random_data, sinc_data
 
 from gpdyn.errors import InputError
 from gpdyn.gp.hyperparams import InitWindow
-from gpdyn.gp.kernels import gen_se_ard, median_lengthscale, se_ard
+from gpdyn.gp.kernels import gen_se_ard, matmul_few_columns, median_lengthscale, se_ard
 from gpdyn.gp.orthdgp import ORTH
 from gpdyn.gp.svdgp import SVDGP
 
@@ -402,3 +402,14 @@ def test_predictions_are_the_same_whether_outputs_share_features_or_not(monkeypa
     with torch.no_grad():
         model.predict(x)
     assert model._cache["fa"].dim() == 3 and model._cache["ls"].shape[0] == 2
+
+
+
+@pytest.mark.parametrize(("left", "right"), [((7, 30, 30), (7, 30)), ((30, 30), (30,)), ((1, 3, 30), (7, 30))])
+@pytest.mark.parametrize("columns", [1, 2, 16, 17])
+def test_matmul_few_columns_is_the_product(left: tuple[int, ...], right: tuple[int, ...], columns: int) -> None:
+    """Batched, unbatched and broadcast (WISKI's shared interpolation rows against per-output blocks)."""
+    g = torch.Generator().manual_seed(columns)
+    a = torch.randn(*left, generator=g, dtype=torch.float64)
+    b = torch.randn(*right, columns, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(matmul_few_columns(a, b), a @ b, rtol=1e-12, atol=1e-12)

@@ -277,10 +277,25 @@ def _columns_per_chunk(p: int, n: int, m: int, chunk_elements: int) -> int:
     return max(1, min(m, chunk_elements // max(1, p * n)))
 
 
+#: right-hand columns up to which :func:`matmul_few_columns` takes the transposed product
+FEW_COLUMNS = 16
+
+
+def matmul_few_columns(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` for ``a [..., N, C]`` and ``b [..., C, q]`` with few columns, as ``(b^T a^T)^T``.
+
+    On the CPU, BLAS takes a row-major product with 2-16 right-hand columns, and a batched one with
+    a single column, 2-8x slower than the same product transposed (a row block times the
+    transposed matrix; docs/results/implementation-timings.md). The result is the transposed view.
+    """
+    if b.shape[-1] > FEW_COLUMNS:
+        return a @ b
+    return torch.matmul(b.transpose(-1, -2), a.transpose(-1, -2)).transpose(-1, -2)
+
+
 def _mv(k: Tensor, v: Tensor) -> Tensor:
-    """``k @ v`` for ``k [P, N, C]``, ``v [P, C]``, as ``v^T k^T``: MKL's batched gemv on
-    row-major blocks is slower than this transposed form (docs/results/implementation-timings.md)."""
-    return torch.matmul(v.unsqueeze(-2), k.transpose(-1, -2)).squeeze(-2)
+    """``k @ v`` for ``k [P, N, C]``, ``v [P, C]`` (:func:`matmul_few_columns`)."""
+    return matmul_few_columns(k, v.unsqueeze(-1)).squeeze(-1)
 
 
 def _tmv(k: Tensor, g: Tensor) -> Tensor:

@@ -114,7 +114,7 @@ from gpdyn.gp.hyperparams import SEHyperparameters, initial_noise_variance
 
 #: the dtype of the caches of eqs. (7), (16), (17) and of every solve with them (module notes)
 SOLVE_DTYPE = torch.float64
-from gpdyn.gp.kernels import median_lengthscale
+from gpdyn.gp.kernels import matmul_few_columns, median_lengthscale
 from gpdyn.gp.ski import (
     Grid,
     GridError,
@@ -1084,13 +1084,13 @@ class WISKI(Learner):
         phi = dense_rows(idx, w, self.num_inducing).to(s)  # [Q, q, M]
         kmul = self._kmul(s)
         u = kmul(phi.transpose(-1, -2).expand(self.output_dim, -1, -1).contiguous())  # [P, M, q]
-        binv_u = self._b_inv @ u  # [P, M, q]
+        binv_u = matmul_few_columns(self._b_inv, u)  # [P, M, q]
         v_binv = phi @ self._b_inv  # [P, q, M]
-        inner = torch.eye(phi.shape[-2], dtype=s, device=self.device) + phi @ binv_u  # [P, q, q]
+        inner = torch.eye(phi.shape[-2], dtype=s, device=self.device) + matmul_few_columns(phi, binv_u)  # [P, q, q]
         # in place: a fresh [P, M, M] product per row costs ~20x the fused rank-q update
         self._b_inv.baddbmm_(binv_u, torch.linalg.solve(inner, v_binv), alpha=-1.0)
         kwty = kmul(self.wty.to(s).unsqueeze(-1))  # [P, M, 1]
-        self._mean_cache = (self._b_inv @ kwty).squeeze(-1).to(self.dtype)
+        self._mean_cache = matmul_few_columns(self._b_inv, kwty).squeeze(-1).to(self.dtype)
         self._fast = self._mean_tables()
         self._incremental_since += phi.shape[-2]
         self._m_lags = True
