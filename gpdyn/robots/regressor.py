@@ -8,14 +8,22 @@ origin), and in the joints' armature, viscous damping and dry friction (Khalil &
 
     tau(q, qd, qdd) = Y(q, qd, qdd) pi
 
-:class:`InertialRegressor` computes ``Y`` from the arm's own MJCF model (its kinematics)
-with MuJoCo's ``mj_inverse``: column ``k`` is ``ID(pi_b + e_k) - ID(pi_b)`` on a copy of the
-model whose parameters are moved by one unit (scaled) along ``k`` in the linear
-coordinates. The inverse dynamics being exactly linear in ``pi``, the difference is exact
-(to rounding), whatever the base point; bodies without mass (a payload mount) get a
-nominal 1 kg base so that every direction can be represented in MuJoCo's own terms (mass,
-centre of mass, principal inertia and axes). The dry friction column is MuJoCo's soft
-friction at unit friction loss (soft, so linear only to a close approximation).
+:class:`InertialRegressor` computes ``Y`` from the arm's own MJCF model (its kinematics):
+MuJoCo's forward kinematics and velocities at ``(q, qd)`` and its body accelerations at
+``qdd`` (gravity included, ``mj_rnePostConstraint``), then each body's Newton-Euler equations about its frame origin,
+linear in ``pi_b`` (Khalil & Dombre eq. 9.46; Atkeson et al. 1986 eq. 12)::
+
+    f = m a + alpha x (m c) + w x (w x (m c))
+    n = I_O alpha + w x (I_O w) + (m c) x a
+
+(``w``, ``alpha``: the body's angular velocity and acceleration, ``a``: the classical
+acceleration of its origin, all in its frame), carried to the joints by the motion subspaces
+of the joints that move it: ``tau_j = s_j . (n, f)``. The joint columns are ``qdd_j``
+(armature) and ``qd_j`` (viscous damping); the dry friction column is MuJoCo's soft friction
+at unit friction loss, ``mj_inverse`` with every joint's friction loss raised by one minus
+``mj_inverse`` without (each joint's friction constraint acts on its own joint alone; soft, so
+linear only to a close approximation). Bodies without mass (a payload mount) get a nominal
+1 kg in the model these two calls run on, as the friction's softness depends on the inertia.
 
 The learned inverse-dynamics models use ``Y`` as features: a Gaussian prior on ``pi``
 is a GP whose kernel is ``Y Sigma Y^T`` (the semiparametric GP of Nguyen-Tuong & Peters
@@ -35,6 +43,26 @@ BODY_TERMS = ("m", "mcx", "mcy", "mcz", "Ixx", "Iyy", "Izz", "Ixy", "Ixz", "Iyz"
 JOINT_TERMS = ("armature", "damping", "frictionloss")
 # (row, col) of each inertia term in the 3 x 3 tensor
 _INERTIA_INDEX = ((0, 0), (1, 1), (2, 2), (0, 1), (0, 2), (1, 2))
+# the symmetric 3 x 3 tensor of each inertia term: I_O = sum_k pi_k E_k
+_INERTIA_BASIS = np.zeros((6, 3, 3))
+for _k, (_i, _j) in enumerate(_INERTIA_INDEX):
+    _INERTIA_BASIS[_k, _i, _j] = _INERTIA_BASIS[_k, _j, _i] = 1.0
+# [3 * 6, 3]: times a vector v [3, 1], the columns E_k v side by side, [3, 6] after a reshape
+_INERTIA_ROWS = _INERTIA_BASIS.transpose(1, 0, 2).reshape(3 * 6, 3)
+
+
+def _cross(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a x b`` over the last axis (``np.cross`` costs ~50 us of checks on arrays this small)."""
+    a0, a1, a2, b0, b1, b2 = a[..., 0], a[..., 1], a[..., 2], b[..., 0], b[..., 1], b[..., 2]
+    return np.stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], axis=-1)
+
+
+def _skew(v: np.ndarray) -> np.ndarray:
+    """``[..., 3, 3]`` cross-product matrices of ``v [..., 3]``: ``_skew(a) @ b = a x b``."""
+    out = np.zeros((*v.shape[:-1], 3, 3))
+    out[..., 0, 1], out[..., 0, 2], out[..., 1, 2] = -v[..., 2], v[..., 1], -v[..., 0]
+    out[..., 1, 0], out[..., 2, 0], out[..., 2, 1] = v[..., 2], -v[..., 1], v[..., 0]
+    return out
 
 
 def body_linear(model: mujoco.MjModel, body: int) -> np.ndarray:
@@ -84,7 +112,7 @@ class InertialRegressor:
     """``Y(q, qd, qdd)`` of a hinge/slide-jointed arm (see the module notes): ``[N, n, p]``.
 
     ``model``: the arm's MuJoCo model (its kinematics and joint list are used; its
-    inertial values only set the base point of the differences). Columns: ten per moving
+    inertial values enter only the dry friction's columns, whose softness depends on them). Columns: ten per moving
     body (:data:`BODY_TERMS`), then per joint :data:`JOINT_TERMS`; ``names`` lists them.
     ``parameters(model)`` is the vector ``pi`` of a model with the same kinematics, such
     that ``Y pi`` is its inverse dynamics.
@@ -96,36 +124,32 @@ class InertialRegressor:
         self.n = model.nv
         self.bodies = moving_bodies(model)
         base = copy.deepcopy(model)
-        for body in self.bodies:  # a massless mount gets a 1 kg base: every direction is then a valid body
+        for body in self.bodies:  # a massless mount gets a 1 kg base (the friction's softness depends on the inertia)
             if base.body_mass[body] < 1e-6:
                 set_body_linear(base, body, np.concatenate([[1.0], np.zeros(3), [1e-3, 1e-3, 1e-3, 0, 0, 0]]))
         self.names: list[str] = []
-        # the base model first, then one model moved along each parameter, with the size of its move
-        self._models: list[mujoco.MjModel] = [base]
-        steps: list[float] = []
         for body in self.bodies:
-            pi = body_linear(base, body)
             name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, body) or f"body{body}"
-            for k, term in enumerate(BODY_TERMS):
-                # a step that keeps the body physical: 10% of its mass, 1 cm of moment arm, 10% of its inertia
-                step = (0.1 * pi[0] if k == 0 else 0.01 * pi[0] if k < 4 else 0.1 * max(pi[4:7].min(), 1e-4))
-                moved = copy.deepcopy(base)
-                set_body_linear(moved, body, pi + step * np.eye(10)[k])
-                self.names.append(f"{name}.{term}")
-                self._models.append(moved)
-                steps.append(step)
+            self.names += [f"{name}.{term}" for term in BODY_TERMS]
         for joint in range(self.n):
-            dof = model.jnt_dofadr[joint]
             name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_JOINT, joint) or f"joint{joint}"
-            for term, array in (("armature", "dof_armature"), ("damping", "dof_damping"), ("frictionloss", "dof_frictionloss")):
-                moved = copy.deepcopy(base)
-                getattr(moved, array)[dof] += 1.0
-                self.names.append(f"{name}.{term}")
-                self._models.append(moved)
-                steps.append(1.0)
+            self.names += [f"{name}.{term}" for term in JOINT_TERMS]
         self.p = len(self.names)
-        self._steps = np.asarray(steps)
+        self._base = base
+        self._friction = copy.deepcopy(base)  # every joint's friction loss one higher: the friction columns
+        self._friction.dof_frictionloss[:] += 1.0
         self._data = mujoco.MjData(base)
+        bodies = np.asarray(self.bodies)
+        # moves[b, j]: dof j is on body b's path to the world (its motion moves b)
+        self._moves = np.zeros((len(bodies), self.n), dtype=bool)
+        for row, body in enumerate(self.bodies):
+            b = body
+            while b > 0:
+                start = model.body_dofadr[b]
+                self._moves[row, start : start + model.body_dofnum[b]] = True
+                b = model.body_parentid[b]
+        self._roots = np.asarray(model.body_rootid)[bodies]
+        self._body_index = bodies
 
     def __call__(self, q: np.ndarray, qd: np.ndarray, qdd: np.ndarray) -> np.ndarray:
         """``Y [N, n, p]`` at the rows of ``q, qd, qdd [N, n]`` (or one row ``[n]``: ``[n, p]``)."""
@@ -136,17 +160,45 @@ class InertialRegressor:
             raise InputError(f"InertialRegressor: q, qd, qdd must be [N, {self.n}] alike, got {q.shape}, {qd.shape}, {qdd.shape}")
         if not (np.isfinite(q).all() and np.isfinite(qd).all() and np.isfinite(qdd).all()):
             raise InputError("InertialRegressor: q, qd, qdd must be finite")
-        data, inverse = self._data, mujoco.mj_inverse
-        qfrc_inverse = data.qfrc_inverse  # a view of the data's buffer, read after each call
-        torques = np.empty((q.shape[0], self.p + 1, self.n))  # the base model's, then each moved model's
-        for row in range(q.shape[0]):
-            # mj_inverse reads the state and writes qfrc_inverse: one state serves every model
+        rows, b = q.shape[0], len(self.bodies)
+        data, inverse, bodies, roots = self._data, mujoco.mj_inverse, self._body_index, self._roots
+        # MuJoCo's com-based quantities of each row: [rot; lin] about the tree's centre of mass, world axes
+        vel, acc, dofs = np.empty((rows, b, 6)), np.empty((rows, b, 6)), np.empty((rows, self.n, 6))
+        arm = np.empty((rows, b, 3))  # each body's frame origin from its tree's centre of mass
+        rot = np.empty((rows, b, 3, 3))
+        friction = np.empty((rows, self.n))
+        for row in range(rows):
             data.qpos[:], data.qvel[:], data.qacc[:] = q[row], qd[row], qdd[row]
-            out_row = torques[row]
-            for k, model in enumerate(self._models):
-                inverse(model, data)
-                out_row[k] = qfrc_inverse
-        out = ((torques[:, 1:] - torques[:, :1]) / self._steps[:, None]).transpose(0, 2, 1)
+            inverse(self._friction, data)
+            friction[row] = data.qfrc_inverse
+            inverse(self._base, data)  # kinematics, com velocities and motion subspaces of this state
+            friction[row] -= data.qfrc_inverse
+            mujoco.mj_rnePostConstraint(self._base, data)  # body accelerations (gravity as the world's)
+            vel[row], acc[row], dofs[row] = data.cvel[bodies], data.cacc[bodies], data.cdof
+            arm[row] = data.xpos[bodies] - data.subtree_com[roots]
+            rot[row] = data.xmat[bodies].reshape(b, 3, 3)
+        w, v_lin = vel[..., :3], vel[..., 3:] + _cross(vel[..., :3], arm)  # at the frame origin
+        alpha = acc[..., :3]
+        a_lin = acc[..., 3:] + _cross(alpha, arm) + _cross(w, v_lin)  # classical, at the frame origin
+        to_body = rot.swapaxes(-1, -2)
+        w, alpha, a_lin = (to_body @ x[..., None] for x in (w, alpha, a_lin))  # [rows, b, 3, 1], body axes
+        skew_w = _skew(w[..., 0])
+        force, moment = np.zeros((rows, b, 3, 10)), np.zeros((rows, b, 3, 10))
+        force[..., :1] = a_lin
+        force[..., 1:4] = _skew(alpha[..., 0]) + skew_w @ skew_w
+        moment[..., 1:4] = -_skew(a_lin[..., 0])
+        columns = (rows, b, 3, 6)
+        moment[..., 4:] = (_INERTIA_ROWS @ alpha).reshape(columns) + skew_w @ (_INERTIA_ROWS @ w).reshape(columns)
+        force, moment = rot @ force, rot @ moment  # world axes
+        moment += _skew(arm) @ force  # about the tree's centre of mass
+        # tau_j = s_j . (n, f) over the bodies dof j moves
+        torque = (np.einsum("rjk,rbkc->rbjc", dofs[..., :3], moment) + np.einsum("rjk,rbkc->rbjc", dofs[..., 3:], force))
+        torque *= self._moves[None, :, :, None]
+        out = np.zeros((rows, self.n, self.p))
+        out[..., : 10 * b] = torque.transpose(0, 2, 1, 3).reshape(rows, self.n, 10 * b)
+        joint = np.arange(self.n)  # each joint's terms act on its own torque alone
+        first = 10 * b + len(JOINT_TERMS) * joint
+        out[:, joint, first], out[:, joint, first + 1], out[:, joint, first + 2] = qdd, qd, friction
         return out[0] if single else out
 
     def parameters(self, model: mujoco.MjModel) -> np.ndarray:
