@@ -33,6 +33,7 @@ is a GP whose kernel is ``Y Sigma Y^T`` (the semiparametric GP of Nguyen-Tuong &
 from __future__ import annotations
 
 import copy
+import functools
 
 import mujoco
 import numpy as np
@@ -200,6 +201,41 @@ class InertialRegressor:
         first = 10 * b + len(JOINT_TERMS) * joint
         out[:, joint, first], out[:, joint, first + 1], out[:, joint, first + 2] = qdd, qd, friction
         return out[0] if single else out
+
+    def by_differences(self, q: np.ndarray, qd: np.ndarray, qdd: np.ndarray) -> np.ndarray:
+        """``Y [N, n, p]`` by its definition, the reference :meth:`__call__` is tested against: column ``k`` is
+        ``mj_inverse`` of the model moved along parameter ``k`` minus the model's, over the move (exact: the
+        inverse dynamics is linear in the parameters). One ``mj_inverse`` per column and row, ~4x slower."""
+        q, qd, qdd = (np.atleast_2d(np.asarray(a, dtype=np.float64)) for a in (q, qd, qdd))
+        data = mujoco.MjData(self._base)
+        out = np.empty((q.shape[0], self.n, self.p))
+        for row in range(q.shape[0]):
+            data.qpos[:], data.qvel[:], data.qacc[:] = q[row], qd[row], qdd[row]
+            mujoco.mj_inverse(self._base, data)
+            base = data.qfrc_inverse.copy()
+            for k, (model, step) in enumerate(self._moved_models):
+                mujoco.mj_inverse(model, data)
+                out[row, :, k] = (data.qfrc_inverse - base) / step
+        return out
+
+    @functools.cached_property
+    def _moved_models(self) -> list[tuple[mujoco.MjModel, float]]:
+        """For :meth:`by_differences`: a copy of the model moved along each parameter, and the move."""
+        moved: list[tuple[mujoco.MjModel, float]] = []
+        for body in self.bodies:
+            pi = body_linear(self._base, body)
+            for k in range(len(BODY_TERMS)):
+                # a move that keeps the body physical: 10% of its mass, 1 cm of moment arm, 10% of its inertia
+                step = 0.1 * pi[0] if k == 0 else 0.01 * pi[0] if k < 4 else 0.1 * max(pi[4:7].min(), 1e-4)
+                model = copy.deepcopy(self._base)
+                set_body_linear(model, body, pi + step * np.eye(10)[k])
+                moved.append((model, step))
+        for joint in range(self.n):
+            for array in ("dof_armature", "dof_damping", "dof_frictionloss"):
+                model = copy.deepcopy(self._base)
+                getattr(model, array)[self._base.jnt_dofadr[joint]] += 1.0
+                moved.append((model, 1.0))
+        return moved
 
     def parameters(self, model: mujoco.MjModel) -> np.ndarray:
         """``pi [p]`` of ``model`` (same kinematics and joints as this regressor's)."""

@@ -1,15 +1,19 @@
-"""CPU time of products with few right-hand columns, plain against ``matmul_few_columns``, in one run.
+"""CPU time of the two costliest pieces of the KUKA controller's step, each two ways, in one run.
 
-``a @ b`` with ``b`` of 1-16 columns (a control step's one row, a small batch) takes a slow BLAS
-path on the CPU; ``gpdyn.gp.kernels.matmul_few_columns`` takes the transposed product instead.
-This prints, at the sizes of the KUKA controller's WISKI (``P = 7`` outputs, ``M = 358`` basis
-weights, float64), the CPU ms of each form and their ratio:
+The online arm controller (``gpdyn control kuka``) evaluates the rigid-body regressor twice per step
+(the feed-forward at the reference, the filter's update at the measured row) and takes one row into
+its WISKI learner. This prints the CPU ms of each way and their ratio:
 
-- the raw products ``[P, M, M] @ [P, M, q]`` and ``[M, M] @ [M, q]``;
+- the regressor ``Y`` of the iiwa (101 columns) at one row and per row of a batch of 1,000: the
+  Newton-Euler columns (``InertialRegressor.__call__``) against their definition, one ``mj_inverse`` of a
+  moved model per column (``by_differences``);
+- products with few right-hand columns at the sizes of the controller's WISKI (``P = 7`` outputs,
+  ``M = 358`` basis weights, float64): plain ``a @ b``, which takes a slow BLAS path on the CPU, against
+  ``gpdyn.gp.kernels.matmul_few_columns`` (the transposed product);
 - one WISKI ``observe`` of one row under :func:`gpdyn.gp.wiski.for_control` (the Woodbury update of
-  ``B^{-1}``, the controller's per-step learner update), with the helper and with plain ``@`` in its place.
+  ``B^{-1}``) with the helper and with plain ``@`` in its place.
 
-    python scripts/bench_few_columns.py [--repeat 200]
+    python scripts/bench_arm_step.py [--repeat 200]
 """
 
 from __future__ import annotations
@@ -18,12 +22,15 @@ import argparse
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 import gpdyn.gp.wiski as wiski_module
 from gpdyn.gp import make_learner
 from gpdyn.gp.kernels import matmul_few_columns
 from gpdyn.gp.training import pretrain_learner
+from gpdyn.robots.kuka import kuka_arm
+from gpdyn.robots.regressor import InertialRegressor
 
 
 def cpu_ms(fn: Callable[[], object], repeat: int) -> float:
@@ -60,16 +67,27 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=200)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print("| product | plain @ [ms] | matmul_few_columns [ms] | plain / helper |")
+    print("| piece | before [ms] | now [ms] | before / now |")
     print("|---|---|---|---|")
+    arm = kuka_arm()
+    regressor = InertialRegressor(arm.torque_model())
+    rng = np.random.default_rng(0)
+    q, qd, qdd = rng.uniform(-1, 1, (1000, 7)), rng.normal(0, 1, (1000, 7)), rng.normal(0, 3, (1000, 7))
+    one = q[:1], qd[:1], qdd[:1]
+    before, now = cpu_ms(lambda: regressor.by_differences(*one), args.repeat), cpu_ms(lambda: regressor(*one), args.repeat)
+    print(f"| regressor, one row: by differences / Newton-Euler | {before:.3f} | {now:.3f} | {before / now:.1f} |")
+    before, now = cpu_ms(lambda: regressor.by_differences(q, qd, qdd), 1), cpu_ms(lambda: regressor(q, qd, qdd), 1)
+    print(f"| regressor, per row of 1,000 | {before / 1000:.3f} | {now / 1000:.3f} | {before / now:.1f} |")
     for batch in ((7,), ()):
         for q in (1, 2, 8, 16):
             a = torch.randn(*batch, 358, 358, dtype=torch.float64)
             b = torch.randn(*batch, 358, q, dtype=torch.float64)
             plain, helper = cpu_ms(lambda: a @ b, args.repeat), cpu_ms(lambda: matmul_few_columns(a, b), args.repeat)
-            print(f"| {list(a.shape)} @ {list(b.shape)} | {plain:.3f} | {helper:.3f} | {plain / helper:.1f} |")
+            print(f"| {list(a.shape)} @ {list(b.shape)}: plain / matmul_few_columns | {plain:.3f} | {helper:.3f} | "
+                  f"{plain / helper:.1f} |")
     plain, helper = observe_ms(args.repeat, plain=True), observe_ms(args.repeat, plain=False)
-    print(f"| WISKI observe, one row, for_control | {plain:.2f} | {helper:.2f} | {plain / helper:.1f} |")
+    print(f"| WISKI observe, one row, for_control: plain / matmul_few_columns | {plain:.2f} | {helper:.2f} | "
+          f"{plain / helper:.1f} |")
 
 
 if __name__ == "__main__":
