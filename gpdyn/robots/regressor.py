@@ -10,8 +10,8 @@ origin), and in the joints' armature, viscous damping and dry friction (Khalil &
 
 :class:`InertialRegressor` computes ``Y`` from the arm's own MJCF model (its kinematics):
 MuJoCo's forward kinematics and velocities at ``(q, qd)`` and its body accelerations at
-``qdd`` (gravity included, ``mj_rnePostConstraint``), then each body's Newton-Euler equations about its frame origin,
-linear in ``pi_b`` (Khalil & Dombre eq. 9.46; Atkeson et al. 1986 eq. 12)::
+``qdd`` (gravity included, ``mj_rnePostConstraint``), then each body's Newton-Euler
+equations about its frame origin, linear in ``pi_b`` (the references above)::
 
     f = m a + alpha x (m c) + w x (w x (m c))
     n = I_O alpha + w x (I_O w) + (m c) x a
@@ -23,7 +23,8 @@ of the joints that move it: ``tau_j = s_j . (n, f)``. The joint columns are ``qd
 at unit friction loss, ``mj_inverse`` with every joint's friction loss raised by one minus
 ``mj_inverse`` without (each joint's friction constraint acts on its own joint alone; soft, so
 linear only to a close approximation). Bodies without mass (a payload mount) get a nominal
-1 kg in the model these two calls run on, as the friction's softness depends on the inertia.
+1 kg in the model these two calls run on. :meth:`InertialRegressor.by_differences` computes
+``Y`` by its definition instead, column ``k`` as ``ID(pi + s e_k) - ID(pi)`` over ``s``.
 
 The learned inverse-dynamics models use ``Y`` as features: a Gaussian prior on ``pi``
 is a GP whose kernel is ``Y Sigma Y^T`` (the semiparametric GP of Nguyen-Tuong & Peters
@@ -112,8 +113,8 @@ def moving_bodies(model: mujoco.MjModel) -> list[int]:
 class InertialRegressor:
     """``Y(q, qd, qdd)`` of a hinge/slide-jointed arm (see the module notes): ``[N, n, p]``.
 
-    ``model``: the arm's MuJoCo model (its kinematics and joint list are used; its
-    inertial values enter only the dry friction's columns, whose softness depends on them). Columns: ten per moving
+    ``model``: the arm's MuJoCo model (its kinematics and joint list are used; its inertial
+    values enter only the dry friction's columns, whose softness depends on them). Columns: ten per moving
     body (:data:`BODY_TERMS`), then per joint :data:`JOINT_TERMS`; ``names`` lists them.
     ``parameters(model)`` is the vector ``pi`` of a model with the same kinematics, such
     that ``Y pi`` is its inverse dynamics.
@@ -125,7 +126,9 @@ class InertialRegressor:
         self.n = model.nv
         self.bodies = moving_bodies(model)
         base = copy.deepcopy(model)
-        for body in self.bodies:  # a massless mount gets a 1 kg base (the friction's softness depends on the inertia)
+        # a massless mount gets a 1 kg base: a body to move along every direction (by_differences), and an
+        # inertia for the friction's softness
+        for body in self.bodies:
             if base.body_mass[body] < 1e-6:
                 set_body_linear(base, body, np.concatenate([[1.0], np.zeros(3), [1e-3, 1e-3, 1e-3, 0, 0, 0]]))
         self.names: list[str] = []
