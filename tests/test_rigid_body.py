@@ -72,6 +72,23 @@ def test_each_regressor_column_is_the_inverse_dynamics_moved_along_its_parameter
     np.testing.assert_allclose(regressor(q, qd, qdd), regressor.by_differences(q, qd, qdd), atol=1e-7, rtol=0)
 
 
+def test_the_regressor_takes_a_bodys_gravity_compensation_off_its_weight(tmp_path):
+    """MuJoCo's passive gravcomp (half of the upper arm's weight here) leaves that part out of the inverse dynamics;
+    compensation through the actuators is refused by name."""
+    text = (Path(__file__).parent / "data" / "three_link_arm.xml").read_text()
+    assert '<body name="upper" pos="0 0 0.1">' in text
+    path = tmp_path / "arm.xml"
+    path.write_text(text.replace('<body name="upper" pos="0 0 0.1">', '<body name="upper" pos="0 0 0.1" gravcomp="0.5">'))
+    arm = ArmModel(path)
+    regressor = InertialRegressor(arm.torque_model(1.0))
+    rng = np.random.default_rng(4)
+    q, qd, qdd = rng.uniform(-1, 1, (4, 3)), rng.normal(0, 1, (4, 3)), rng.normal(0, 3, (4, 3))
+    np.testing.assert_allclose(regressor(q, qd, qdd), regressor.by_differences(q, qd, qdd), atol=1e-7, rtol=0)
+    path.write_text(path.read_text().replace('<joint name="shoulder"', '<joint name="shoulder" actuatorgravcomp="true"'))
+    with pytest.raises(InputError, match="shoulder.*actuatorgravcomp"):
+        InertialRegressor(ArmModel(path).torque_model())
+
+
 def make_gp(regressor, x_reference, **options):
     stats = (np.zeros(3 * N), np.ones(3 * N), np.zeros(N), np.ones(N))  # physical units in and out
     return RigidBodyGP(ZeroMean(3 * N, N), regressor, stats, x_reference, **options)

@@ -154,6 +154,15 @@ class InertialRegressor:
                 b = model.body_parentid[b]
         self._roots = np.asarray(model.body_rootid)[bodies]
         self._body_index = bodies
+        # gravity compensation (MuJoCo's body gravcomp, a passive force the inverse dynamics leaves out): the
+        # compensated fraction of each body's weight, taken off the gravity in its acceleration below
+        gravity = np.zeros(3) if model.opt.disableflags & mujoco.mjtDisableBit.mjDSBL_GRAVITY else np.array(model.opt.gravity)
+        self._compensated_gravity = np.asarray(model.body_gravcomp)[bodies, None] * gravity if model.ngravcomp else None
+        if self._compensated_gravity is not None and np.asarray(model.jnt_actgravcomp).any():
+            joints = [mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_JOINT, j) or f"joint{j}"
+                      for j in np.flatnonzero(model.jnt_actgravcomp)]
+            raise InputError(f"InertialRegressor: joints {', '.join(joints)} take gravity compensation through their "
+                             "actuators (actuatorgravcomp); only the passive gravcomp of a body is supported")
 
     def __call__(self, q: np.ndarray, qd: np.ndarray, qdd: np.ndarray) -> np.ndarray:
         """``Y [N, n, p]`` at the rows of ``q, qd, qdd [N, n]`` (or one row ``[n]``: ``[n, p]``)."""
@@ -184,6 +193,8 @@ class InertialRegressor:
         w, v_lin = vel[..., :3], vel[..., 3:] + _cross(vel[..., :3], arm)  # at the frame origin
         alpha = acc[..., :3]
         a_lin = acc[..., 3:] + _cross(alpha, arm) + _cross(w, v_lin)  # classical, at the frame origin
+        if self._compensated_gravity is not None:  # MuJoCo's acceleration carries -g; the weight is (1 - gc) m g
+            a_lin = a_lin + self._compensated_gravity
         to_body = rot.swapaxes(-1, -2)
         w, alpha, a_lin = (to_body @ x[..., None] for x in (w, alpha, a_lin))  # [rows, b, 3, 1], body axes
         skew_w = _skew(w[..., 0])
