@@ -670,6 +670,8 @@ class WISKI(Learner):
         # incremental posterior: B^{-1} [P, M, M] (solve dtype) as of the last refresh plus the rows since, their
         # count, and whether M = B^{-1} K (the variance cache) lags behind the updated B^{-1}
         self._b_inv: Tensor | None = None
+        self._mean_solve: Tensor | None = None  # the mean cache in the solve dtype, updated with B^{-1}
+        self._kmul_solve: tuple[tuple, Callable[[Tensor], Tensor]] | None = None  # _update_posterior's K, and its key
         self._incremental_since = 0
         self._m_lags = False
         # the factor of the last refresh (the LU of B, or the Cholesky factor L of C and the prior's root), and
@@ -976,7 +978,7 @@ class WISKI(Learner):
             incremental = (self._b_inv is not None and not self._stale
                            and self._incremental_since + x.shape[0] <= self.incremental_rows)
             if incremental:
-                self._update_posterior(idx, w)
+                self._update_posterior(idx, w, y)
         self.n += x.shape[0]
         self._stale = not incremental
 
@@ -1058,39 +1060,52 @@ class WISKI(Learner):
             eye = torch.eye(m, dtype=s, device=self.device)
             lu, piv = self._lu if self._lu is not None else _lu_factor(noise[:, None, None] * eye + self._kmul(s)(self.gram))
             self._b_inv, self._incremental_since = torch.linalg.lu_solve(lu, piv, eye.expand_as(lu)), 0
+            self._mean_solve = mean.squeeze(-1).to(s)
+
+    def _hyperparameter_key(self) -> tuple:
+        """What the prior ``K`` is made from: the grid and each hyperparameter tensor at its version."""
+        return (self.grid, *((t, t._version) for t in self.hp.parameters()))
+
+    @staticmethod
+    def _same_key(old: tuple | None, key: tuple) -> bool:
+        return old is not None and len(old) == len(key) and old[0] is key[0] and all(
+            a[0] is b[0] and a[1] == b[1] for a, b in zip(old[1:], key[1:]))
 
     def _refresh_prior(self) -> SqrtPrior:
         """:meth:`_sqrt_prior` in the solve dtype, kept from the last refresh while the hyperparameters and the
         grid are the same tensors at the same versions (a stream steps on every ``step_every``-th chunk only)."""
-        key = (self.grid, *((t, t._version) for t in self.hp.parameters()))
-        old = self._root_key
-        if old is None or len(old) != len(key) or old[0] is not key[0] or any(
-                a[0] is not b[0] or a[1] != b[1] for a, b in zip(old[1:], key[1:])):
+        key = self._hyperparameter_key()
+        if not self._same_key(self._root_key, key):
             self._root_prior, self._root_key = self._sqrt_prior(SOLVE_DTYPE), key
         assert self._root_prior is not None
         return self._root_prior
 
     @torch.no_grad()
-    def _update_posterior(self, idx: Tensor, w: Tensor) -> None:
-        """``B^{-1}`` and the mean cache after the rows ``(idx, w)`` entered the caches, by the Woodbury identity.
+    def _update_posterior(self, idx: Tensor, w: Tensor, y: Tensor) -> None:
+        """``B^{-1}`` and the mean cache after the rows ``(idx, w)``, targets ``y [q, P]``, entered the caches, by
+        the Woodbury identity.
 
         The rows add ``Phi^T Phi`` to ``A = W^T W``, so ``B = sigma^2 I + K A`` gains ``U V`` with
         ``U = K Phi^T`` ``[P, M, q]`` and ``V = Phi`` ``[Q, q, M]``:
-        ``B'^{-1} = B^{-1} - B^{-1} U (I + V B^{-1} U)^{-1} V B^{-1}``, ``O(P q M^2)``; then
-        ``a = B'^{-1} K W^T y`` (eq. (14)) and the gather tables from it.
+        ``B'^{-1} = B^{-1} - B^{-1} U S^{-1} V B^{-1}`` with ``S = I + V B^{-1} U``, ``O(P q M^2)``. The mean
+        cache ``a = B^{-1} K W^T y`` (eq. (14)), whose ``K W^T y`` gains ``U y``, follows by the same identity as
+        ``a' = a + B^{-1} U S^{-1} (y - Phi a)`` (``O(P q M)``); then the gather tables from it.
         """
         s = SOLVE_DTYPE
-        assert self._b_inv is not None
+        assert self._b_inv is not None and self._mean_solve is not None
         phi = dense_rows(idx, w, self.num_inducing).to(s)  # [Q, q, M]
-        kmul = self._kmul(s)
-        u = kmul(phi.transpose(-1, -2).expand(self.output_dim, -1, -1).contiguous())  # [P, M, q]
+        key = self._hyperparameter_key()
+        if self._kmul_solve is None or not self._same_key(self._kmul_solve[0], key):
+            self._kmul_solve = key, self._kmul(s)
+        u = self._kmul_solve[1](phi.transpose(-1, -2).expand(self.output_dim, -1, -1).contiguous())  # [P, M, q]
         binv_u = matmul_few_columns(self._b_inv, u)  # [P, M, q]
         v_binv = phi @ self._b_inv  # [P, q, M]
         inner = torch.eye(phi.shape[-2], dtype=s, device=self.device) + matmul_few_columns(phi, binv_u)  # [P, q, q]
+        residual = y.T.to(s).unsqueeze(-1) - phi @ self._mean_solve.unsqueeze(-1)  # y - Phi a, [P, q, 1]
+        self._mean_solve += (binv_u @ torch.linalg.solve(inner, residual)).squeeze(-1)
         # in place: a fresh [P, M, M] product per row costs ~20x the fused rank-q update
         self._b_inv.baddbmm_(binv_u, torch.linalg.solve(inner, v_binv), alpha=-1.0)
-        kwty = kmul(self.wty.to(s).unsqueeze(-1))  # [P, M, 1]
-        self._mean_cache = matmul_few_columns(self._b_inv, kwty).squeeze(-1).to(self.dtype)
+        self._mean_cache = self._mean_solve.to(self.dtype)
         self._fast = self._mean_tables()
         self._incremental_since += phi.shape[-2]
         self._m_lags = True
