@@ -1102,10 +1102,11 @@ class WISKI(Learner):
         v_binv = phi @ self._b_inv  # [P, q, M]
         inner = torch.eye(phi.shape[-2], dtype=s, device=self.device) + matmul_few_columns(phi, binv_u)  # [P, q, q]
         residual = y.T.to(s).unsqueeze(-1) - phi @ self._mean_solve.unsqueeze(-1)  # y - Phi a, [P, q, 1]
+        solved = torch.linalg.solve(inner, torch.cat([v_binv, residual], dim=-1))  # S^{-1} [V B^{-1}, y - Phi a]
         # a new tensor, not in place: the mean cache and the gather tables made from it may share its storage
-        self._mean_solve = self._mean_solve + (binv_u @ torch.linalg.solve(inner, residual)).squeeze(-1)
+        self._mean_solve = self._mean_solve + (binv_u @ solved[..., -1:]).squeeze(-1)
         # in place: a fresh [P, M, M] product per row costs ~20x the fused rank-q update
-        self._b_inv.baddbmm_(binv_u, torch.linalg.solve(inner, v_binv), alpha=-1.0)
+        self._b_inv.baddbmm_(binv_u, solved[..., :-1], alpha=-1.0)
         self._mean_cache = self._mean_solve.to(self.dtype)
         self._fast = self._mean_tables()
         self._incremental_since += phi.shape[-2]
