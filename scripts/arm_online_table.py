@@ -28,12 +28,17 @@ from gpdyn.experiments.control_arm import run_arm
 from gpdyn.runs import RunDir
 
 # online model -> ArmRunConfig fields (adapt rigid-body throughout: the rigid-body filter, its GP frozen or learning)
+# (the GP of the joint angles in the filter's state only where the name says "angle-gp")
 MODELS = {
     "filter": {"learner": "wiski", "gp_online": False},  # the rigid-body filter alone learns (the GP is frozen)
     "filter+wiski": {"learner": "wiski", "gp_online": True},
     "filter+svdgp": {"learner": "svdgp", "gp_online": True},
     "filter+svdgp-stream": {"learner": "svdgp-stream", "gp_online": True},
+    "filter+angle-gp": {"learner": "wiski", "gp_online": False, "angle_gp_points": 6},
+    "filter+angle-gp+wiski": {"learner": "wiski", "gp_online": True, "angle_gp_points": 6},  # the default
+    "filter+angle-gp+svdgp-stream": {"learner": "svdgp-stream", "gp_online": True, "angle_gp_points": 6},
 }
+MODELS = {name: {"angle_gp_points": 0, **fields} for name, fields in MODELS.items()}
 STORED_START = "@stored-start"  # a model name's suffix: its filter starts from the stored samples (--start-filter)
 
 

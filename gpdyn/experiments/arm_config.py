@@ -147,6 +147,13 @@ class ArmAdaptationSettings:
                                          help="rigid-body: a detected change also re-opens the dry friction of each "
                                               "joint whose torque rose along its motion, with this std (N m; 0: as "
                                               "every other parameter, 0.3)")
+    angle_gp_points: int = setting(0, low=0, metavar="N",
+                                   help="rigid-body: grid points per joint angle of the GP of the angles in the filter's "
+                                        "state (a torque of the configuration the rigid-body class cannot say, e.g. a "
+                                        "spring; 0: none; else >= 4)")
+    angle_gp_std: float = setting(3.0, low=0, open_low=True, metavar="NM",
+                                  help="rigid-body: prior std per joint of the GP of the angles (N m); a detected "
+                                       "change re-opens it by this prior")
     payload_gains: bool = setting(True, help="rigid-body with one change body: after a detected change, rebuild the "
                                              "PD gains on the load the filter identifies there (off: the gains stay "
                                              "those of the unloaded arm)")
@@ -212,6 +219,9 @@ class ArmRunConfig:
             raise InputError(f"{where}: need 0 <= --change-at < --steps, got {self.plant.change_at}, {self.steps}")
         if not self.controllers:
             raise InputError(f"{where}: controllers must name at least one")
+        if 0 < self.adaptation.angle_gp_points < 4:
+            raise InputError(f"{where}: --angle-gp-points must be 0 (none) or >= 4 (cubic interpolation), "
+                             f"got {self.adaptation.angle_gp_points}")
         # an episode keeps its rows in memory: refused here rather than by the allocator after pretraining
         check_memory(self.steps * STEP_BYTES, f"{where}: --steps {self.steps}", self.compute.device)
 

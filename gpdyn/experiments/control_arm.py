@@ -216,7 +216,9 @@ def _controller(name: str, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.nda
                               change_bodies=cfg.resolved_change_bodies(arm), change_window=cfg.adaptation.change_window,
                               change_friction_std=cfg.adaptation.change_friction_std,
                               learn_prior=cfg.adaptation.gp_online,
-                              prior_steps=cfg.adaptation.gp_steps, prior_batch=cfg.adaptation.online_batch, **terms)
+                              prior_steps=cfg.adaptation.gp_steps, prior_batch=cfg.adaptation.online_batch,
+                              angle_gp_points=cfg.adaptation.angle_gp_points, angle_gp_std=cfg.adaptation.angle_gp_std,
+                              **terms)
         if cfg.adaptation.start_filter:
             learner.start_from(*stored)
     elif cfg.adaptation.adapt == "residual":

@@ -68,6 +68,17 @@ given the filter's. :attr:`online_name` is then the prior's name: the GP is the 
 than the prior does (an unchanged arm: they describe it exactly) ``beta`` goes toward 0 and what
 the prior learns then weighs little in the prediction.
 
+With ``angle_gp_points`` the model has a third term, a GP of the joint angles per joint
+(:class:`gpdyn.gp.angle_gp.AngleGPBasis`: an additive SKI GP with WISKI's structure),
+
+    tau_j(x) = Y_j(x) pi + beta_j f_j(x) + phi(q)^T u_j,     u_j ~ N(0, angle_gp_std^2 K),
+
+whose weights ``u_j`` are part of ``theta``: one Kalman update per control step gives the joint posterior of
+the rigid-body parameters and this GP. Their priors decide what each carries: a torque of the configuration
+that no rigid-body parameter explains (a spring at a joint) goes into the GP, a payload into the mount's
+terms, whose reset opens them far wider. A detected change re-opens the GP's weights by their prior. What it
+buys and costs on the arms: docs/control.md.
+
 Units: like every learner it speaks normalised inputs and outputs (the problem's
 :class:`~gpdyn.data.problems.Normalizer`); the regressor needs physical ones, so it is
 given the normaliser's statistics. The regressor runs MuJoCo on the CPU: on a GPU every
@@ -83,6 +94,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gpdyn.gp.angle_gp import AngleGPBasis
 from gpdyn.gp.base import LOG_2PI, Learner, LearnerError
 
 if TYPE_CHECKING:  # the caller builds it from the arm (robots sit above the learners)
@@ -107,7 +119,8 @@ class RigidBodyGP(Learner):
     updates assume; ``param_std``: prior std of ``pi`` per scaled column (N m);
     ``prior_gain_std``: prior std of ``beta`` around 1; ``change_threshold``, ``change_window``, ``reset_std``,
     ``change_bodies``, ``change_terms``, ``change_std``, ``change_friction_std``: the change test and the
-    covariance reset.
+    covariance reset. ``angle_gp_points``: grid points per joint angle of the GP of the angles (0: none);
+    ``angle_gp_std``: its prior std per joint (N m), ``angle_gp_lengthscale``: its length scale (normalised).
     """
 
     name = "rigid-body"
@@ -142,6 +155,9 @@ class RigidBodyGP(Learner):
         learn_prior: bool = False,
         prior_steps: int = 0,
         prior_batch: int = 64,
+        angle_gp_points: int = 0,
+        angle_gp_std: float = 3.0,
+        angle_gp_lengthscale: float = 1.0,
     ) -> None:
         super().__init__(prior.input_dim, prior.output_dim, device=prior.device, dtype=prior.dtype, seed=prior.seed)
         n = regressor.n
@@ -156,6 +172,9 @@ class RigidBodyGP(Learner):
                             ("change_threshold", change_threshold), ("reset_std", reset_std), ("change_std", change_std)):
             if not (np.isfinite(value) and value > 0):
                 raise LearnerError(f"RigidBodyGP: {name} must be finite and > 0, got {value!r}")
+        if angle_gp_points < 0 or not (np.isfinite(angle_gp_std) and angle_gp_std > 0):
+            raise LearnerError(f"RigidBodyGP: need angle_gp_points >= 0 and a finite angle_gp_std > 0, got "
+                               f"{angle_gp_points}, {angle_gp_std!r}")
         if not (np.isfinite(change_friction_std) and change_friction_std >= 0):
             raise LearnerError(f"RigidBodyGP: change_friction_std must be finite and >= 0, got {change_friction_std!r}")
         kw = {"device": prior.device, "dtype": prior.dtype}
@@ -198,6 +217,15 @@ class RigidBodyGP(Learner):
         self.theta = torch.cat([torch.zeros(p, **kw), torch.ones(n, **kw)])
         self.covariance = torch.diag(torch.cat([torch.full((p,), float(param_std) ** 2, **kw),
                                                 torch.full((n,), float(prior_gain_std) ** 2, **kw)]))
+        # the GP of the joint angles: one weight vector per joint after (pi, beta), prior angle_gp_std^2 K each; a
+        # detected change re-opens it by that prior again (what the arm now does beyond its class is as unknown)
+        self.angle_gp = AngleGPBasis(reference_x[:, :n].to(**kw), angle_gp_points, angle_gp_lengthscale) \
+            if angle_gp_points else None
+        if self.angle_gp is not None:
+            weights = float(angle_gp_std) ** 2 * torch.block_diag(*[self.angle_gp.prior()] * n)
+            self.theta = torch.cat([self.theta, torch.zeros(weights.shape[0], **kw)])
+            self.covariance = torch.block_diag(self.covariance, weights)
+            self.reset_covariance = torch.block_diag(self.reset_covariance, weights)
         self.observed, self.resets = 0, 0
         # theta just before the latest batch's first covariance reset (None before any): what the arm was before the
         # change, for a gain schedule (gpdyn.control.gain_schedule); not saved with the state
@@ -215,7 +243,13 @@ class RigidBodyGP(Learner):
                            reset_std=float(reset_std),
                            change_bodies=list(change_bodies), change_terms=list(change_terms),
                            change_std=float(change_std), change_friction_std=float(change_friction_std),
-                           learn_prior=bool(learn_prior), prior_steps=int(prior_steps), prior_batch=int(prior_batch))
+                           learn_prior=bool(learn_prior), prior_steps=int(prior_steps), prior_batch=int(prior_batch),
+                           angle_gp_points=int(angle_gp_points), angle_gp_std=float(angle_gp_std),
+                           angle_gp_lengthscale=float(angle_gp_lengthscale))
+
+    def state_names(self) -> tuple[str, ...]:
+        """The state fields, and the grid of the GP of the angles where there is one."""
+        return self.state_fields + (("angle_gp",) if self.angle_gp is not None else ())
 
     def can(self, capability: str) -> bool:  # type: ignore[override]
         """``one_pass`` when no step learns anything: the filter is exact per observation, and a prior that
@@ -240,7 +274,13 @@ class RigidBodyGP(Learner):
         """The rows of the measurement, ``[N, n, p + n]``, in N m: scaled regressor columns, then the prior's torque."""
         with torch.no_grad():
             prior_torque = self.prior.predict_mean(x) * self.y_std + self.y_mean  # [N, n]
-        return torch.cat([self._regressor(x) / self.column_scale, torch.diag_embed(prior_torque)], dim=-1)
+        parts = [self._regressor(x) / self.column_scale, torch.diag_embed(prior_torque)]
+        if self.angle_gp is not None:  # joint j's row holds phi(q) in joint j's block of weights
+            n = self.output_dim
+            phi = self.angle_gp.rows(x[:, :n])  # [N, m]
+            eye = torch.eye(n, device=self.device, dtype=self.dtype)
+            parts.append((eye[:, :, None] * phi[:, None, None, :]).reshape(x.shape[0], n, n * phi.shape[1]))
+        return torch.cat(parts, dim=-1)
 
     @torch.no_grad()
     def start_from(self, x: Tensor, y: Tensor) -> None:
@@ -253,8 +293,8 @@ class RigidBodyGP(Learner):
         H^T H / s^2``: the Kalman updates of :meth:`observe` in any order, without their change test (the
         stored samples are one plant) and without the prior learning them (it was pretrained on them). Then
         what a detected change does away from the change bodies: ``reset_std^2`` on every parameter's
-        variance, and the windowed change test waits :data:`WINDOW_HOLD` samples. The posterior of thousands
-        of stored samples is tighter than what it knows of the controller's own path (the prior predicts its
+        variance (the GP of the angles re-opened by its prior), and the windowed change test waits
+        :data:`WINDOW_HOLD` samples. The posterior of thousands of stored samples is tighter than what it knows of the controller's own path (the prior predicts its
         training samples better than new ones), and the estimate settling onto the path gives persistent
         innovations: without that room a 0.5 N m innovation failed the change test just before a payload,
         which then took 10 steps to identify instead of 2."""
@@ -270,7 +310,9 @@ class RigidBodyGP(Learner):
         theta = torch.cholesky_solve(rhs[:, None], factor)[:, 0]
         covariance = torch.cholesky_inverse(factor)
         check("start_from", theta=theta, covariance=covariance)
-        opened = self.config["reset_std"] ** 2 * torch.eye(covariance.shape[0], device=self.device, dtype=self.dtype)
+        opened = self.reset_covariance.clone()  # a reset's, but the change bodies' terms as every other parameter
+        k = self.regressor.p + self.output_dim
+        opened[:k, :k] = self.config["reset_std"] ** 2 * torch.eye(k, device=self.device, dtype=self.dtype)
         self.theta, self.covariance = theta, 0.5 * (covariance + covariance.T) + opened
         self.window_rows = -WINDOW_HOLD  # an estimate settling onto the controller's path, as after a reset
 
@@ -284,11 +326,13 @@ class RigidBodyGP(Learner):
         theta, covariance, resets, before_reset = self.theta, self.covariance, 0, None
         window_innovation, window_spread = self.window_innovation.clone(), self.window_spread.clone()
         window_rows = self.window_rows
-        noise = self.noise_var * torch.eye(self.output_dim, device=self.device, dtype=self.dtype)
         for start in range(0, x.shape[0], UPDATE_ROWS):
             rows, target = design[start : start + UPDATE_ROWS], torque[start : start + UPDATE_ROWS]
             innovation = target - rows @ theta  # [r, n]
-            spread = rows @ covariance @ rows.transpose(-1, -2) + noise  # each row's predictive covariance
+            h = rows.reshape(-1, rows.shape[-1])  # the chunk's r n torques as one measurement
+            ph, joint = self._predictive(covariance, h)
+            r, n = rows.shape[:2]  # each row's predictive covariance: the diagonal blocks of the chunk's
+            spread = joint.view(r, n, r, n).diagonal(dim1=0, dim2=2).permute(2, 0, 1)
             nis = (innovation * torch.linalg.solve(spread, innovation.unsqueeze(-1)).squeeze(-1)).sum(-1)
             changed = nis > self.change_threshold
             if self.change_window:  # the summed innovations of the window: the same test on a persistent error
@@ -305,10 +349,8 @@ class RigidBodyGP(Learner):
                     covariance = covariance + self._friction_reset(x[start : start + UPDATE_ROWS][-1], innovation[-1])
                 before_reset = theta if before_reset is None else before_reset
                 window_rows = -WINDOW_HOLD
-            h = rows.reshape(-1, rows.shape[-1])  # the chunk's r n torques as one measurement
-            ph = covariance @ h.T
-            gain = torch.linalg.solve(h @ ph + self.noise_var * torch.eye(h.shape[0], device=self.device,
-                                                                          dtype=self.dtype), ph.T).T
+                ph, joint = self._predictive(covariance, h)
+            gain = torch.linalg.solve(joint, ph.T).T
             theta = theta + gain @ innovation.reshape(-1)
             covariance = covariance - gain @ ph.T
             covariance = 0.5 * (covariance + covariance.T)
@@ -320,6 +362,12 @@ class RigidBodyGP(Learner):
         self.observed += x.shape[0]
         if self.learn_prior:
             self._observe_prior(x, design, torque)
+
+    def _predictive(self, covariance: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        """``(Sigma h^T, h Sigma h^T + s^2 I)`` for a measurement's rows ``h [k, p]``: the Kalman update's two
+        products, the second the measurement's predictive covariance (the change test reads it too)."""
+        ph = covariance @ h.T
+        return ph, h @ ph + self.noise_var * torch.eye(h.shape[0], device=self.device, dtype=self.dtype)
 
     def _friction_reset(self, x: Tensor, innovation: Tensor) -> Tensor:
         """The covariance ``[p + n, p + n]`` a detected change adds on the dry friction of each joint whose torque, at
@@ -342,8 +390,10 @@ class RigidBodyGP(Learner):
         if room is not None and x.shape[0] > room:  # a full prior keeps what it has; the filter goes on learning
             self.prior_refused += x.shape[0]
             return
-        beta = self.theta[p:].clamp_min(0.1)
-        rest = (torque - design[..., :p] @ self.theta[:p]) / beta
+        n = self.output_dim
+        beta = self.theta[p : p + n].clamp_min(0.1)
+        # what the rigid-body term and the GP of the angles (the columns after beta) leave
+        rest = (torque - design[..., :p] @ self.theta[:p] - design[..., p + n :] @ self.theta[p + n :]) / beta
         target = (rest - self.y_mean) / self.y_std
         self.prior.observe(x, target)
         self.prior_updates += 1

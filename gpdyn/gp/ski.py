@@ -133,14 +133,10 @@ class Grid:
         )
 
 
-def interp_weights(x: Tensor, grid: Grid) -> tuple[Tensor, Tensor, Tensor]:
-    """Sparse interpolation rows for ``x [..., d]``: ``(idx, w, outside)``.
-
-    ``idx [..., 4^d]`` flat grid indices, ``w [..., 4^d]`` weights (differentiable in
-    ``x``), ``outside [...]`` true where ``x`` left the interior and was clamped onto it.
-    A NaN coordinate gives valid indices and NaN weights: NaN results downstream, never
-    an index out of bounds (checking would sync a GPU).
-    """
+def axis_weights(x: Tensor, grid: Grid) -> tuple[Tensor, Tensor, Tensor]:
+    """Each dimension's cubic interpolation on its own axis of the grid, for ``x [..., d]``: ``(ik, wk, outside)``,
+    ``ik [..., d, 4]`` the indices along each axis, ``wk [..., d, 4]`` their weights, ``outside [...]`` as in
+    :func:`interp_weights` (which takes their tensor product; an additive kernel uses them as they are)."""
     if x.shape[-1] != grid.dim:
         raise GridError(f"interp_weights: x has {x.shape[-1]} columns, the grid has {grid.dim} dimensions")
     g = grid.counts
@@ -149,9 +145,20 @@ def interp_weights(x: Tensor, grid: Grid) -> tuple[Tensor, Tensor, Tensor]:
     s = torch.minimum(torch.maximum(s, torch.ones_like(s)), g - 2.0)
     # u_i <= x < u_{i+1}; at the upper edge use the last cell with t = 1
     i0 = torch.nan_to_num(torch.minimum(torch.floor(s.detach()), g - 3.0), nan=1.0)
-    t = s - i0
-    wk = cubic_weights(t)  # [..., d, 4]
+    wk = cubic_weights(s - i0)  # [..., d, 4]
     ik = i0.long().unsqueeze(-1) + torch.arange(-1, 3, device=x.device)  # [..., d, 4]
+    return ik, wk, outside
+
+
+def interp_weights(x: Tensor, grid: Grid) -> tuple[Tensor, Tensor, Tensor]:
+    """Sparse interpolation rows for ``x [..., d]``: ``(idx, w, outside)``.
+
+    ``idx [..., 4^d]`` flat grid indices, ``w [..., 4^d]`` weights (differentiable in
+    ``x``), ``outside [...]`` true where ``x`` left the interior and was clamped onto it.
+    A NaN coordinate gives valid indices and NaN weights: NaN results downstream, never
+    an index out of bounds (checking would sync a GPU).
+    """
+    ik, wk, outside = axis_weights(x, grid)
     idx = ik[..., 0, :]
     w = wk[..., 0, :]
     for k in range(1, grid.dim):
