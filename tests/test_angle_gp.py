@@ -89,8 +89,9 @@ def test_a_spring_at_every_joint_goes_into_the_gp_of_the_angles(arm, regressor):
     """A torsion spring at each joint (0.1 of the torque limit per rad, at rest where the arm is at the change, as
     `--change joint-spring`) is a torque of the configuration that no rigid-body column has. On a tracked path, one
     sample per control step, each predicted before it is learnt: with the GP of the angles the one-step-ahead error
-    over the 200 samples after the change is well below the filter's alone, whose parameters chase the spring along
-    the path (0.31 against 0.55 N m RMS here; the spring's torque is 5.3 N m RMS)."""
+    over the last 150 samples is well below the filter's alone, whose parameters chase the spring along the path
+    (0.13 against 0.32 N m RMS here; the spring's torque is 5.3 N m RMS, the noise 0.1), and the GP's own term
+    carries a good part of the spring's torque (40 % of its variance here)."""
     q, qd, qdd = states(arm, 60, seed=21)
     x = tensor(q, qd, qdd)
     path = tracked_path(arm, 500, seed=22)
@@ -111,8 +112,12 @@ def test_a_spring_at_every_joint_goes_into_the_gp_of_the_angles(arm, regressor):
             predicted.append(gp.predict_mean(xs[row : row + 1]))
             gp.observe(xs[row : row + 1], measured[row : row + 1])
         assert gp.resets >= 1
-        errors[points] = float((torch.cat(predicted)[200:400] - measured[200:400]).pow(2).mean().sqrt())
-    assert errors[6] < 0.7 * errors[0], errors
+        errors[points] = float((torch.cat(predicted)[350:] - measured[350:]).pow(2).mean().sqrt())
+    assert errors[6] < 0.6 * errors[0], errors
+    k = regressor.p + N  # the GP's weights follow the rigid-body parameters and the gains
+    gp_term = (gp._design(xs[400:])[..., k:] @ gp.theta[k:]).numpy()
+    added = -spring[400:]  # the torque the spring asks of the motors
+    assert ((gp_term - added) ** 2).sum() < 0.75 * (added**2).sum()
 
 
 def test_a_payload_is_still_learnt_by_the_mount_with_the_angle_gp_beside_it(arm, regressor):

@@ -152,8 +152,10 @@ class ArmAdaptationSettings:
                                         "state (a torque of the configuration the rigid-body class cannot say, e.g. a "
                                         "spring; 0: none; else >= 4)")
     angle_gp_std: float = setting(3.0, low=0, open_low=True, metavar="NM",
-                                  help="rigid-body: prior std per joint of the GP of the angles (N m); a detected "
-                                       "change re-opens it by this prior")
+                                  help="rigid-body: prior std per joint of the GP of the angles (N m)")
+    angle_gp_reset_std: float = setting(1.5, low=0, open_low=True, metavar="NM",
+                                        help="rigid-body: a detected change re-opens the GP of the angles along its "
+                                             "prior with this std (N m)")
     payload_gains: bool = setting(True, help="rigid-body with one change body: after a detected change, rebuild the "
                                              "PD gains on the load the filter identifies there (off: the gains stay "
                                              "those of the unloaded arm)")

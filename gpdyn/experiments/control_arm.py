@@ -218,6 +218,7 @@ def _controller(name: str, cfg: ArmRunConfig, arm: ArmModel, gains: tuple[np.nda
                               learn_prior=cfg.adaptation.gp_online,
                               prior_steps=cfg.adaptation.gp_steps, prior_batch=cfg.adaptation.online_batch,
                               angle_gp_points=cfg.adaptation.angle_gp_points, angle_gp_std=cfg.adaptation.angle_gp_std,
+                              angle_gp_reset_std=cfg.adaptation.angle_gp_reset_std,
                               **terms)
         if cfg.adaptation.start_filter:
             learner.start_from(*stored)

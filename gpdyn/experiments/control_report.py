@@ -432,7 +432,8 @@ def write_arm_report(run: RunDir, cfg: Any, arm: Any = None, joint_rmse: dict[st
                              f"motion (std {c['change_friction_std']:g} N m)"
                              if c["change_friction_std"] else "")
                           + (f"; a GP of the joint angles in the filter's state ({c['angle_gp_points']} grid points per "
-                             f"angle, prior std {c['angle_gp_std']:g} N m per joint)" if c["angle_gp_points"] else "")
+                             f"angle, prior std {c['angle_gp_std']:g} N m per joint, re-opened at {c['angle_gp_reset_std']:g})"
+                             if c["angle_gp_points"] else "")
                           + ").",
             "residual": f"(ResidualGP: exact GP on the frozen model's residuals, window {c['window']}).",
         }.get(c["adapt"], f"({c['updates']} learner step(s) per control step on the latest {c['online_batch']} samples)."),
@@ -606,7 +607,8 @@ ARM_SETTINGS: dict[str, tuple[tuple[Any, str], Any]] = {
     "feedback": (_NAME, "diagonal"),  # nor chose its feedback law
     "change_window": (_COUNT, 0),  # nor had a windowed change test
     "change_friction_std": (_NUMBER, 0.0),  # nor re-opened the joints' dry friction at a reset
-    "angle_gp_points": (_COUNT, 0), "angle_gp_std": (_NUMBER, 3.0),  # nor had a GP of the joint angles
+    "angle_gp_points": (_COUNT, 0), "angle_gp_std": (_NUMBER, 3.0), "angle_gp_reset_std": (_NUMBER, 1.5),  # nor had
+    # a GP of the joint angles
     "controllers": (_NAMES, REQUIRED),
 }
 

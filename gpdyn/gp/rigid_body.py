@@ -71,13 +71,15 @@ the prior learns then weighs little in the prediction.
 With ``angle_gp_points`` the model has a third term, a GP of the joint angles per joint
 (:class:`gpdyn.gp.angle_gp.AngleGPBasis`: an additive SKI GP with WISKI's structure),
 
-    tau_j(x) = Y_j(x) pi + beta_j f_j(x) + phi(q)^T u_j,     u_j ~ N(0, angle_gp_std^2 K),
+    tau_j(x) = Y_j(x) pi + beta_j f_j(x) + phi(q)^T u_j,     u_j ~ N(0, angle_gp_std^2 K / n),
 
 whose weights ``u_j`` are part of ``theta``: one Kalman update per control step gives the joint posterior of
 the rigid-body parameters and this GP. Their priors decide what each carries: a torque of the configuration
 that no rigid-body parameter explains (a spring at a joint) goes into the GP, a payload into the mount's
-terms, whose reset opens them far wider. A detected change re-opens the GP's weights by their prior. What it
-buys and costs on the arms: docs/control.md.
+terms, whose reset opens them far wider. A detected change re-opens the GP's weights along their prior, at
+``angle_gp_reset_std``, narrower than the dry friction's re-opening: re-opened by its whole prior, the GP took
+up part of a friction change as a function of the angles, which the next reversal of the motion flipped
+(docs/results/arm-angle-gp). What it buys and costs on the arms: docs/control.md.
 
 Units: like every learner it speaks normalised inputs and outputs (the problem's
 :class:`~gpdyn.data.problems.Normalizer`); the regressor needs physical ones, so it is
@@ -120,7 +122,9 @@ class RigidBodyGP(Learner):
     ``prior_gain_std``: prior std of ``beta`` around 1; ``change_threshold``, ``change_window``, ``reset_std``,
     ``change_bodies``, ``change_terms``, ``change_std``, ``change_friction_std``: the change test and the
     covariance reset. ``angle_gp_points``: grid points per joint angle of the GP of the angles (0: none);
-    ``angle_gp_std``: its prior std per joint (N m), ``angle_gp_lengthscale``: its length scale (normalised).
+    ``angle_gp_std``: its prior std per joint (N m; the std of its value at a configuration, each angle's
+    component at ``angle_gp_std / sqrt(n)``), ``angle_gp_reset_std``: the same at a detected change's re-opening,
+    ``angle_gp_lengthscale``: its length scale (normalised).
     """
 
     name = "rigid-body"
@@ -157,6 +161,7 @@ class RigidBodyGP(Learner):
         prior_batch: int = 64,
         angle_gp_points: int = 0,
         angle_gp_std: float = 3.0,
+        angle_gp_reset_std: float = 1.5,
         angle_gp_lengthscale: float = 1.0,
     ) -> None:
         super().__init__(prior.input_dim, prior.output_dim, device=prior.device, dtype=prior.dtype, seed=prior.seed)
@@ -172,9 +177,9 @@ class RigidBodyGP(Learner):
                             ("change_threshold", change_threshold), ("reset_std", reset_std), ("change_std", change_std)):
             if not (np.isfinite(value) and value > 0):
                 raise LearnerError(f"RigidBodyGP: {name} must be finite and > 0, got {value!r}")
-        if angle_gp_points < 0 or not (np.isfinite(angle_gp_std) and angle_gp_std > 0):
-            raise LearnerError(f"RigidBodyGP: need angle_gp_points >= 0 and a finite angle_gp_std > 0, got "
-                               f"{angle_gp_points}, {angle_gp_std!r}")
+        if angle_gp_points < 0 or not all(np.isfinite(v) and v > 0 for v in (angle_gp_std, angle_gp_reset_std)):
+            raise LearnerError(f"RigidBodyGP: need angle_gp_points >= 0 and finite angle_gp_std, angle_gp_reset_std "
+                               f"> 0, got {angle_gp_points}, {angle_gp_std!r}, {angle_gp_reset_std!r}")
         if not (np.isfinite(change_friction_std) and change_friction_std >= 0):
             raise LearnerError(f"RigidBodyGP: change_friction_std must be finite and >= 0, got {change_friction_std!r}")
         kw = {"device": prior.device, "dtype": prior.dtype}
@@ -217,15 +222,18 @@ class RigidBodyGP(Learner):
         self.theta = torch.cat([torch.zeros(p, **kw), torch.ones(n, **kw)])
         self.covariance = torch.diag(torch.cat([torch.full((p,), float(param_std) ** 2, **kw),
                                                 torch.full((n,), float(prior_gain_std) ** 2, **kw)]))
-        # the GP of the joint angles: one weight vector per joint after (pi, beta), prior angle_gp_std^2 K each; a
-        # detected change re-opens it by that prior again (what the arm now does beyond its class is as unknown)
+        # the GP of the joint angles: one weight vector per joint after (pi, beta), prior angle_gp_std^2 K / n each; a
+        # detected change re-opens it by the same prior at angle_gp_reset_std. Narrower than the dry friction's and
+        # the mount's re-opening: a friction change or a load is theirs; the GP takes what stays unexplained
         self.angle_gp = AngleGPBasis(reference_x[:, :n].to(**kw), angle_gp_points, angle_gp_lengthscale) \
             if angle_gp_points else None
         if self.angle_gp is not None:
-            weights = float(angle_gp_std) ** 2 * torch.block_diag(*[self.angle_gp.prior()] * n)
+            # each of the n additive components at angle_gp_std / sqrt(n): the sum's std is angle_gp_std
+            weights = float(angle_gp_std) ** 2 / n * torch.block_diag(*[self.angle_gp.prior()] * n)
             self.theta = torch.cat([self.theta, torch.zeros(weights.shape[0], **kw)])
             self.covariance = torch.block_diag(self.covariance, weights)
-            self.reset_covariance = torch.block_diag(self.reset_covariance, weights)
+            self.reset_covariance = torch.block_diag(self.reset_covariance,
+                                                     (float(angle_gp_reset_std) / float(angle_gp_std)) ** 2 * weights)
         self.observed, self.resets = 0, 0
         # theta just before the latest batch's first covariance reset (None before any): what the arm was before the
         # change, for a gain schedule (gpdyn.control.gain_schedule); not saved with the state
@@ -245,6 +253,7 @@ class RigidBodyGP(Learner):
                            change_std=float(change_std), change_friction_std=float(change_friction_std),
                            learn_prior=bool(learn_prior), prior_steps=int(prior_steps), prior_batch=int(prior_batch),
                            angle_gp_points=int(angle_gp_points), angle_gp_std=float(angle_gp_std),
+                           angle_gp_reset_std=float(angle_gp_reset_std),
                            angle_gp_lengthscale=float(angle_gp_lengthscale))
 
     def state_names(self) -> tuple[str, ...]:
