@@ -479,6 +479,19 @@ def test_spline_sampler_on_a_fake_gpu():
             assert action.shape == (1,) and np.isfinite(record["plan_cost"])
 
 
+def test_the_arm_filters_gp_of_the_angles_on_a_fake_gpu():
+    """The GP of the joint angles (its interpolation rows and prior, the rigid-body filter's design and covariance
+    blocks) on the device: built there from device angles, and its rows and prior without a host sync. The filter
+    around it runs MuJoCo's regressor on the host (gpdyn/gp/rigid_body.py), so this is the part a GPU would run."""
+    from gpdyn.gp.angle_gp import AngleGPBasis
+
+    with fake_device() as monitor:
+        basis = AngleGPBasis(torch.randn(N, 7, device=DEVICE, dtype=DTYPE), points=6)
+        with monitor.call("AngleGPBasis.rows and prior", {}):
+            rows, prior = basis.rows(torch.randn(5, 7, device=DEVICE, dtype=DTYPE)), basis.prior()
+        assert rows.shape == (5, 42) and prior.shape == (42, 42) and rows.device == prior.device == torch.device(DEVICE)
+
+
 # -- the harness itself ------------------------------------------------------------------------
 def test_the_fake_device_catches_what_a_gpu_refuses():
     """Each fault the module docs name raises; reads outside a checked call get the module docs'
