@@ -9,7 +9,7 @@ from gpdyn.errors import InputError
 from gpdyn.gp.angle_gp import AngleGPBasis
 from gpdyn.gp.base import LearnerError
 from gpdyn.robots.arm import inverse_dynamics
-from test_rigid_body import N, make_gp, states, tensor, torques
+from test_rigid_body import N, arm, make_gp, regressor, states, tensor, torques  # noqa: F401 (fixtures)
 
 
 def test_the_basis_interpolates_each_angle_on_its_own_grid_and_its_prior_is_the_se_kernel_there():
@@ -43,20 +43,6 @@ def test_the_basis_refuses_what_it_cannot_interpolate():
         AngleGPBasis(reference * float("nan"))
     with pytest.raises(LearnerError, match="lengthscale"):
         AngleGPBasis(reference, lengthscale=0.0)
-
-
-@pytest.fixture(scope="module")
-def arm():
-    from gpdyn.robots.kuka import kuka_arm
-
-    return kuka_arm()
-
-
-@pytest.fixture(scope="module")
-def regressor(arm):
-    from gpdyn.robots.regressor import InertialRegressor
-
-    return InertialRegressor(arm.torque_model())
 
 
 def tracked_path(arm, steps, seed):
