@@ -280,7 +280,8 @@ class RigidBodyGP(Learner):
         return torch.as_tensor(y, device=self.device, dtype=self.dtype)
 
     def _design(self, x: Tensor) -> Tensor:
-        """The rows of the measurement, ``[N, n, p + n]``, in N m: scaled regressor columns, then the prior's torque."""
+        """The rows of the measurement, ``[N, n, p + n (+ n m)]``, in N m: scaled regressor columns, the prior's
+        torque, then (with the GP of the angles) its ``m`` basis functions in each joint's own block."""
         with torch.no_grad():
             prior_torque = self.prior.predict_mean(x) * self.y_std + self.y_mean  # [N, n]
         parts = [self._regressor(x) / self.column_scale, torch.diag_embed(prior_torque)]
@@ -302,9 +303,9 @@ class RigidBodyGP(Learner):
         H^T H / s^2``: the Kalman updates of :meth:`observe` in any order, without their change test (the
         stored samples are one plant) and without the prior learning them (it was pretrained on them). Then
         what a detected change does away from the change bodies: ``reset_std^2`` on every parameter's
-        variance (the GP of the angles re-opened by its prior), and the windowed change test waits
-        :data:`WINDOW_HOLD` samples. The posterior of thousands of stored samples is tighter than what it knows of the controller's own path (the prior predicts its
-        training samples better than new ones), and the estimate settling onto the path gives persistent
+        variance (the GP of the angles' as a reset re-opens it), and the windowed change test waits
+        :data:`WINDOW_HOLD` samples. The posterior of thousands of stored samples is tighter than what it knows
+        of the controller's own path (the prior predicts its training samples better than new ones), and the estimate settling onto the path gives persistent
         innovations: without that room a 0.5 N m innovation failed the change test just before a payload,
         which then took 10 steps to identify instead of 2."""
         check = self.check_finite
@@ -379,7 +380,7 @@ class RigidBodyGP(Learner):
         return ph, h @ ph + self.noise_var * torch.eye(h.shape[0], device=self.device, dtype=self.dtype)
 
     def _friction_reset(self, x: Tensor, innovation: Tensor) -> Tensor:
-        """The covariance ``[p + n, p + n]`` a detected change adds on the dry friction of each joint whose torque, at
+        """The covariance (the filter's shape) a detected change adds on the dry friction of each joint whose torque, at
         the sample ``x`` (normalised) that found it, rose along the joint's motion: ``innovation * sign(qd) > 0``,
         as more friction would ask. A change that is not friction (a weaker motor on a gravity-loaded joint) moves
         some joints' torques against their motion; their friction is not re-opened, so the change is not taken up
