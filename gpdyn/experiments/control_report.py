@@ -607,8 +607,8 @@ ARM_SETTINGS: dict[str, tuple[tuple[Any, str], Any]] = {
     "feedback": (_NAME, "diagonal"),  # nor chose its feedback law
     "change_window": (_COUNT, 0),  # nor had a windowed change test
     "change_friction_std": (_NUMBER, 0.0),  # nor re-opened the joints' dry friction at a reset
-    "angle_gp_points": (_COUNT, 0), "angle_gp_std": (_NUMBER, 3.0), "angle_gp_reset_std": (_NUMBER, 1.5),  # nor had
-    # a GP of the joint angles
+    # nor had a GP of the joint angles in the filter's state
+    "angle_gp_points": (_COUNT, 0), "angle_gp_std": (_NUMBER, 3.0), "angle_gp_reset_std": (_NUMBER, 1.5),
     "controllers": (_NAMES, REQUIRED),
 }
 

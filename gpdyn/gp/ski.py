@@ -138,7 +138,7 @@ def axis_weights(x: Tensor, grid: Grid) -> tuple[Tensor, Tensor, Tensor]:
     ``ik [..., d, 4]`` the indices along each axis, ``wk [..., d, 4]`` their weights, ``outside [...]`` as in
     :func:`interp_weights` (which takes their tensor product; an additive kernel uses them as they are)."""
     if x.shape[-1] != grid.dim:
-        raise GridError(f"interp_weights: x has {x.shape[-1]} columns, the grid has {grid.dim} dimensions")
+        raise GridError(f"SKI interpolation: x has {x.shape[-1]} columns, the grid has {grid.dim} dimensions")
     g = grid.counts
     s = (x - grid.lower) / grid.spacing  # position in grid units
     outside = ((s < 1.0) | (s > g - 2.0)).any(dim=-1)
