@@ -35,7 +35,7 @@ MODELS = {
     "filter+svdgp": {"learner": "svdgp", "gp_online": True},
     "filter+svdgp-stream": {"learner": "svdgp-stream", "gp_online": True},
     "filter+angle-gp": {"learner": "wiski", "gp_online": False, "angle_gp_points": 6},
-    "filter+angle-gp+wiski": {"learner": "wiski", "gp_online": True, "angle_gp_points": 6},  # the default
+    "filter+angle-gp+wiski": {"learner": "wiski", "gp_online": True, "angle_gp_points": 6},  # filter+wiski and the GP
     "filter+angle-gp+svdgp-stream": {"learner": "svdgp-stream", "gp_online": True, "angle_gp_points": 6},
 }
 MODELS = {name: {"angle_gp_points": 0, **fields} for name, fields in MODELS.items()}

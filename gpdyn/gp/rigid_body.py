@@ -304,10 +304,11 @@ class RigidBodyGP(Learner):
         stored samples are one plant) and without the prior learning them (it was pretrained on them). Then
         what a detected change does away from the change bodies: ``reset_std^2`` on every parameter's
         variance (the GP of the angles' as a reset re-opens it), and the windowed change test waits
-        :data:`WINDOW_HOLD` samples. The posterior of thousands of stored samples is tighter than what it knows
-        of the controller's own path (the prior predicts its training samples better than new ones), and the estimate settling onto the path gives persistent
-        innovations: without that room a 0.5 N m innovation failed the change test just before a payload,
-        which then took 10 steps to identify instead of 2."""
+        :data:`WINDOW_HOLD` samples. The posterior of thousands of stored samples is tighter than what it
+        knows of the controller's own path (the prior predicts its training samples better than new ones),
+        and the estimate settling onto the path gives persistent innovations: without that room a 0.5 N m
+        innovation failed the change test just before a payload, which then took 10 steps to identify
+        instead of 2."""
         check = self.check_finite
         design = self._design(x)
         check("start_from", design=design)
