@@ -74,18 +74,15 @@ import torch
 from mujoco import rollout as mj_rollout
 
 from gpdyn.control.identified_model import IdentificationConfig, IdentifiedForward
+from gpdyn.control.joint_force_gp import FORCE_STEP
 from gpdyn.control.online_check import OnlineCheck
 from gpdyn.control.planner import PathModel
-from gpdyn.control.spline_sampling import (INTEGRATORS, PathCost, SamplerConfig, SamplingController, SplineSampler,
-                                           mujoco_rollout, split_state)
+from gpdyn.control.spline_sampling import (FORCE_SPEC, INTEGRATORS, PathCost, SamplerConfig, SamplingController,
+                                           SplineSampler, StepwiseRollout, mujoco_rollout, split_state)
 from gpdyn.errors import InputError
 from gpdyn.gp import make_learner
 from gpdyn.gp.wiski import for_control
 from gpdyn.sim.rollout_states import RolloutStates
-
-
-#: the force perturbation (N m or N per generalized coordinate) of :meth:`HybridForward.contact_force`'s Jacobian
-FORCE_STEP = 1.0
 
 
 @dataclass
@@ -240,8 +237,7 @@ class HybridForward(PathModel):
         self.force_dofs = np.array(actuated if self.config.space == "force" and self.config.force_dofs == "actuated"
                                    else range(model.nv))
         self.learner: Any = None
-        self._runner: Any = None  # mujoco.rollout.Rollout, made at the first stepwise rollout
-        self._models: list[mujoco.MjModel] = []
+        self._stepper = StepwiseRollout()
         self._plant_runner: Any = None  # mujoco.rollout.Rollout of nominal_plant, made at its first call
         self._plant_buffers: dict[int, tuple[list[mujoco.MjModel], np.ndarray, np.ndarray]] = {}
         self._pending: list[tuple[np.ndarray, np.ndarray]] = []
@@ -250,6 +246,9 @@ class HybridForward(PathModel):
         self.check = OnlineCheck(self.config.gate_window, self.config.gate_margin)
         # the physical parameters identified under the residual: it is then learned against (and added to) the
         # identified plant instead of the nominal one
+        if identification is not None and identification.joint_gp_points:
+            raise InputError("hybrid model: a residual on top of identified parameters with the joint GP "
+                             "(joint_gp_points > 0) is not supported: the joint GP is the residual there")
         self.identified = (None if identification is None else
                            IdentifiedForward(model, control_dt, stride, integrator, identification))
 
@@ -326,20 +325,12 @@ class HybridForward(PathModel):
         # (which ignores it): one start broadcast without a copy, or each sample's repeated over the steps
         starts = np.broadcast_to(state, (k * h, state.shape[-1])) if state.ndim == 1 else np.repeat(state, h, axis=0)
         starts_q, starts_v = split_state(starts, self.nq)
-        force_spec = mujoco.mjtState.mjSTATE_CTRL.value | mujoco.mjtState.mjSTATE_QFRC_APPLIED.value
         force_space = self.config.space == "force"
         if force_space and self.action_only:  # a force of the action alone: predicted for all K x H, one rollout call
             force = self.residual(starts_q, starts_v, actions.reshape(k * h, -1)).reshape(k, h, self.nv)
             return mujoco_rollout(planning, self.data, self.states, state, np.concatenate([actions, force], -1),
-                                  force_spec)
-        # one planning step at a time (the residual enters between steps) through a persistent Rollout without
-        # its per-call checks and allocations, so that H one-step calls cost about one whole-horizon call
-        # (docs/results/implementation-timings.md)
-        if self._runner is None:
-            self._runner = mj_rollout.Rollout(nthread=0)
-        if len(self._models) != k or self._models[0] is not planning:
-            self._models = [planning] * k
-            self._step_out, self._no_sensors = np.empty((k, 1, self.states.size)), np.empty((k, 1, self.model.nsensordata))
+                                  FORCE_SPEC)
+        # one planning step at a time: the residual enters between steps
         controls = np.ascontiguousarray(actions, dtype=np.float64)
         paths = np.empty((k, h, self.states.size))
         current = init
@@ -350,14 +341,9 @@ class HybridForward(PathModel):
         for t in range(h):
             r = ahead[:, t] if ahead is not None else self.residual(current[:, self.states.qpos],
                                                                     current[:, self.states.qvel], controls[:, t])
-            if force_space:  # the force of this step's state and action, applied inside MuJoCo's step
-                step_controls, spec = np.concatenate([controls[:, t : t + 1], r[:, None]], -1), force_spec
-            else:
-                step_controls, spec = np.ascontiguousarray(controls[:, t : t + 1]), mujoco.mjtState.mjSTATE_CTRL.value
-            self._runner.rollout(self._models, [self.data], current, step_controls, skip_checks=True, nstep=1,
-                                 control_spec=spec, state=self._step_out, sensordata=self._no_sensors)
+            # in the force space the force of this step's state and action, applied inside MuJoCo's step
             nxt = paths[:, t]
-            nxt[:] = self._step_out[:, 0]
+            nxt[:] = self._stepper.step(planning, self.data, current, controls[:, t], r if force_space else None)
             if not force_space:  # the velocity change after the nominal step, into the position by the same step
                 nxt[:, self.states.qvel] += r
                 nxt[:, self.states.qpos] += self.dt * r
@@ -612,7 +598,7 @@ class HybridForward(PathModel):
     def snapshot(self) -> HybridForward:
         """A frozen copy (the learner's state as now; the MuJoCo model shared)."""
         other = copy.copy(self)
-        other._runner, other._models = None, []  # its own rollout buffers
+        other._stepper = StepwiseRollout()  # its own rollout buffers
         other._plant_runner, other._plant_buffers = None, {}
         other.learner = copy.deepcopy(self.learner)
         other._pending = list(self._pending)

@@ -46,9 +46,10 @@ import mujoco
 import numpy as np
 from mujoco import rollout as mj_rollout
 
+from gpdyn.control.joint_force_gp import FORCE_STEP, JointForceGP
 from gpdyn.control.online_check import OnlineCheck
 from gpdyn.control.planner import PathModel
-from gpdyn.control.spline_sampling import INTEGRATORS, mujoco_rollout
+from gpdyn.control.spline_sampling import FORCE_SPEC, INTEGRATORS, StepwiseRollout, mujoco_rollout
 from gpdyn.errors import InputError
 from gpdyn.sim.rollout_states import RolloutStates
 
@@ -73,16 +74,25 @@ class IdentificationConfig:
     sensitivity: str = "plant"
     gate_window: int = 100  # the online check, as ResidualConfig's (0: always used after warmup)
     gate_margin: float = 0.9
+    # a GP force of each actuated joint's own angle and velocity in the same regression (gpdyn.control.joint_force_gp):
+    # grid points per input (0: none), its prior std at a state (N m), length scale (in half-widths of each input's
+    # range) and the velocity range (rad/s) its grid covers
+    joint_gp_points: int = 0
+    joint_gp_std: float = 30.0
+    joint_gp_lengthscale: float = 1.0
+    joint_gp_velocity_range: float = 10.0
 
     def validate(self) -> None:
         """Raise InputError naming the first impossible option."""
-        positive = ("prior_std", "noise_std", "fd_step", "min_factor")
+        positive = ("prior_std", "noise_std", "fd_step", "min_factor", "joint_gp_std", "joint_gp_lengthscale",
+                    "joint_gp_velocity_range")
         checks = [(name, np.isfinite(getattr(self, name)) and getattr(self, name) > 0) for name in positive]
         checks += [("window", self.window >= 1), ("warmup", 1 <= self.warmup <= max(self.window, 1)),
                    ("max_factor", np.isfinite(self.max_factor) and self.max_factor > max(self.min_factor, 1.0)),
                    ("min_factor", self.min_factor < 1.0), ("gate_window", self.gate_window >= 0),
                    ("gate_margin", np.isfinite(self.gate_margin) and 0 < self.gate_margin <= 1),
                    ("sensitivity", self.sensitivity in ("plant", "planning")),
+                   ("joint_gp_points", self.joint_gp_points == 0 or self.joint_gp_points >= 4),
                    ("friction_geoms", len(set(self.friction_geoms)) == len(self.friction_geoms)),
                    ("bodies", self.bodies or self.actuators or bool(self.friction_geoms))]
         for name, ok in checks:
@@ -174,9 +184,17 @@ class IdentifiedForward(PathModel):
         self.identified_plant = self.parameters.model(np.zeros(size))
         self._plan_data = mujoco.MjData(self.nominal_plan)
         self.states = RolloutStates(self.nominal_plan)
-        # per transition in the window: J' J / noise^2 and J' y / noise^2, and their running sums
+        cfg = self.config
+        # the GP force of each actuated joint's angle and velocity, its whitened weights after theta in the regression
+        self.joint_gp = (JointForceGP(model, cfg.joint_gp_points, cfg.joint_gp_std, cfg.joint_gp_lengthscale,
+                                      cfg.joint_gp_velocity_range) if cfg.joint_gp_points else None)
+        self._stepper = StepwiseRollout()  # plans with the GP force: it enters every planning step
+        gp_size = 0 if self.joint_gp is None else self.joint_gp.size
+        self._prior_precision = np.concatenate([np.full(size, 1.0 / cfg.prior_std**2), np.ones(gp_size)])
+        # per transition in the window: A' A / noise^2 and A' y / noise^2 (A: theta's sensitivities, then the GP
+        # force's basis through the force's sensitivities), and their running sums
         self._window: collections.deque[tuple[np.ndarray, np.ndarray]] = collections.deque()
-        self._gram, self._moment = np.zeros((size, size)), np.zeros(size)
+        self._gram, self._moment = np.zeros((size + gp_size, size + gp_size)), np.zeros(size + gp_size)
         self.check = OnlineCheck(self.config.gate_window, self.config.gate_margin)
         self.observed = 0
 
@@ -216,8 +234,22 @@ class IdentifiedForward(PathModel):
 
     def rollout(self, state: np.ndarray, actions: np.ndarray) -> np.ndarray:
         """Planning states ``[K, H, nx]`` after each planning step of ``actions [K, H, nu]`` from ``state [nx]`` or
-        ``[K, nx]``: the planning model with the identified parameters while they are in use, else the nominal one."""
-        return mujoco_rollout(self.planning_model, self._plan_data, self.states, state, actions)
+        ``[K, nx]``: the planning model with the identified parameters while they are in use, else the nominal one;
+        with the joint GP (while in use) its force of each step's start state applied inside the step."""
+        if self.joint_gp is None or not self.in_use:
+            return mujoco_rollout(self.planning_model, self._plan_data, self.states, state, actions)
+        k, h, _ = actions.shape
+        state = np.asarray(state, dtype=float)
+        if state.shape[-1] != self.nq + self.nv or state.ndim not in (1, 2):
+            raise InputError(f"identified model: state of shape {state.shape}, expected [{self.nq + self.nv}] or "
+                             f"[K, {self.nq + self.nv}]")
+        paths = np.empty((k, h, self.states.size))
+        current = self.states.initial(state[..., : self.nq], state[..., self.nq :], rows=k)
+        for t in range(h):
+            force = self.joint_gp.force_of_states(current[:, self.states.qpos.start : self.states.qvel.stop], self.nq)
+            paths[:, t] = self._stepper.step(self.identified_plan, self._plan_data, current, actions[:, t], force)
+            current = paths[:, t]
+        return paths[..., self.states.qpos.start : self.states.qvel.stop]
 
     # ----------------------------------------------------------------- learning
     def observe(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, next_qvel: np.ndarray) -> None:
@@ -231,24 +263,33 @@ class IdentifiedForward(PathModel):
                              f"{next_qvel.size}, expected {self.nq}, {self.nv}, ({self.stride}, {self.nu}), {self.nv}")
         if not all(np.isfinite(a).all() for a in (qpos, qvel, controls, next_qvel)):
             raise InputError("identified model: observe got a non-finite state or control")
-        theta = self._clipped()
+        theta, gp = self._clipped(), self.joint_gp
+        # the GP force at this state, held over the planning step as a plan holds it
+        force = None if gp is None else gp.force(qpos[None], qvel[None])[0]
         self._perturb(self._probes[:-1], theta)  # the last probe stays the nominal plant
         probes = len(self._probes)
-        per_substep = np.repeat(np.repeat(controls[None], self.frame_skip, axis=1), probes, 0)
-        out, _ = mj_rollout.rollout(self._probes, self._probe_data, self.states.initial(qpos, qvel, rows=probes),
-                                    per_substep)
-        reached = out[:, -1, self.states.qvel]  # [probes, nv]: theta, (theta + step e_i,) nominal
-        predicted, nominal = reached[0], reached[-1]
+        # with the joint GP and sensitivity="plant": one more row per joint, theta with the force on it perturbed
+        extra = gp.joints if gp is not None and not self._plan_probes else 0
+        reached = self._reach(self._probes + [self._probes[0]] * extra, self._probe_data, qpos, qvel,
+                              np.repeat(controls, self.frame_skip, axis=0), force, nominal_row=probes - 1,
+                              force_rows=bool(extra))
+        predicted, nominal = reached[0], reached[probes - 1]  # theta, (theta + step e_i,) nominal, (force rows)
         if self._plan_probes:  # one planning-model step of theta and of each perturbation, under the mean control
             self._perturb(self._plan_probes, theta)
-            n = len(self._plan_probes)
-            out, _ = mj_rollout.rollout(self._plan_probes, self._plan_data, self.states.initial(qpos, qvel, rows=n),
-                                        np.repeat(controls.mean(0)[None, None], n, 0))
-            reached = out[:, -1, self.states.qvel]
+            extra = 0 if gp is None else gp.joints
+            reached = self._reach(self._plan_probes + [self._plan_probes[0]] * extra, self._plan_data, qpos, qvel,
+                                  controls.mean(0, keepdims=True), force, force_rows=True)
+            probes = len(self._plan_probes)
         jac = (reached[1 : self.parameters.size + 1] - reached[0]).T / self.config.fd_step  # [nv, P]
+        weights = theta
+        if gp is not None:  # joint j's GP columns: the force's sensitivity times its basis at this state
+            force_jac = (reached[probes:] - reached[0]).T / FORCE_STEP  # [nv, joints]
+            basis = gp.features(qpos, qvel)  # [joints, 2 points]
+            jac = np.hstack([jac, (force_jac[:, :, None] * basis[None]).reshape(self.nv, -1)])
+            weights = np.concatenate([theta, gp.weights])
         if self.active and self.config.gate_window:  # predicted with the estimate from before this transition
             self.check.add(predicted, nominal, next_qvel)
-        y = next_qvel - predicted + jac @ theta
+        y = next_qvel - predicted + jac @ weights
         weight = 1.0 / self.config.noise_std**2
         entry = (weight * jac.T @ jac, weight * jac.T @ y)
         self._window.append(entry)
@@ -258,11 +299,35 @@ class IdentifiedForward(PathModel):
             old_gram, old_moment = self._window.popleft()
             self._gram -= old_gram
             self._moment -= old_moment
-        precision = self._gram + np.eye(self.parameters.size) / self.config.prior_std**2  # of the posterior over theta
-        self.theta = np.linalg.solve(precision, self._moment)
+        # the posterior mean over theta (and the GP's whitened weights)
+        mean = np.linalg.solve(self._gram + np.diag(self._prior_precision), self._moment)
+        self.theta = mean[: self.parameters.size]
+        if gp is not None:
+            gp.set_weights(mean[self.parameters.size :])
         self.observed += 1
         for model in (self.identified_plan, self.identified_plant):
             self.parameters.apply(model, self._clipped())
+
+    def _reach(self, models: list[mujoco.MjModel], data: mujoco.MjData, qpos: np.ndarray, qvel: np.ndarray,
+               controls: np.ndarray, force: np.ndarray | None, nominal_row: int | None = None,
+               force_rows: bool = False) -> np.ndarray:
+        """``qvel [rows, nv]`` that each of ``models`` reaches from ``(qpos, qvel)`` under ``controls [steps, nu]``.
+        With the joint GP's ``force [nv]``: applied throughout on every row but ``nominal_row``; with ``force_rows``
+        the last rows, one per joint of the GP, get ``FORCE_STEP`` more on their joint (the force's sensitivities)."""
+        rows = len(models)
+        per_step = np.repeat(controls[None], rows, 0)
+        kwargs = {}
+        if force is not None:
+            forces = np.repeat(force[None], rows, 0)
+            if nominal_row is not None:
+                forces[nominal_row] = 0.0
+            if force_rows:
+                joints = self.joint_gp.joints
+                forces[np.arange(rows - joints, rows), self.joint_gp.dofs] += FORCE_STEP
+            per_step = np.concatenate([per_step, np.repeat(forces[:, None], controls.shape[0], 1)], -1)
+            kwargs["control_spec"] = FORCE_SPEC
+        out, _ = mj_rollout.rollout(models, data, self.states.initial(qpos, qvel, rows=rows), per_step, **kwargs)
+        return out[:, -1, self.states.qvel]
 
     def _perturb(self, models: list[mujoco.MjModel], theta: np.ndarray) -> None:
         """``models[0]`` to ``theta``, ``models[i]`` to ``theta + fd_step e_i`` (as many as are given)."""
@@ -276,7 +341,9 @@ class IdentifiedForward(PathModel):
         other.identified_plan = copy.deepcopy(self.identified_plan)
         other.identified_plant = copy.deepcopy(self.identified_plant)
         other._plan_data = mujoco.MjData(other.identified_plan)
+        other._stepper = StepwiseRollout()
         other.theta = self.theta.copy()
+        other.joint_gp = None if self.joint_gp is None else self.joint_gp.copy()
         other._window, other.check = copy.copy(self._window), self.check.copy()
         other._gram, other._moment = self._gram.copy(), self._moment.copy()
         return other

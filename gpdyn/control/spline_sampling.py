@@ -97,6 +97,40 @@ def mujoco_rollout(model: mujoco.MjModel, data: mujoco.MjData, states: RolloutSt
     return out[..., states.qpos.start : states.qvel.stop]  # [qpos, qvel] are adjacent in the rollout state
 
 
+#: what each control row of a rollout holds when a generalized force enters every step: the actuators' controls, then
+#: ``qfrc_applied [nv]``
+FORCE_SPEC = mujoco.mjtState.mjSTATE_CTRL.value | mujoco.mjtState.mjSTATE_QFRC_APPLIED.value
+
+
+class StepwiseRollout:
+    """One planning step at a time through a persistent ``mujoco.rollout.Rollout`` without its per-call checks and
+    allocations, so that a learned term computed from each step's states can enter the next step and ``H``
+    one-step calls cost about one whole-horizon call (docs/results/implementation-timings.md)."""
+
+    def __init__(self) -> None:
+        self._runner: Any = None  # made at the first step (a Rollout does not copy)
+        self._models: list[mujoco.MjModel] = []
+        self._out = self._no_sensors = np.empty(0)
+
+    def step(self, model: mujoco.MjModel, data: mujoco.MjData, states: np.ndarray, controls: np.ndarray,
+             force: np.ndarray | None = None) -> np.ndarray:
+        """The rollout states ``[K, size]`` after one step of ``model`` from ``states [K, size]`` under ``controls
+        [K, nu]`` and (if given) the generalized force ``force [K, nv]`` applied inside the step. The result is this
+        object's buffer: the next call overwrites it."""
+        k = states.shape[0]
+        if self._runner is None:
+            self._runner = mj_rollout.Rollout(nthread=0)
+        if len(self._models) != k or self._models[0] is not model:
+            self._models = [model] * k
+            self._out, self._no_sensors = np.empty((k, 1, states.shape[1])), np.empty((k, 1, model.nsensordata))
+        rows = controls if force is None else np.concatenate([controls, force], -1)
+        self._runner.rollout(self._models, [data], states, np.ascontiguousarray(rows[:, None], dtype=np.float64),
+                             skip_checks=True, nstep=1,
+                             control_spec=mujoco.mjtState.mjSTATE_CTRL.value if force is None else FORCE_SPEC,
+                             state=self._out, sensordata=self._no_sensors)
+        return self._out[:, 0]
+
+
 def split_state(states: np.ndarray, nq: int) -> tuple[np.ndarray, np.ndarray]:
     """``(qpos, qvel)`` views of planning states ``[..., nx]``."""
     return states[..., :nq], states[..., nq:]

@@ -250,6 +250,8 @@ def episode(controller_name: str, change: str, seed: int, config: WalkLearnedCon
     identified = under if under is not None else forward
     if isinstance(identified, IdentifiedForward) and identified.active:
         record["identified"] = identified.factors()  # the factors the planning model ends with
+        if identified.joint_gp is not None:  # its force of each joint's angle and velocity, as a spring and a damper
+            record["joint_gp"] = identified.joint_gp.stiffness_damping()
     if under is not None:  # (the residual's own check is residual_distrusted_steps)
         record["parameters_distrusted_steps"] = float(under.distrusted_steps)
     diagnostics: list[dict[str, Any]] = []
