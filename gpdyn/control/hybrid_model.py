@@ -711,8 +711,12 @@ class HybridSamplingController(SamplingController):
 
     def summary(self) -> dict[str, Any]:
         # the residual learner (ResidualConfig.learner, a registered learner) or the identified parameters' Bayesian
-        # regression ("parameters", --learned-model parameters) takes one observe per transition
-        learner = self.forward.config.learner if isinstance(self.forward, HybridForward) else "parameters"
+        # regression ("parameters", --learned-model parameters; "parameters+joint-gp" with the joint GP) takes one
+        # observe per transition
+        if isinstance(self.forward, HybridForward):
+            learner = self.forward.config.learner
+        else:  # the parameters' regression, with the joint GP's weights in it where there is one
+            learner = "parameters" if self.forward.joint_gp is None else "parameters+joint-gp"
         return {**super().summary(), "online_learner": learner, "gp_updates": self.forward.observed,
                 "residual_points": float(self.forward.observed), "residual_active": self.forward.active,
                 "residual_distrusted_steps": float(self.forward.distrusted_steps)}

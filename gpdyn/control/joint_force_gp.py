@@ -83,6 +83,8 @@ class JointForceGP:
         self._table_rows = np.stack([rows[:, c * points:(c + 1) * points] for c in range(columns)])
         self._table = np.zeros((columns, table_points))  # each column's function at the table's inputs
         self._column_offsets = np.arange(columns) * table_points  # where each column's row starts in the flat table
+        # the range of each normalised input the regression has seen (features): where the summary reads the force
+        self._seen_low, self._seen_high = np.full(columns, np.inf), np.full(columns, -np.inf)
 
     def inputs(self, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
         """Normalised ``[angles, velocities] [..., 2 joints]`` of states ``qpos [..., nq], qvel [..., nv]``."""
@@ -92,7 +94,9 @@ class JointForceGP:
     def features(self, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
         """``[joints, 2 points]``: joint ``j``'s force at the state ``(qpos [nq], qvel [nv])`` is row ``j`` times its
         block of the whitened weights (``weights[j * 2 points : (j + 1) * 2 points]``)."""
-        phi = self.basis.rows(torch.as_tensor(self.inputs(qpos, qvel))[None])[0].numpy()
+        z = np.clip(self.inputs(qpos, qvel), -1.0, 1.0)
+        self._seen_low, self._seen_high = np.minimum(self._seen_low, z), np.maximum(self._seen_high, z)
+        phi = self.basis.rows(torch.as_tensor(z)[None])[0].numpy()
         return np.stack([phi[b] @ f for b, f in zip(self._blocks, self._factors, strict=True)])
 
     def set_weights(self, weights: np.ndarray) -> None:
@@ -126,10 +130,16 @@ class JointForceGP:
 
     def stiffness_damping(self) -> dict[str, float]:
         """Each joint's learned force summarised as a spring and a damper: minus the least-squares slope of its
-        angle's function over the angle's range (``stiffness:<joint>``, N m/rad) and of its velocity's function over
-        the velocity range (``damping:<joint>``, N m s/rad). A spring-damper the plant gained shows as itself."""
-        inputs = self._table_inputs - self._table_inputs.mean()
-        slopes = (self._table - self._table.mean(1, keepdims=True)) @ inputs / (inputs @ inputs) / self.half_width
+        angle's function (``stiffness:<joint>``, N m/rad) and of its velocity's function (``damping:<joint>``,
+        N m s/rad) over the inputs the regression has seen (the whole range before any). A spring-damper the plant
+        gained shows as itself."""
+        seen = self._seen_high > self._seen_low
+        low, high = np.where(seen, self._seen_low, -1.0), np.where(seen, self._seen_high, 1.0)
+        slopes = np.empty(len(low))
+        for c, (a, b) in enumerate(zip(low, high, strict=True)):
+            z = np.linspace(a, b, 33)
+            values = np.interp(z, self._table_inputs, self._table[c])
+            slopes[c] = np.polyfit(z, values, 1)[0] / self.half_width[c]
         out = {}
         for j, name in enumerate(self.names):
             out[f"stiffness:{name}"] = float(-slopes[j])
@@ -140,6 +150,7 @@ class JointForceGP:
         """A copy whose weights and table are its own."""
         other = copy.copy(self)
         other.weights, other._table = self.weights.copy(), self._table.copy()
+        other._seen_low, other._seen_high = self._seen_low.copy(), self._seen_high.copy()
         return other
 
 
