@@ -104,3 +104,23 @@ def test_identified_model_learns_a_knee_spring_with_the_joint_gp() -> None:
     with_force = forward.rollout(state, controls)
     forward.joint_gp.set_weights(np.zeros(forward.joint_gp.size))
     assert np.abs(with_force - forward.rollout(state, controls)).max() > 1e-2
+
+
+def test_with_no_force_the_stepwise_plan_is_the_identified_models_own() -> None:
+    """With the joint GP in use but its weights at zero, the plan one step at a time (the force entering each step)
+    is the identified planning model's whole-horizon rollout; with weights, only the actuated joints are pushed."""
+    cfg = SamplerConfig()
+    forward = IdentifiedForward(nominal_model(), DT, cfg.stride, cfg.integrator,
+                                IdentificationConfig(warmup=1, joint_gp_points=6))
+    forward.observed = forward.config.warmup  # built; the check trusts it before its first transitions
+    state = np.concatenate([nominal_model().qpos0, np.zeros(9)])
+    state[1] = 1.25
+    controls = np.random.default_rng(0).uniform(-1, 1, (4, cfg.horizon, 6))
+    stepwise = forward.rollout(state, controls)
+    forward.joint_gp, gp = None, forward.joint_gp
+    whole = forward.rollout(state, controls)
+    np.testing.assert_allclose(stepwise, whole, atol=1e-6)
+    forward.joint_gp = gp
+    gp.set_weights(np.random.default_rng(1).standard_normal(gp.size))
+    pushed = forward.rollout(state, controls)
+    assert np.abs(pushed[:, 0, 9 + 3 :] - whole[:, 0, 9 + 3 :]).max() > 1e-3  # the joints' velocities after a step
