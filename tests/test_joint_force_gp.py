@@ -124,3 +124,18 @@ def test_with_no_force_the_stepwise_plan_is_the_identified_models_own() -> None:
     gp.set_weights(np.random.default_rng(1).standard_normal(gp.size))
     pushed = forward.rollout(state, controls)
     assert np.abs(pushed[:, 0, 9 + 3 :] - whole[:, 0, 9 + 3 :]).max() > 1e-3  # the joints' velocities after a step
+
+
+def test_before_its_warmup_the_gp_stays_at_zero_and_the_parameters_are_those_without_it() -> None:
+    base = {"friction_geoms": ["foot_geom", "foot_left_geom"], "sensitivity": "planning", "warmup": 5}
+    plain = IdentifiedForward(nominal_model(), DT, config=IdentificationConfig(**base))
+    waiting = IdentifiedForward(nominal_model(), DT, config=IdentificationConfig(
+        joint_gp_points=6, joint_gp_warmup=12, **base))
+    data = transitions("weak_motor", 0.3, 14, seed=3)
+    for i, (q, v, u, nv) in enumerate(data):
+        plain.observe(q, v, u, nv)
+        waiting.observe(q, v, u, nv)
+        if i < 10:
+            np.testing.assert_allclose(waiting.theta, plain.theta, rtol=1e-9, atol=1e-12)
+            assert not waiting.joint_gp.weights.any()
+    assert waiting.joint_gp.weights.any()  # from its warm-up on, the GP's weights are estimated

@@ -81,6 +81,9 @@ class IdentificationConfig:
     joint_gp_std: float = 30.0
     joint_gp_lengthscale: float = 1.0
     joint_gp_velocity_range: float = 10.0
+    # observed transitions before the GP's weights leave zero: until then the parameters are estimated as without the
+    # GP (its columns are gathered from the start), so that its first estimates from few transitions do not enter
+    joint_gp_warmup: int = 0
 
     def validate(self) -> None:
         """Raise InputError naming the first impossible option."""
@@ -93,6 +96,7 @@ class IdentificationConfig:
                    ("gate_margin", np.isfinite(self.gate_margin) and 0 < self.gate_margin <= 1),
                    ("sensitivity", self.sensitivity in ("plant", "planning")),
                    ("joint_gp_points", self.joint_gp_points == 0 or self.joint_gp_points >= 4),
+                   ("joint_gp_warmup", self.joint_gp_warmup >= 0),
                    ("friction_geoms", len(set(self.friction_geoms)) == len(self.friction_geoms)),
                    ("bodies", self.bodies or self.actuators or bool(self.friction_geoms))]
         for name, ok in checks:
@@ -299,12 +303,14 @@ class IdentifiedForward(PathModel):
             old_gram, old_moment = self._window.popleft()
             self._gram -= old_gram
             self._moment -= old_moment
-        # the posterior mean over theta (and the GP's whitened weights)
-        mean = np.linalg.solve(self._gram + np.diag(self._prior_precision), self._moment)
-        self.theta = mean[: self.parameters.size]
-        if gp is not None:
-            gp.set_weights(mean[self.parameters.size :])
+        # the posterior mean over theta (and the GP's whitened weights; before joint_gp_warmup transitions theta's
+        # given the weights at zero)
         self.observed += 1
+        size = self.parameters.size if gp is None or self.observed < self.config.joint_gp_warmup else len(self._moment)
+        mean = np.linalg.solve(self._gram[:size, :size] + np.diag(self._prior_precision[:size]), self._moment[:size])
+        self.theta = mean[: self.parameters.size]
+        if size > self.parameters.size:
+            gp.set_weights(mean[self.parameters.size :])
         for model in (self.identified_plan, self.identified_plant):
             self.parameters.apply(model, self._clipped())
 
