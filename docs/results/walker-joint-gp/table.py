@@ -55,16 +55,21 @@ def main() -> None:
     for plant in dict.fromkeys(r["plant"] for r in rows):
         by = {c: {r["seed"]: r for r in rows if r["plant"] == plant and r["controller"] == c}
               for c in ["true", "frozen", *models]}
+        by = {c: v for c, v in by.items() if v}  # a model not run on this plant: "-"
         seeds = sorted(set.intersection(*(set(v) for v in by.values())))
         mean = {c: np.mean([by[c][s]["return"] for s in seeds]) for c in by}
-        falls = " / ".join(str(sum(by[c][s]["fell"] for s in seeds)) for c in by)
+        falls = " / ".join(str(sum(by[c][s]["fell"] for s in seeds)) if c in by else "-"
+                           for c in ["true", "frozen", *models])
         lost = mean["true"] - mean["frozen"]
-        recovery = [f"{(mean[m] - mean['frozen']) / lost:.2f}" if abs(lost) > 1e-9 else "-" for m in models]
-        diff = np.array([by[last][s]["return"] - by[first][s]["return"] for s in seeds])
-        paired = f"{diff.mean():+.0f} ± {diff.std(ddof=1) / np.sqrt(len(diff)):.0f} ({(diff > 0).sum()} of {len(diff)})"
-        cpu = " / ".join(f"{np.median([by[m][s]['cpu_ms_per_step'] for s in seeds]):.1f}" for m in models)
+        recovery = [f"{(mean[m] - mean['frozen']) / lost:.2f}" if m in by and abs(lost) > 1e-9 else "-" for m in models]
+        paired = cpu = "-"
+        if first in by and last in by:
+            diff = np.array([by[last][s]["return"] - by[first][s]["return"] for s in seeds])
+            paired = f"{diff.mean():+.0f} ± {diff.std(ddof=1) / np.sqrt(len(diff)):.0f} ({(diff > 0).sum()} of {len(diff)})"
+        cpu = " / ".join(f"{np.median([by[m][s]['cpu_ms_per_step'] for s in seeds]):.1f}" if m in by else "-"
+                         for m in models)
         cells = ([plant.split(" (")[0], f"{mean['true']:.0f}", f"{mean['frozen']:.0f}"]
-                 + [f"{mean[m]:.0f}" for m in models] + [falls] + recovery + [paired, cpu])
+                 + [f"{mean[m]:.0f}" if m in by else "-" for m in models] + [falls] + recovery + [paired, cpu])
         print("| " + " | ".join(cells) + " |")
 
 
