@@ -316,11 +316,8 @@ class HybridForward(PathModel):
         if not self.in_use:  # zero residual: the planning model's one rollout call
             return mujoco_rollout(planning, self.data, self.states, state, actions)
         k, h, _ = actions.shape
+        init = self.states.start(state, k, "hybrid model")
         state = np.asarray(state, dtype=float)
-        if state.shape[-1] != self.nq + self.nv or state.ndim not in (1, 2):
-            raise InputError(f"hybrid model: state of shape {state.shape}, expected [{self.nq + self.nv}] or "
-                             f"[K, {self.nq + self.nv}]")
-        init = self.states.initial(state[..., : self.nq], state[..., self.nq :], rows=k)
         # each (sample, step) row's start state [K * H, nx], the state part of a residual of the action alone
         # (which ignores it): one start broadcast without a copy, or each sample's repeated over the steps
         starts = np.broadcast_to(state, (k * h, state.shape[-1])) if state.ndim == 1 else np.repeat(state, h, axis=0)
@@ -348,7 +345,7 @@ class HybridForward(PathModel):
                 nxt[:, self.states.qvel] += r
                 nxt[:, self.states.qpos] += self.dt * r
             current = nxt
-        return paths[..., self.states.qpos.start : self.states.qvel.stop]
+        return paths[..., self.states.planning]
 
     # ----------------------------------------------------------------- learning
     def nominal_plant(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray,

@@ -243,17 +243,13 @@ class IdentifiedForward(PathModel):
         if self.joint_gp is None or not self.in_use:
             return mujoco_rollout(self.planning_model, self._plan_data, self.states, state, actions)
         k, h, _ = actions.shape
-        state = np.asarray(state, dtype=float)
-        if state.shape[-1] != self.nq + self.nv or state.ndim not in (1, 2):
-            raise InputError(f"identified model: state of shape {state.shape}, expected [{self.nq + self.nv}] or "
-                             f"[K, {self.nq + self.nv}]")
         paths = np.empty((k, h, self.states.size))
-        current = self.states.initial(state[..., : self.nq], state[..., self.nq :], rows=k)
+        current = self.states.start(state, k, "identified model")
         for t in range(h):
-            force = self.joint_gp.force_of_states(current[:, self.states.qpos.start : self.states.qvel.stop], self.nq)
+            force = self.joint_gp.force_of_states(current[:, self.states.planning], self.nq)
             paths[:, t] = self._stepper.step(self.identified_plan, self._plan_data, current, actions[:, t], force)
             current = paths[:, t]
-        return paths[..., self.states.qpos.start : self.states.qvel.stop]
+        return paths[..., self.states.planning]
 
     # ----------------------------------------------------------------- learning
     def observe(self, qpos: np.ndarray, qvel: np.ndarray, controls: np.ndarray, next_qvel: np.ndarray) -> None:

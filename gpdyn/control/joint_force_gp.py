@@ -86,15 +86,16 @@ class JointForceGP:
         # the range of each normalised input the regression has seen (features): where the summary reads the force
         self._seen_low, self._seen_high = np.full(columns, np.inf), np.full(columns, -np.inf)
 
-    def inputs(self, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
-        """Normalised ``[angles, velocities] [..., 2 joints]`` of states ``qpos [..., nq], qvel [..., nv]``."""
-        raw = np.concatenate([qpos[..., self.qpos_index], qvel[..., self.dofs]], -1)
-        return (raw - self.center) / self.half_width
+    def inputs(self, states: np.ndarray, nq: int) -> np.ndarray:
+        """Normalised ``[angles, velocities] [..., 2 joints]`` of states ``[..., nq + nv]`` (``[qpos, qvel]``),
+        clamped onto ``[-1, 1]``."""
+        raw = states[..., np.concatenate([self.qpos_index, nq + self.dofs])]
+        return np.clip((raw - self.center) / self.half_width, -1.0, 1.0)
 
     def features(self, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
         """``[joints, 2 points]``: joint ``j``'s force at the state ``(qpos [nq], qvel [nv])`` is row ``j`` times its
         block of the whitened weights (``weights[j * 2 points : (j + 1) * 2 points]``)."""
-        z = np.clip(self.inputs(qpos, qvel), -1.0, 1.0)
+        z = self.inputs(np.concatenate([qpos, qvel]), len(qpos))
         self._seen_low, self._seen_high = np.minimum(self._seen_low, z), np.maximum(self._seen_high, z)
         phi = self.basis.rows(torch.as_tensor(z)[None])[0].numpy()
         return np.stack([phi[b] @ f for b, f in zip(self._blocks, self._factors, strict=True)])
@@ -115,10 +116,7 @@ class JointForceGP:
         """:meth:`force` of ``states [K, nq + nv]`` (``[qpos, qvel]``, e.g. a view of rollout states): the planner's
         per-step call, in few numpy operations."""
         last = len(self._table_inputs) - 1
-        columns = np.concatenate([self.qpos_index, nq + self.dofs])
-        # each input's position on its column's table, in table steps, clamped onto it
-        position = np.clip((states[:, columns] - (self.center - self.half_width)) * (last / (2 * self.half_width)),
-                           0.0, last - 1e-9)
+        position = np.minimum((self.inputs(states, nq) + 1.0) * (last / 2), last - 1e-9)  # in table steps
         left = position.astype(np.intp)
         fraction = position - left
         flat = left + self._column_offsets

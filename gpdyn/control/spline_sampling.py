@@ -87,14 +87,10 @@ def mujoco_rollout(model: mujoco.MjModel, data: mujoco.MjData, states: RolloutSt
     """The planning states ``[K, H, nx]`` (a view of ``mujoco.rollout``'s output) after each step of ``model`` under
     ``controls [K, H, ...]`` from ``state [nx]`` or ``[K, nx]``: MuJoCo's rollout as a
     :class:`~gpdyn.control.planner.PathModel` (``control_spec``: what each control row holds, default the actuators')."""
-    nq = model.nq
-    state = np.asarray(state, dtype=float)
-    if state.shape[-1] != nq + model.nv or state.ndim not in (1, 2):
-        raise InputError(f"planning model: state of shape {state.shape}, expected [{nq + model.nv}] or [K, {nq + model.nv}]")
-    init = states.initial(state[..., :nq], state[..., nq:], rows=controls.shape[0])
+    init = states.start(state, controls.shape[0], "planning model")
     kwargs = {} if control_spec is None else {"control_spec": control_spec}
     out, _ = mj_rollout.rollout(model, data, init, controls, **kwargs)
-    return out[..., states.qpos.start : states.qvel.stop]  # [qpos, qvel] are adjacent in the rollout state
+    return out[..., states.planning]
 
 
 #: what each control row of a rollout holds when a generalized force enters every step: the actuators' controls, then
